@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what the project needs on a fresh Debian/Ubuntu machine:
+# system packages (as root, or prints the apt-get line), then .venv with every extra.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(postgresql redis-server nginx-light openssl chromium flite iproute2 procps)
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "Missing system packages. Run this, then run make again:"
+    echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}"
+    exit 1
+  fi
+  echo "bootstrap: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian starts the packaged services; the project runs its own instances.
+for svc in postgresql redis-server nginx; do
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$svc" 2>/dev/null; then
+    systemctl stop "$svc" || true
+  fi
+done
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+stamp=.venv/.installed
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "bootstrap: installing the project into .venv (all extras)"
+  .venv/bin/pip install -q --upgrade pip setuptools wheel
+  .venv/bin/pip install -q -e ".[web,worker,analysis,gpu,dev]"
+  touch "$stamp"
+fi

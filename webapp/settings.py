@@ -1,0 +1,323 @@
+"""Settings for the TTS service, read from the environment.
+
+Every value comes from an environment variable through the small typed helpers
+below; the README has a table of all of them with their defaults. Defaults are
+for the local stack that `make run` starts (everything under ``var/``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return default if raw in (None, "") else int(raw)
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return default if raw in (None, "") else float(raw)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
+
+
+def env_map(name: str, default: str) -> dict[str, str]:
+    """``a=b,c=d`` -> {"a": "b", "c": "d"}."""
+    result: dict[str, str] = {}
+    for item in env_list(name, default):
+        key, _, value = item.partition("=")
+        result[key.strip()] = value.strip()
+    return result
+
+
+def _secret_from_file(path: Path) -> str:
+    """Read a secret from a file, creating it (mode 0600) on first use.
+
+    Secrets never live in the repository; the local stack keeps them under var/.
+    """
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    value = secrets.token_urlsafe(50)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value)
+    return value
+
+
+VAR_DIR = Path(env_str("TTS_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DJANGO_DEBUG", True)
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or _secret_from_file(
+    Path(env_str("DJANGO_SECRET_KEY_FILE", str(VAR_DIR / "secrets" / "django_secret_key")))
+)
+# API keys are hashed with their own secret, so rotating SECRET_KEY (sessions)
+# does not invalidate every key, and vice versa.
+API_KEY_HMAC_SECRET = os.environ.get("TTS_API_KEY_SECRET") or _secret_from_file(
+    Path(env_str("TTS_API_KEY_SECRET_FILE", str(VAR_DIR / "secrets" / "api_key_secret")))
+)
+
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "https://localhost:8443,https://127.0.0.1:8443")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "webapp.tenants",
+    "webapp.speech",
+    "webapp.housekeeping",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "webapp.middleware.ProblemJsonMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "webapp.urls"
+WSGI_APPLICATION = "webapp.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "webapp" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database_from_url(url: str) -> dict[str, object]:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("postgres", "postgresql"):
+        raise ValueError(f"DATABASE_URL must be a postgres:// URL, got {parsed.scheme!r}")
+    options: dict[str, object] = {}
+    host = parsed.hostname or ""
+    # postgres://user@/db?host=/path/to/socket-dir is the socket form.
+    for part in parsed.query.split("&"):
+        if part.startswith("host="):
+            host = unquote(part[5:])
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parsed.path.lstrip("/")),
+        "USER": unquote(parsed.username or ""),
+        "PASSWORD": unquote(parsed.password or ""),
+        "HOST": host,
+        "PORT": str(parsed.port or ""),
+        "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60),
+        "CONN_HEALTH_CHECKS": True,
+        "OPTIONS": options,
+    }
+
+
+DATABASES = {
+    "default": _database_from_url(
+        env_str("DATABASE_URL", "postgres://tts:tts@127.0.0.1:55432/tts"),
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL", "redis://:tts@127.0.0.1:56379/0")
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env_str("TTS_CACHE_PREFIX", "tts"),
+        "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 5},
+    }
+}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+if env_bool("TTS_FAST_PASSWORD_HASHER", False):
+    # Tests only: a cheap hasher keeps the suite fast.
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = Path(env_str("TTS_STATIC_ROOT", str(VAR_DIR / "static")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        # Hashed names let Nginx serve static files as immutable for a year.
+        "BACKEND": "django.contrib.staticfiles.storage.ManifestStaticFilesStorage"
+        if env_bool("TTS_MANIFEST_STATIC", not DEBUG)
+        else "django.contrib.staticfiles.storage.StaticFilesStorage",
+    },
+}
+MEDIA_ROOT = Path(env_str("TTS_MEDIA_ROOT", str(VAR_DIR / "media")))
+# Nginx serves audio from this internal location after Django checked ownership.
+TTS_ACCEL_REDIRECT_PREFIX = env_str("TTS_ACCEL_REDIRECT_PREFIX", "/_protected/media/")
+LOG_DIR = Path(env_str("TTS_LOG_DIR", str(VAR_DIR / "log")))
+TTS_VOICES_DIR = env_str("TTS_VOICES_DIR", str(VAR_DIR / "voices"))
+
+# Edge and TLS. Nginx terminates TLS and overwrites X-Forwarded-Proto/-For.
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+USE_X_FORWARDED_HOST = False
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
+# /healthz is probed over plain HTTP on the socket by supervisors.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SESSION_COOKIE_SECURE = not DEBUG
+CSRF_COOKIE_SECURE = not DEBUG
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 0 if DEBUG else 31536000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", True)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+# The client IP comes only from the header Nginx sets (X-Real-IP = $remote_addr,
+# or the real_ip result behind a load balancer), never from what a client sent.
+TTS_CLIENT_IP_HEADER = env_str("TTS_CLIENT_IP_HEADER", "HTTP_X_REAL_IP")
+
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("TTS_MAX_BODY_BYTES", 1024 * 1024)
+TTS_MAX_UPLOAD_BYTES = env_int("TTS_MAX_UPLOAD_BYTES", 20 * 1024 * 1024)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["webapp.tenants.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["webapp.speech.api.parsers.StrictJSONParser"],
+    "EXCEPTION_HANDLER": "webapp.problems.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "TTS service API",
+    "DESCRIPTION": "Multi-tenant text-to-speech. Authenticate with `Authorization: Bearer <api key>`.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# Celery: configured from here with the CELERY_ namespace (webapp/celery.py).
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = None  # PostgreSQL is the truth; no result backend.
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+TTS_MAX_JOB_SECONDS = env_int("TTS_MAX_JOB_SECONDS", 1800)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # Longer than the longest allowed job, or Redis re-delivers a running task.
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", TTS_MAX_JOB_SECONDS * 2),
+    "socket_connect_timeout": 3,
+}
+CELERY_WORKER_MAX_TASKS_PER_CHILD = env_int("TTS_WORKER_MAX_TASKS_PER_CHILD", 200)
+# KiB, as Celery counts it.
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = env_int("TTS_WORKER_MAX_MEMORY_KB", 2_000_000)
+# Model load happens in worker_process_init, which takes longer than Celery's 4 s default.
+CELERY_WORKER_PROC_ALIVE_TIMEOUT = env_float("TTS_WORKER_PROC_ALIVE_TIMEOUT", 120.0)
+CELERY_WORKER_SEND_TASK_EVENTS = False
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")
+
+# Worker behaviour (webapp/speech/worker.py).
+TTS_WORKER_ENGINES = env_list("TTS_WORKER_ENGINES", "piper,espeak")
+TTS_WORKER_DEVICE = env_str("TTS_WORKER_DEVICE", "cpu")
+TTS_WORKER_THREADS = env_int("TTS_WORKER_THREADS", 1)
+TTS_WORKER_MAX_RSS_MB = env_int("TTS_WORKER_MAX_RSS_MB", 1500)
+TTS_WORKER_MAX_GPU_MB = env_int("TTS_WORKER_MAX_GPU_MB", 0)  # 0 = no limit
+TTS_WORKER_MAX_AGE_SECONDS = env_int("TTS_WORKER_MAX_AGE_SECONDS", 6 * 3600)
+TTS_WORKER_RTF_DRIFT_FACTOR = env_float("TTS_WORKER_RTF_DRIFT_FACTOR", 2.0)
+TTS_HEARTBEAT_INTERVAL = env_float("TTS_HEARTBEAT_INTERVAL", 2.0)
+TTS_HEARTBEAT_TTL = env_int("TTS_HEARTBEAT_TTL", 10)
+TTS_JOB_LEASE_SECONDS = env_int("TTS_JOB_LEASE_SECONDS", 60)
+TTS_JOB_MAX_ATTEMPTS = env_int("TTS_JOB_MAX_ATTEMPTS", 3)
+TTS_JOB_BASE_SECONDS = env_float("TTS_JOB_BASE_SECONDS", 30.0)
+TTS_JOB_SECONDS_PER_CHAR = env_float("TTS_JOB_SECONDS_PER_CHAR", 0.02)
+TTS_DISPATCH_GRACE_SECONDS = env_int("TTS_DISPATCH_GRACE_SECONDS", 10)
+
+# API behaviour.
+TTS_LONG_POLL_MAX_SECONDS = env_int("TTS_LONG_POLL_MAX_SECONDS", 30)
+TTS_OPENAI_WAIT_SECONDS = env_int("TTS_OPENAI_WAIT_SECONDS", 120)
+TTS_OPENAI_VOICE_MAP = env_map(
+    "TTS_OPENAI_VOICE_MAP",
+    "alloy=en_US-joe-medium,echo=en_US-joe-medium,fable=en_US-joe-medium,onyx=en_US-joe-medium,"
+    "nova=en_US-joe-medium,shimmer=en_US-joe-medium,ash=en_US-joe-medium,coral=en_US-joe-medium,"
+    "sage=en_US-joe-medium,ballad=en_US-joe-medium,verse=en_US-joe-medium",
+)
+TTS_DEFAULT_VOICE = env_str("TTS_DEFAULT_VOICE", "en_US-joe-medium")
+TTS_IDEMPOTENCY_TTL_HOURS = env_int("TTS_IDEMPOTENCY_TTL_HOURS", 24)
+TTS_RATELIMIT_ENABLED = env_bool("TTS_RATELIMIT_ENABLED", True)
+
+# Housekeeping.
+TTS_ORPHAN_GRACE_SECONDS = env_int("TTS_ORPHAN_GRACE_SECONDS", 3600)
+TTS_TEMP_MAX_AGE_SECONDS = env_int("TTS_TEMP_MAX_AGE_SECONDS", 6 * 3600)
+TTS_AUDIT_RETENTION_DAYS = env_int("TTS_AUDIT_RETENTION_DAYS", 90)
+TTS_VOICE_PROCESSING_TIMEOUT_SECONDS = env_int("TTS_VOICE_PROCESSING_TIMEOUT_SECONDS", 1800)
+TTS_HOUSEKEEPING_BATCH = env_int("TTS_HOUSEKEEPING_BATCH", 500)
+
+# Logging: stdout and a size-rotated file per process (TTS_PROCESS_NAME).
+TTS_PROCESS_NAME = env_str("TTS_PROCESS_NAME", "django")
+LOG_MAX_BYTES = env_int("TTS_LOG_MAX_BYTES", 10 * 1024 * 1024)
+LOG_BACKUP_COUNT = env_int("TTS_LOG_BACKUP_COUNT", 5)
+LOG_LEVEL = env_str("TTS_LOG_LEVEL", "INFO")
+LOG_TO_FILE = env_bool("TTS_LOG_TO_FILE", True)
+
+_handlers: dict[str, dict[str, object]] = {
+    "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+}
+if LOG_TO_FILE:
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    _handlers["file"] = {
+        "class": "logging.handlers.RotatingFileHandler",
+        "filename": str(LOG_DIR / f"{TTS_PROCESS_NAME}.log"),
+        "maxBytes": LOG_MAX_BYTES,
+        "backupCount": LOG_BACKUP_COUNT,
+        "formatter": "plain",
+        "delay": True,
+    }
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(process)d %(name)s %(message)s"}},
+    "handlers": _handlers,
+    "root": {"handlers": list(_handlers), "level": LOG_LEVEL},
+    "loggers": {"django.request": {"level": "ERROR"}},
+}
+
+EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")

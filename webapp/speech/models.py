@@ -1,0 +1,165 @@
+"""Voices, synthesis jobs and the usage ledger.
+
+The job row is the truth and the outbox: Celery messages only say "look at job
+X"; every state change goes through ``webapp.speech.services``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from webapp.tenants.models import ApiKey, Organization
+
+
+class Voice(models.Model):
+    """A voice a job can use: built-in (organization is null) or a tenant's own."""
+
+    class Status(models.TextChoices):
+        READY = "ready"
+        PROCESSING = "processing"
+        REJECTED = "rejected"
+        DELETED = "deleted"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # The public id clients send ("en_US-joe-medium", "espeak-cmn", ...).
+    voice_id = models.CharField(max_length=200, unique=True)
+    organization = models.ForeignKey(
+        Organization, null=True, blank=True, on_delete=models.CASCADE, related_name="voices"
+    )
+    name = models.CharField(max_length=200)
+    engine = models.CharField(max_length=50)
+    language = models.CharField(max_length=50)
+    sample_rate = models.PositiveIntegerField()
+    capabilities = models.JSONField(default=dict)
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.READY)
+    status_reason = models.CharField(max_length=500, blank=True)
+    prompt_path = models.CharField(max_length=500, blank=True)
+    prompt_bytes = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["organization", "status"])]
+
+    def __str__(self) -> str:
+        return self.voice_id
+
+
+class SynthesisJob(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELED = "canceled"
+        EXPIRED = "expired"
+
+    ACTIVE = (Status.QUEUED, Status.RUNNING)
+    FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELED, Status.EXPIRED)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="jobs")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    voice = models.ForeignKey(Voice, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
+    voice_name = models.CharField(max_length=200)
+    engine = models.CharField(max_length=50)
+    text = models.TextField()
+    text_chars = models.PositiveIntegerField()
+    format = models.CharField(max_length=10)
+    sample_rate = models.PositiveIntegerField(null=True, blank=True)
+    params = models.JSONField(default=dict)  # speed, pitch, volume, language, instructions
+    source = models.CharField(max_length=20, default="api")  # api | openai | dashboard
+
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    progress = models.FloatField(default=0.0)
+    stage = models.CharField(max_length=100, default="queued")
+    cancel_requested = models.BooleanField(default=False)
+    attempts = models.PositiveIntegerField(default=0)
+    oom_retries = models.PositiveIntegerField(default=0)
+    worker = models.CharField(max_length=200, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(default=timezone.now)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    audio_path = models.CharField(max_length=500, blank=True)  # relative to MEDIA_ROOT
+    audio_bytes = models.PositiveBigIntegerField(default=0)
+    duration_seconds = models.FloatField(null=True, blank=True)
+    metrics = models.JSONField(default=dict)
+    applied_instructions = models.JSONField(default=dict)  # {"applied": [...], "not_applied": [...]}
+    error_code = models.CharField(max_length=50, blank=True)
+    error_message = models.CharField(max_length=1000, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["organization", "-created_at"]),
+            models.Index(fields=["status", "created_at"]),
+            models.Index(fields=["status", "lease_until"]),
+            models.Index(fields=["status", "expires_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.id} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in self.FINISHED
+
+
+class UsagePeriod(models.Model):
+    """Characters used and reserved by a tenant in one calendar month (UTC).
+
+    The row is locked (SELECT ... FOR UPDATE) while a reservation is made, so
+    parallel submits can never overshoot the plan.
+    """
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="usage_periods")
+    period = models.DateField()  # first day of the month
+    characters_used = models.PositiveBigIntegerField(default=0)
+    characters_reserved = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["organization", "period"], name="one_usage_row")]
+
+
+class UsageEvent(models.Model):
+    """Ledger: one reserve, then one charge or one release per job, never more."""
+
+    class Kind(models.TextChoices):
+        RESERVE = "reserve"
+        CHARGE = "charge"
+        RELEASE = "release"
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="usage_events")
+    job = models.ForeignKey(SynthesisJob, null=True, on_delete=models.SET_NULL, related_name="usage_events")
+    job_key = models.UUIDField()  # survives job deletion, keeps uniqueness
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    characters = models.PositiveIntegerField()
+    period = models.DateField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job_key", "kind"], name="one_event_per_job_kind")]
+        indexes = [models.Index(fields=["organization", "created_at"])]
+
+
+class IdempotencyKey(models.Model):
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    request_hash = models.CharField(max_length=64)
+    job = models.ForeignKey(SynthesisJob, null=True, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["organization", "key"], name="one_idempotency_key")]
+        indexes = [models.Index(fields=["created_at"])]

@@ -1,0 +1,547 @@
+"""Every state change of voices, jobs and usage, each inside a transaction.
+
+Views parse and authorise, tasks are thin; both call these functions. The job
+row is the outbox: a job is created ``queued`` with ``dispatched_at`` null,
+the Celery message is sent after commit, and beat re-sends what was never sent.
+
+Usage ledger: ``reserve`` at submit (same transaction as the job), then exactly
+one of ``charge`` (success) or ``release`` (failure, cancel, expiry). The
+``UsageEvent`` unique constraint on (job, kind) makes a second charge or
+release impossible, whatever retries or redeliveries happen.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from webapp.problems import Problem
+from webapp.speech.models import IdempotencyKey, SynthesisJob, UsageEvent, UsagePeriod, Voice
+from webapp.tenants.models import ApiKey, Organization
+
+log = logging.getLogger(__name__)
+
+Status = SynthesisJob.Status
+
+
+# --------------------------------------------------------------------- periods
+
+
+def period_start(when: dt.datetime | None = None) -> dt.date:
+    """Usage periods are calendar months in UTC, derived from dates: no reset job."""
+    when = (when or timezone.now()).astimezone(dt.UTC)
+    return dt.date(when.year, when.month, 1)
+
+
+def period_end(when: dt.datetime | None = None) -> dt.datetime:
+    start = period_start(when)
+    if start.month == 12:
+        return dt.datetime(start.year + 1, 1, 1, tzinfo=dt.UTC)
+    return dt.datetime(start.year, start.month + 1, 1, tzinfo=dt.UTC)
+
+
+def seconds_to_period_end(when: dt.datetime | None = None) -> int:
+    when = when or timezone.now()
+    return max(1, int((period_end(when) - when).total_seconds()) + 1)
+
+
+def queue_for_engine(engine: str) -> str:
+    return f"synth.{engine}"
+
+
+# --------------------------------------------------------------------- ledger
+
+
+def _usage_row(organization_id: Any, period: dt.date) -> UsagePeriod:
+    """The tenant's usage row for a period, locked for this transaction."""
+    UsagePeriod.objects.get_or_create(organization_id=organization_id, period=period)
+    return UsagePeriod.objects.select_for_update().get(organization_id=organization_id, period=period)
+
+
+def _settle(job: SynthesisJob, kind: str) -> bool:
+    """Charge or release the job's reservation exactly once. Returns False if already settled."""
+    reserve = UsageEvent.objects.filter(job_key=job.id, kind=UsageEvent.Kind.RESERVE).first()
+    if reserve is None:
+        return False
+    if UsageEvent.objects.filter(
+        job_key=job.id, kind__in=[UsageEvent.Kind.CHARGE, UsageEvent.Kind.RELEASE]
+    ).exists():
+        return False
+    try:
+        with transaction.atomic():
+            UsageEvent.objects.create(
+                organization_id=job.organization_id,
+                job=job,
+                job_key=job.id,
+                kind=kind,
+                characters=reserve.characters,
+                period=reserve.period,
+            )
+    except IntegrityError:
+        return False
+    row = _usage_row(job.organization_id, reserve.period)
+    row.characters_reserved = F("characters_reserved") - reserve.characters
+    if kind == UsageEvent.Kind.CHARGE:
+        row.characters_used = F("characters_used") + reserve.characters
+    row.save(update_fields=["characters_reserved", "characters_used"])
+    return True
+
+
+def charge_usage(job: SynthesisJob) -> bool:
+    return _settle(job, UsageEvent.Kind.CHARGE)
+
+
+def release_usage(job: SynthesisJob) -> bool:
+    return _settle(job, UsageEvent.Kind.RELEASE)
+
+
+# --------------------------------------------------------------------- submit
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    text: str
+    voice: Voice
+    format: str
+    sample_rate: int | None
+    params: dict[str, Any]
+    billable_chars: int
+    source: str = "api"
+
+
+def request_fingerprint(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def format_count(n: int) -> str:
+    return f"{n:,}"
+
+
+def _check_limits(organization: Organization, chars: int, now: dt.datetime) -> dt.date:
+    """Concurrency and monthly quota, under row locks. Returns the period to reserve in."""
+    plan = organization.plan
+    if chars > plan.max_characters_per_request:
+        raise Problem(
+            413,
+            "request_too_large",
+            f"{format_count(chars)} characters in one request; your plan allows "
+            f"{format_count(plan.max_characters_per_request)}.",
+            field="text",
+        )
+    active = SynthesisJob.objects.filter(organization=organization, status__in=SynthesisJob.ACTIVE).count()
+    if active >= plan.max_concurrent_jobs:
+        raise Problem(
+            429,
+            "concurrency_limit",
+            f"{active} of {plan.max_concurrent_jobs} concurrent jobs are queued or running; "
+            "wait for one to finish.",
+            retry_after=5,
+        )
+    period = period_start(now)
+    row = _usage_row(organization.pk, period)
+    total = row.characters_used + row.characters_reserved + chars
+    if total > plan.monthly_characters:
+        raise Problem(
+            429,
+            "quota_exceeded",
+            f"{format_count(total)} of {format_count(plan.monthly_characters)} characters this month "
+            f"({format_count(row.characters_used + row.characters_reserved)} used or reserved, "
+            f"{format_count(chars)} requested).",
+            retry_after=seconds_to_period_end(now),
+        )
+    return period
+
+
+def submit_job(
+    organization: Organization,
+    request: JobRequest,
+    *,
+    api_key: ApiKey | None = None,
+    user: Any = None,
+    idempotency_key: str | None = None,
+    fingerprint: str | None = None,
+) -> tuple[SynthesisJob, bool]:
+    """Create a queued job with its usage reservation. Returns (job, created).
+
+    The tenant row is locked first, so the concurrency count and the monthly
+    quota are exact under any number of parallel submits.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        org = Organization.objects.select_for_update().select_related("plan").get(pk=organization.pk)
+        if idempotency_key is not None:
+            existing = _claim_idempotency_key(org, idempotency_key, fingerprint or "", now)
+            if existing is not None:
+                return existing, False
+        period = _check_limits(org, request.billable_chars, now)
+        job = SynthesisJob.objects.create(
+            organization=org,
+            api_key=api_key,
+            user=user if getattr(user, "is_authenticated", False) else None,
+            voice=request.voice,
+            voice_name=request.voice.voice_id,
+            engine=request.voice.engine,
+            text=request.text,
+            text_chars=request.billable_chars,
+            format=request.format,
+            sample_rate=request.sample_rate,
+            params=request.params,
+            source=request.source,
+            created_at=now,
+        )
+        UsageEvent.objects.create(
+            organization=org,
+            job=job,
+            job_key=job.id,
+            kind=UsageEvent.Kind.RESERVE,
+            characters=request.billable_chars,
+            period=period,
+        )
+        UsagePeriod.objects.filter(organization=org, period=period).update(
+            characters_reserved=F("characters_reserved") + request.billable_chars
+        )
+        if idempotency_key is not None:
+            IdempotencyKey.objects.filter(organization=org, key=idempotency_key).update(job=job)
+        job_id = job.id
+        transaction.on_commit(lambda: dispatch_job(job_id))
+    return job, True
+
+
+def _claim_idempotency_key(
+    org: Organization, key: str, fingerprint: str, now: dt.datetime
+) -> SynthesisJob | None:
+    cutoff = now - dt.timedelta(hours=settings.TTS_IDEMPOTENCY_TTL_HOURS)
+    IdempotencyKey.objects.filter(organization=org, key=key, created_at__lt=cutoff).delete()
+    # The tenant row lock held by the caller serialises submits of one tenant,
+    # so a plain lookup-then-insert cannot race here.
+    row = IdempotencyKey.objects.filter(organization=org, key=key).select_related("job").first()
+    if row is None:
+        IdempotencyKey.objects.create(organization=org, key=key, request_hash=fingerprint, created_at=now)
+        return None
+    if row.request_hash != fingerprint:
+        raise Problem(
+            422,
+            "idempotency_key_reused",
+            "This Idempotency-Key was already used with a different request body.",
+        )
+    if row.job is None:
+        raise Problem(409, "idempotency_key_in_use", "A request with this Idempotency-Key is in progress.")
+    return row.job
+
+
+def dispatch_job(job_id: Any) -> bool:
+    """Send the job's message to its engine queue and mark it dispatched.
+
+    A failure to reach the broker is logged, not raised: the job stays
+    undispatched and beat sends it again (``redispatch_undispatched``).
+    """
+    from webapp.speech.tasks import synthesize_job  # tasks import services
+
+    job = SynthesisJob.objects.filter(id=job_id, status=Status.QUEUED).only("id", "engine").first()
+    if job is None:
+        return False
+    try:
+        synthesize_job.apply_async(
+            args=[str(job.id)],
+            queue=queue_for_engine(job.engine),
+            retry=True,
+            retry_policy={"max_retries": 1, "interval_start": 0.2, "interval_step": 0.2},
+        )
+    except Exception as exc:  # kombu/redis errors have no common base worth naming
+        log.warning("dispatch of job %s failed, beat will retry: %s", job_id, exc)
+        return False
+    SynthesisJob.objects.filter(id=job_id).update(dispatched_at=timezone.now())
+    return True
+
+
+def redispatch_undispatched(older_than_seconds: int | None = None, limit: int = 500) -> int:
+    grace = settings.TTS_DISPATCH_GRACE_SECONDS if older_than_seconds is None else older_than_seconds
+    cutoff = timezone.now() - dt.timedelta(seconds=grace)
+    ids = list(
+        SynthesisJob.objects.filter(status=Status.QUEUED, dispatched_at__isnull=True, created_at__lt=cutoff)
+        .order_by("created_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    return sum(1 for job_id in ids if dispatch_job(job_id))
+
+
+# --------------------------------------------------------------------- worker side
+
+
+def job_time_limits(text_chars: int) -> tuple[int, int]:
+    """(soft, hard) seconds for a job: grow with text length, capped by TTS_MAX_JOB_SECONDS."""
+    soft = settings.TTS_JOB_BASE_SECONDS + settings.TTS_JOB_SECONDS_PER_CHAR * text_chars
+    soft = min(soft, settings.TTS_MAX_JOB_SECONDS)
+    hard = min(soft + 30, settings.TTS_MAX_JOB_SECONDS + 30)
+    return int(soft), int(hard)
+
+
+def claim_job(job_id: Any, worker_id: str, dead_workers: Iterable[str] = ()) -> SynthesisJob | None:
+    """Atomically take a queued job (or a running one whose owner is dead).
+
+    ``UPDATE ... WHERE status='queued'``: a redelivered or duplicate message
+    finds nothing to claim. Returns the claimed job or None.
+    """
+    now = timezone.now()
+    lease = now + dt.timedelta(seconds=settings.TTS_JOB_LEASE_SECONDS)
+    claimable = Q(status=Status.QUEUED)
+    dead = [w for w in dead_workers if w]
+    if dead:
+        claimable |= Q(status=Status.RUNNING, worker__in=dead)
+    updated = SynthesisJob.objects.filter(
+        claimable, id=job_id, cancel_requested=False, attempts__lt=settings.TTS_JOB_MAX_ATTEMPTS
+    ).update(
+        status=Status.RUNNING,
+        lease_until=lease,
+        attempts=F("attempts") + 1,
+        worker=worker_id,
+        started_at=Coalesce(F("started_at"), now),
+        stage="loading voice",
+        progress=0.0,
+    )
+    if updated:
+        return SynthesisJob.objects.select_related("voice").get(id=job_id)
+    # Not claimable: finish what must not stay open forever.
+    job = SynthesisJob.objects.filter(id=job_id).first()
+    if job is None or job.is_finished:
+        return None
+    if job.cancel_requested:
+        finish_canceled(job.id)
+    elif job.attempts >= settings.TTS_JOB_MAX_ATTEMPTS and (job.status == Status.QUEUED or job.worker in dead):
+        fail_job(job.id, "worker_lost", f"The job stopped its worker {job.attempts} times; giving up.")
+    return None
+
+
+def report_progress(job_id: Any, worker_id: str, done: int, total: int, stage: str | None = None) -> bool:
+    """Record progress and renew the lease. Returns True when the job should stop (canceled or lost)."""
+    lease = timezone.now() + dt.timedelta(seconds=settings.TTS_JOB_LEASE_SECONDS)
+    progress = 0.0 if total <= 0 else min(1.0, done / total)
+    updated = SynthesisJob.objects.filter(id=job_id, status=Status.RUNNING, worker=worker_id).update(
+        progress=progress,
+        stage=stage or f"synthesising {min(done + 1, total)}/{total}",
+        lease_until=lease,
+    )
+    if not updated:
+        return True  # someone else owns it now, or it finished
+    return SynthesisJob.objects.filter(id=job_id, cancel_requested=True).exists()
+
+
+def complete_job(
+    job_id: Any,
+    worker_id: str,
+    *,
+    audio_path: str,
+    audio_bytes: int,
+    duration_seconds: float,
+    metrics: dict[str, Any],
+    applied_instructions: dict[str, Any],
+) -> bool:
+    """Mark a job succeeded and charge it, exactly once."""
+    now = timezone.now()
+    with transaction.atomic():
+        job = (
+            SynthesisJob.objects.select_for_update()
+            .select_related("organization__plan")
+            .filter(id=job_id, status=Status.RUNNING, worker=worker_id)
+            .first()
+        )
+        if job is None:
+            return False
+        job.status = Status.SUCCEEDED
+        job.progress = 1.0
+        job.stage = "done"
+        job.finished_at = now
+        job.lease_until = None
+        job.audio_path = audio_path
+        job.audio_bytes = audio_bytes
+        job.duration_seconds = duration_seconds
+        job.metrics = metrics
+        job.applied_instructions = applied_instructions
+        job.expires_at = now + dt.timedelta(days=job.organization.plan.retention_days)
+        job.save()
+        charge_usage(job)
+    return True
+
+
+def fail_job(job_id: Any, code: str, message: str, worker_id: str | None = None) -> bool:
+    """Mark an active job failed and release its reservation."""
+    with transaction.atomic():
+        qs = SynthesisJob.objects.select_for_update().filter(id=job_id, status__in=SynthesisJob.ACTIVE)
+        if worker_id is not None:
+            qs = qs.filter(Q(worker=worker_id) | Q(status=Status.QUEUED))
+        job = qs.first()
+        if job is None:
+            return False
+        job.status = Status.FAILED
+        job.error_code = code
+        job.error_message = message[:1000]
+        job.finished_at = timezone.now()
+        job.lease_until = None
+        job.stage = "failed"
+        job.save()
+        release_usage(job)
+    log.info("job %s failed: %s %s", job_id, code, message)
+    return True
+
+
+def requeue_job(job_id: Any, worker_id: str | None = None, reason: str = "") -> bool:
+    """Put a running job back in the queue (its worker died or ran out of memory)."""
+    with transaction.atomic():
+        qs = SynthesisJob.objects.select_for_update().filter(id=job_id, status=Status.RUNNING)
+        if worker_id is not None:
+            qs = qs.filter(worker=worker_id)
+        job = qs.first()
+        if job is None:
+            return False
+        job.status = Status.QUEUED
+        job.lease_until = None
+        job.worker = ""
+        job.progress = 0.0
+        job.stage = "queued"
+        job.dispatched_at = None
+        job.save()
+        transaction.on_commit(lambda: dispatch_job(job_id))
+    log.info("job %s re-queued: %s", job_id, reason)
+    return True
+
+
+def finish_canceled(job_id: Any) -> bool:
+    with transaction.atomic():
+        job = SynthesisJob.objects.select_for_update().filter(id=job_id, status__in=SynthesisJob.ACTIVE).first()
+        if job is None:
+            return False
+        job.status = Status.CANCELED
+        job.cancel_requested = True
+        job.finished_at = timezone.now()
+        job.lease_until = None
+        job.stage = "canceled"
+        job.save()
+        release_usage(job)
+    return True
+
+
+def cancel_job(job: SynthesisJob) -> SynthesisJob:
+    """Cancel a queued job at once; ask a running one to stop at its next sentence."""
+    with transaction.atomic():
+        locked = SynthesisJob.objects.select_for_update().get(id=job.id)
+        if locked.status == Status.QUEUED:
+            finish_canceled(locked.id)
+        elif locked.status == Status.RUNNING:
+            locked.cancel_requested = True
+            locked.save(update_fields=["cancel_requested"])
+        elif locked.status != Status.CANCELED:
+            raise Problem(409, "job_finished", f"The job is already {locked.status}; nothing to cancel.")
+    return SynthesisJob.objects.get(id=job.id)
+
+
+def requeue_expired_leases(limit: int = 500) -> tuple[int, int]:
+    """Running jobs whose lease ran out (worker or node died): re-queue, or fail when attempts are spent."""
+    now = timezone.now()
+    ids = list(
+        SynthesisJob.objects.filter(status=Status.RUNNING, lease_until__lt=now).values_list("id", flat=True)[
+            :limit
+        ]
+    )
+    requeued = failed = 0
+    for job_id in ids:
+        job = SynthesisJob.objects.filter(id=job_id, status=Status.RUNNING, lease_until__lt=now).first()
+        if job is None:
+            continue
+        if job.cancel_requested:
+            finish_canceled(job_id)
+        elif job.attempts >= settings.TTS_JOB_MAX_ATTEMPTS:
+            failed += fail_job(job_id, "worker_lost", f"The worker running this job was lost {job.attempts} times.")
+        else:
+            requeued += requeue_job(job_id, reason="lease expired")
+    return requeued, failed
+
+
+# --------------------------------------------------------------------- files
+
+
+def audio_abspath(relative: str) -> str:
+    return os.path.join(str(settings.MEDIA_ROOT), relative)
+
+
+def _remove_file(relative: str) -> int:
+    if not relative:
+        return 0
+    path = audio_abspath(relative)
+    try:
+        size = os.path.getsize(path)
+        os.unlink(path)
+        return size
+    except FileNotFoundError:
+        return 0
+
+
+def delete_job(job: SynthesisJob) -> None:
+    """Delete a job and its audio; an active job is canceled first so its reservation is released."""
+    with transaction.atomic():
+        locked = SynthesisJob.objects.select_for_update().get(id=job.id)
+        if locked.status in SynthesisJob.ACTIVE:
+            finish_canceled(locked.id)
+        release_usage(locked)  # no-op when already settled
+        path = locked.audio_path
+        locked.delete()
+        transaction.on_commit(lambda: _remove_file(path))
+
+
+def expire_audio(job_id: Any) -> int:
+    """Remove a finished job's audio past retention and mark it expired. Returns bytes freed."""
+    with transaction.atomic():
+        job = (
+            SynthesisJob.objects.select_for_update()
+            .filter(id=job_id, status=Status.SUCCEEDED, expires_at__lte=timezone.now())
+            .first()
+        )
+        if job is None:
+            return 0
+        path, size = job.audio_path, job.audio_bytes
+        job.status = Status.EXPIRED
+        job.audio_path = ""
+        job.audio_bytes = 0
+        job.save(update_fields=["status", "audio_path", "audio_bytes"])
+    freed = _remove_file(path)
+    return freed or size
+
+
+def storage_used(organization: Organization) -> int:
+    jobs = SynthesisJob.objects.filter(organization=organization).aggregate(n=Sum("audio_bytes"))["n"] or 0
+    voices = Voice.objects.filter(organization=organization).aggregate(n=Sum("prompt_bytes"))["n"] or 0
+    return int(jobs) + int(voices)
+
+
+# --------------------------------------------------------------------- voices
+
+
+def sync_builtin_voices(voices: Iterable[dict[str, Any]]) -> int:
+    """Upsert the built-in voices a worker serves (they carry no tenant)."""
+    count = 0
+    for info in voices:
+        Voice.objects.update_or_create(
+            voice_id=info["id"],
+            defaults={
+                "organization": None,
+                "name": info["name"],
+                "engine": info["engine"],
+                "language": info["language"],
+                "sample_rate": info["sample_rate"],
+                "capabilities": info.get("capabilities", {}),
+                "status": Voice.Status.READY,
+            },
+        )
+        count += 1
+    return count

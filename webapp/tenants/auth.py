@@ -1,0 +1,51 @@
+"""API key authentication: ``Authorization: Bearer tts_<prefix>_<secret>``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from webapp.tenants.models import ApiKey
+from webapp.tenants.services import find_api_key, touch_api_key
+
+
+class ApiKeyUser:
+    """The principal of an API request: the key and its tenant (not a Django user)."""
+
+    is_authenticated = True
+    is_anonymous = False
+
+    def __init__(self, key: ApiKey) -> None:
+        self.key = key
+        self.organization = key.organization
+
+    @property
+    def pk(self) -> str:
+        return str(self.key.pk)
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[ApiKeyUser, ApiKey] | None:
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        if not header:
+            return None
+        parts = header.split()
+        if len(parts) != 2 or parts[0].lower() != "bearer":
+            raise exceptions.AuthenticationFailed("Malformed Authorization header; expected 'Bearer <api key>'.")
+        key = find_api_key(parts[1])
+        if key is None:
+            raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")
+        touch_api_key(key)
+        return ApiKeyUser(key), key
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="api"'
+
+
+def has_scope(request: Any, scope: str) -> bool:
+    key = getattr(request, "auth", None)
+    return isinstance(key, ApiKey) and scope in (key.scopes or [])

@@ -1,0 +1,99 @@
+"""Tenants: the organisation, its members, its plan and its API keys."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class Plan(models.Model):
+    """The limits a tenant lives within. A default plan is created by a migration."""
+
+    slug = models.SlugField(unique=True)
+    name = models.CharField(max_length=100)
+    is_default = models.BooleanField(default=False)
+    monthly_characters = models.PositiveBigIntegerField(default=100_000)
+    max_characters_per_request = models.PositiveIntegerField(default=5_000)
+    max_concurrent_jobs = models.PositiveIntegerField(default=4)
+    requests_per_minute = models.PositiveIntegerField(default=60)
+    max_voices = models.PositiveIntegerField(default=5)
+    max_upload_bytes = models.PositiveBigIntegerField(default=10 * 1024 * 1024)
+    retention_days = models.PositiveIntegerField(default=7)
+    storage_bytes = models.PositiveBigIntegerField(default=1024 * 1024 * 1024)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"], condition=models.Q(is_default=True), name="one_default_plan"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Organization(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(unique=True)
+    plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="organizations")
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner"
+        ADMIN = "admin"
+        MEMBER = "member"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "organization"], name="one_membership")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.organization} ({self.role})"
+
+
+class ApiKey(models.Model):
+    """A key looks like ``tts_<prefix>_<secret>``; only an HMAC of the secret is stored."""
+
+    class Scope(models.TextChoices):
+        SPEECH_WRITE = "speech:write"
+        SPEECH_READ = "speech:read"
+        VOICES_WRITE = "voices:write"
+
+    ALL_SCOPES = [Scope.SPEECH_WRITE.value, Scope.SPEECH_READ.value, Scope.VOICES_WRITE.value]
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=8, unique=True)
+    secret_hash = models.CharField(max_length=64)
+    scopes = models.JSONField(default=list)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} (tts_{self.prefix}_…)"
+
+    def is_usable(self, now: timezone.datetime | None = None) -> bool:
+        now = now or timezone.now()
+        if self.revoked_at is not None:
+            return False
+        return self.expires_at is None or self.expires_at > now
