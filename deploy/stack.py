@@ -616,6 +616,8 @@ def cmd_run(cfg: StackConfig) -> int:
             print(f"stack: {exc}", file=sys.stderr, flush=True)
         except subprocess.CalledProcessError as exc:
             print(f"stack: {' '.join(map(str, exc.cmd[:3]))} failed with status {exc.returncode}", file=sys.stderr)
+        except Exception as exc:  # one line for the user; details are in var/log/
+            print(f"stack: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         finally:
             print("stack: stopping...", flush=True)
             sup.stop_all()

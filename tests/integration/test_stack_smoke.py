@@ -6,4 +6,6 @@ def test_it_uses_the_test_database(db: None) -> None:
         cursor.execute("SELECT current_database(), inet_server_port()")
         name, port = cursor.fetchone()
     assert name == "tts"
-    assert port == 55433
+    from tests.stack import CFG
+
+    assert port == CFG.pg_port
