@@ -1,13 +1,23 @@
-"""Render nginx/nginx.conf.template into var/nginx/nginx.conf.
+"""Render nginx/nginx.conf.template (and nginx/snippets/) into var/nginx/.
 
 Placeholders look like ``{{NAME}}`` (Nginx itself uses ``$name``). Values come
-from the stack config and TTS_NGINX_* environment variables (README table).
+from the stack config and environment variables: the TTS_NGINX_* ones are
+documented in docs/nginx.md; the body, upload, timeout and X-Accel-Redirect
+values come from the same variables Django reads (webapp/settings.py), so the
+two never disagree.
+
+Standard library only, like deploy/stack.py.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
 import re
+import shutil
+import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,8 +26,13 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = ROOT / "nginx"
+SNIPPET_DIR = TEMPLATE_DIR / "snippets"
 
-DEFAULTS = {
+# Same base as webapp.problems.PROBLEM_BASE (this module cannot import Django).
+PROBLEM_BASE = "https://docs.tts.local/problems/"
+
+# TTS_NGINX_<NAME>: default. Documented in docs/nginx.md.
+DEFAULTS: dict[str, str] = {
     "RATE_GENERAL": "20r/s",
     "BURST_GENERAL": "40",
     "RATE_WRITE": "2r/s",
@@ -25,68 +40,241 @@ DEFAULTS = {
     "RATE_LOGIN": "10r/m",
     "BURST_LOGIN": "5",
     "CONN_PER_IP": "50",
-    "CLIENT_MAX_BODY": "1m",
-    "PROXY_READ_TIMEOUT": "150s",
+    "WORKER_PROCESSES": "auto",
+    "HSTS_MAX_AGE": "31536000",
+    "REAL_IP_FROM": "",
+    "REAL_IP_HEADER": "X-Forwarded-For",
+    "LISTEN": "",
+    # Templates and the API docs page keep to this: no inline script, no CDN.
+    "CSP": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; script-src 'self'; "
+    "media-src 'self' blob:; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
 }
+# Beyond the file itself a multipart upload carries boundaries, part headers and
+# the other form fields. Django enforces the exact file limit with a clear
+# message; Nginx only has to stop bodies that cannot possibly be valid.
+MULTIPART_SLACK_BYTES = 64 * 1024
+# Time Django may still need after its own wait ends (encode, write the response).
+TIMEOUT_MARGIN_SECONDS = 15
+
+_RATE_RE = re.compile(r"^([1-9][0-9]*)r/([sm])$")
+_SIZE_RE = re.compile(r"^[0-9]+[kKmMgG]?$")
+_TIME_RE = re.compile(r"^[1-9][0-9]*(ms|s|m)?$")
+_HEADER_RE = re.compile(r"^[A-Za-z0-9-]+$")
 
 
-def nginx_values(cfg: StackConfig) -> dict[str, str]:
+class NginxConfigError(ValueError):
+    """A setting Nginx cannot use; the message names the variable."""
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise NginxConfigError(f"{name}={raw!r} is not a whole number") from None
+
+
+def _check(name: str, value: str, pattern: re.Pattern[str], what: str) -> str:
+    if not pattern.match(value):
+        raise NginxConfigError(f"TTS_NGINX_{name}={value!r} is not {what}")
+    return value
+
+
+def retry_after_seconds(rate: str) -> int:
+    """Seconds until a rejected client gets one request through again (one leak interval)."""
+    match = _RATE_RE.match(rate)
+    if not match:
+        raise NginxConfigError(f"rate {rate!r} is not like 5r/s or 10r/m")
+    count, unit = int(match.group(1)), match.group(2)
+    period = 1 if unit == "s" else 60
+    return max(1, math.ceil(period / count))
+
+
+def _real_ip_block(sources: str, header: str) -> str:
+    """real_ip mode: behind a load balancer, trust its address header, only from it."""
+    if not sources.strip():
+        return ""
+    lines = []
+    for item in sources.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item != "unix:":
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise NginxConfigError(
+                    f"TTS_NGINX_REAL_IP_FROM: {item!r} is not an address or CIDR"
+                ) from None
+        lines.append(f"    set_real_ip_from {item};\n")
+    lines.append(f"    real_ip_header {header};\n")
+    # With a chain of trusted proxies, take the last address none of them added.
+    lines.append("    real_ip_recursive on;\n")
+    return "".join(lines)
+
+
+def ensure_dhparam(path: Path) -> Path:
+    """RFC 7919 ffdhe2048 group for the DHE suites of Mozilla "intermediate" (no generation run)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                "openssl",
+                "genpkey",
+                "-genparam",
+                "-algorithm",
+                "DH",
+                "-pkeyopt",
+                "group:ffdhe2048",
+                "-out",
+                str(path),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    return path
+
+
+def nginx_values(
+    cfg: StackConfig, env: Mapping[str, str] | None = None, name: str = "nginx"
+) -> dict[str, str]:
+    """Every placeholder's value for the instance ``name`` (its files live in var/<name>/)."""
     from deploy.stack import ensure_certificate
 
-    cert, key = ensure_certificate(cfg)
-    values = {name: os.environ.get(f"TTS_NGINX_{name}", default) for name, default in DEFAULTS.items()}
-    upload = int(os.environ.get("TTS_MAX_UPLOAD_BYTES", str(20 * 1024 * 1024)))
-    values.update(
-        {
-            "HTTP_PORT": str(cfg.http_port),
-            "HTTPS_PORT": str(cfg.https_port),
-            "LISTEN_ADDR": os.environ.get("TTS_NGINX_LISTEN", ""),
-            "VAR_DIR": str(cfg.var_dir),
-            "STATIC_ROOT": str(cfg.path("static")),
-            "MEDIA_ROOT": os.environ.get("TTS_MEDIA_ROOT", str(cfg.path("media"))),
-            "LOG_DIR": str(cfg.log_dir),
-            "GUNICORN_SOCKET": str(cfg.gunicorn_socket),
-            "TLS_CERT": str(cert),
-            "TLS_KEY": str(key),
-            "UPLOAD_MAX_BODY": str(upload),
-            "SNIPPETS": str(TEMPLATE_DIR / "snippets"),
-            "USER": "nobody nogroup" if os.geteuid() == 0 else "",
-            "REAL_IP": os.environ.get("TTS_NGINX_REAL_IP_FROM", ""),
-        }
-    )
-    return values
+    env = os.environ if env is None else env
+    raw = {key: env.get(f"TTS_NGINX_{key}", default) for key, default in DEFAULTS.items()}
+    for key in ("RATE_GENERAL", "RATE_WRITE", "RATE_LOGIN"):
+        _check(key, raw[key], _RATE_RE, "a rate like 5r/s or 10r/m")
+    for key in ("BURST_GENERAL", "BURST_WRITE", "BURST_LOGIN", "CONN_PER_IP", "HSTS_MAX_AGE"):
+        _check(key, raw[key], re.compile(r"^[0-9]+$"), "a whole number")
+    if raw["WORKER_PROCESSES"] != "auto":
+        _check("WORKER_PROCESSES", raw["WORKER_PROCESSES"], re.compile(r"^[1-9][0-9]*$"), "auto or a number")
+    _check("REAL_IP_HEADER", raw["REAL_IP_HEADER"], _HEADER_RE, "a header name")
+    # It lands inside "..." of add_header, where $ would be read as a variable.
+    if re.search(r'["\\$\n{}]', raw["CSP"]) or not raw["CSP"].strip():
+        raise NginxConfigError("TTS_NGINX_CSP must be a policy without quotes, backslashes, $ or braces")
+
+    # One source for each limit Django also enforces (webapp/settings.py).
+    body = _env_int(env, "TTS_MAX_BODY_BYTES", 1024 * 1024)
+    upload = _env_int(env, "TTS_MAX_UPLOAD_BYTES", 20 * 1024 * 1024)
+    client_max_body = env.get("TTS_NGINX_CLIENT_MAX_BODY") or str(body)
+    _check("CLIENT_MAX_BODY", client_max_body, _SIZE_RE, "a size like 1048576, 512k or 1m")
+    long_poll = _env_int(env, "TTS_LONG_POLL_MAX_SECONDS", 30)
+    openai_wait = _env_int(env, "TTS_OPENAI_WAIT_SECONDS", 120)
+    read_timeout = env.get("TTS_NGINX_PROXY_READ_TIMEOUT") or f"{long_poll + TIMEOUT_MARGIN_SECONDS}s"
+    openai_timeout = env.get("TTS_NGINX_OPENAI_READ_TIMEOUT") or f"{openai_wait + TIMEOUT_MARGIN_SECONDS}s"
+    _check("PROXY_READ_TIMEOUT", read_timeout, _TIME_RE, "a duration like 45s")
+    _check("OPENAI_READ_TIMEOUT", openai_timeout, _TIME_RE, "a duration like 135s")
+
+    accel = env.get("TTS_ACCEL_REDIRECT_PREFIX") or "/_protected/media/"
+    if not re.match(r"^/[A-Za-z0-9_/.-]*/$", accel) or ".." in accel:
+        raise NginxConfigError(f"TTS_ACCEL_REDIRECT_PREFIX={accel!r} must be a path like /_protected/media/")
+
+    listen = raw["LISTEN"].strip()
+    if listen and not listen.endswith(":"):
+        listen += ":"  # "127.0.0.1" -> "127.0.0.1:" in front of the port
+
+    if env.get("TTS_TLS_CERT") and env.get("TTS_TLS_KEY"):
+        cert, tls_key = Path(env["TTS_TLS_CERT"]), Path(env["TTS_TLS_KEY"])
+    else:
+        cert, tls_key = ensure_certificate(cfg)
+    dhparam = ensure_dhparam(Path(env.get("TTS_TLS_DHPARAM") or str(cfg.path("tls", "dhparam.pem"))))
+
+    out_dir = cfg.path(name)
+    return {
+        "RATE_GENERAL": raw["RATE_GENERAL"],
+        "BURST_GENERAL": raw["BURST_GENERAL"],
+        "RATE_WRITE": raw["RATE_WRITE"],
+        "BURST_WRITE": raw["BURST_WRITE"],
+        "RATE_LOGIN": raw["RATE_LOGIN"],
+        "BURST_LOGIN": raw["BURST_LOGIN"],
+        "RETRY_GENERAL": str(retry_after_seconds(raw["RATE_GENERAL"])),
+        "RETRY_WRITE": str(retry_after_seconds(raw["RATE_WRITE"])),
+        "RETRY_LOGIN": str(retry_after_seconds(raw["RATE_LOGIN"])),
+        "CONN_PER_IP": raw["CONN_PER_IP"],
+        "CLIENT_MAX_BODY": client_max_body,
+        "UPLOAD_MAX_BODY": str(upload + MULTIPART_SLACK_BYTES),
+        "PROXY_READ_TIMEOUT": read_timeout,
+        "OPENAI_READ_TIMEOUT": openai_timeout,
+        "CSP": raw["CSP"],
+        "HSTS_VALUE": f"max-age={raw['HSTS_MAX_AGE']}; includeSubDomains",
+        "WORKER_PROCESSES": raw["WORKER_PROCESSES"],
+        "USER_LINE": "user nobody nogroup;" if os.geteuid() == 0 else "",
+        "REAL_IP_BLOCK": _real_ip_block(raw["REAL_IP_FROM"], raw["REAL_IP_HEADER"]),
+        "HTTP_PORT": str(cfg.http_port),
+        "HTTPS_PORT": str(cfg.https_port),
+        "HTTPS_PORT_SUFFIX": "" if cfg.https_port == 443 else f":{cfg.https_port}",
+        "LISTEN_ADDR": listen,
+        "NGINX_DIR": str(out_dir),
+        "ACCESS_LOG": str(cfg.log_dir / f"{name}.access.log"),
+        "ERROR_LOG": str(cfg.log_dir / f"{name}.error.log"),
+        # The same folders deploy.stack.StackConfig.django_env() gives Django.
+        "STATIC_ROOT": str(cfg.path("static")),
+        "MEDIA_ROOT": str(cfg.path("media")),
+        "ACCEL_PREFIX": accel,
+        "GUNICORN_SOCKET": str(cfg.gunicorn_socket),
+        "TLS_CERT": str(cert),
+        "TLS_KEY": str(tls_key),
+        "TLS_DHPARAM": str(dhparam),
+        "SNIPPETS": str(out_dir / "snippets"),
+        "PROBLEM_BASE": PROBLEM_BASE,
+    }
 
 
-def render(template: str, values: dict[str, str]) -> str:
+def render(template: str, values: Mapping[str, str]) -> str:
     def sub(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in values:
-            raise KeyError(f"nginx template placeholder {{{{{name}}}}} has no value")
-        return values[name]
+        key = match.group(1)
+        if key not in values:
+            raise KeyError(f"nginx template placeholder {{{{{key}}}}} has no value")
+        return values[key]
 
     return re.sub(r"\{\{([A-Z_]+)\}\}", sub, template)
 
 
-def render_nginx_conf(cfg: StackConfig) -> Path:
-    values = nginx_values(cfg)
-    out_dir = cfg.path("nginx")
-    for sub in ("tmp", "tmp/client_body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def render_nginx_conf(
+    cfg: StackConfig,
+    env: Mapping[str, str] | None = None,
+    name: str = "nginx",
+    overrides: Mapping[str, str] | None = None,
+) -> Path:
+    """Write var/<name>/nginx.conf and its snippets; returns the config path.
+
+    ``name`` lets tests run extra instances (other settings, other ports) next
+    to the main one; ``overrides`` replaces computed values (e.g. GUNICORN_SOCKET).
+    """
+    values = nginx_values(cfg, env, name)
+    values.update(overrides or {})
+    out_dir = Path(values["NGINX_DIR"])
+    for sub in ("snippets", "tmp", "tmp/client_body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
-            os.chmod(out_dir / sub, 0o777)
+            # Workers run as nobody and write request bodies here.
+            os.chmod(out_dir / sub, 0o777 if sub.startswith("tmp") else 0o755)
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
-    text = render((TEMPLATE_DIR / "nginx.conf.template").read_text(), values)
-    if values["USER"]:
-        text = "user " + values["USER"] + ";\n" + text
-    if values["REAL_IP"]:
-        # Behind a load balancer: trust its X-Forwarded-For, only from these addresses.
-        real_ip = "".join(f"    set_real_ip_from {cidr.strip()};\n" for cidr in values["REAL_IP"].split(","))
-        real_ip += "    real_ip_header X-Forwarded-For;\n    real_ip_recursive on;\n"
-        text = text.replace("    # {{REAL_IP_BLOCK}}\n", real_ip)
-    else:
-        text = text.replace("    # {{REAL_IP_BLOCK}}\n", "")
+    for snippet in sorted(SNIPPET_DIR.glob("*.conf")):
+        _write(out_dir / "snippets" / snippet.name, render(snippet.read_text(), values))
     conf = out_dir / "nginx.conf"
-    tmp = conf.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, conf)
+    _write(conf, render((TEMPLATE_DIR / "nginx.conf.template").read_text(), values))
     return conf
+
+
+def nginx_binary() -> str:
+    return shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+def check_config(conf: Path) -> subprocess.CompletedProcess[str]:
+    """``nginx -t`` on a rendered config (output in .stdout)."""
+    return subprocess.run(
+        [nginx_binary(), "-t", "-c", str(conf), "-p", str(conf.parent)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

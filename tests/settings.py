@@ -12,6 +12,14 @@ os.environ.update(TEST_STACK.django_env())
 os.environ["TTS_FAST_PASSWORD_HASHER"] = "1"
 os.environ.setdefault("TTS_LOG_TO_FILE", "0")
 os.environ.setdefault("TTS_CACHE_PREFIX", "tts-test")
+# Nginx serves hashed static names in tests as in production.
+os.environ.setdefault("TTS_MANIFEST_STATIC", "1")
+# The shared test Nginx must not rate-limit tests that submit many jobs from
+# 127.0.0.1; the rate-limit tests start their own Nginx with strict rates.
+os.environ.setdefault("TTS_NGINX_RATE_WRITE", "100r/s")
+os.environ.setdefault("TTS_NGINX_BURST_WRITE", "200")
+os.environ.setdefault("TTS_NGINX_RATE_GENERAL", "200r/s")
+os.environ.setdefault("TTS_NGINX_BURST_GENERAL", "400")
 
 from webapp.settings import *  # noqa: E402,F403
 

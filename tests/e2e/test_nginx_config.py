@@ -1,0 +1,112 @@
+"""The rendered Nginx configuration: `nginx -t`, the TLS line, the error mapping, the settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from deploy import nginx as deploy_nginx
+from tests.stack import CFG
+
+
+def _render(name: str, **env: str) -> Path:
+    cfg = dataclasses.replace(CFG, http_port=18080, https_port=18443)
+    return deploy_nginx.render_nginx_conf(cfg, env={**os.environ, **env}, name=name)
+
+
+def _full_text(conf: Path) -> str:
+    """The config with its snippets, as Nginx reads it."""
+    parts = [conf.read_text()]
+    parts += [p.read_text() for p in sorted((conf.parent / "snippets").glob("*.conf"))]
+    return "\n".join(parts)
+
+
+def test_nginx_t_accepts_the_rendered_config() -> None:
+    conf = _render("nginx-check")
+    result = deploy_nginx.check_config(conf)
+    assert result.returncode == 0, result.stdout
+    assert "test is successful" in result.stdout
+    # Every placeholder was filled, in the config and in the snippets.
+    assert "{{" not in _full_text(conf)
+
+
+def test_tls_protocols_are_exactly_1_2_and_1_3() -> None:
+    text = _render("nginx-check").read_text()
+    lines = re.findall(r"^\s*ssl_protocols\s+([^;]*);", text, re.M)
+    assert lines == ["TLSv1.2 TLSv1.3"]
+
+
+def test_api_and_openai_locations_map_nginx_errors_to_json() -> None:
+    conf = _render("nginx-check")
+    snippets = conf.parent / "snippets"
+    api = (snippets / "api_errors.conf").read_text()
+    openai = (snippets / "openai_errors.conf").read_text()
+    for code in (413, 429, 500, 502, 503, 504):
+        assert f"error_page {code} @api_{code};" in api
+        assert f"error_page {code} @openai_{code};" in openai
+    locations = (snippets / "error_locations.conf").read_text()
+    assert locations.count("default_type application/problem+json;") == 6
+    assert locations.count("Retry-After $tts_retry_after always;") == 3  # api, openai, html 429
+    text = conf.read_text()
+    # Each API location includes the right mapping (the prefix and the strict ones).
+    assert text.count("snippets/api_errors.conf;") == 3
+    assert text.count("snippets/openai_errors.conf;") == 2
+
+
+def test_rates_sizes_and_timeouts_come_from_settings() -> None:
+    conf = _render(
+        "nginx-check-settings",
+        TTS_NGINX_RATE_WRITE="3r/m",
+        TTS_NGINX_BURST_WRITE="7",
+        TTS_MAX_UPLOAD_BYTES="5000000",
+        TTS_MAX_BODY_BYTES="65536",
+        TTS_OPENAI_WAIT_SECONDS="40",
+        TTS_LONG_POLL_MAX_SECONDS="10",
+    )
+    text = conf.read_text()
+    assert "zone=write:10m rate=3r/m;" in text
+    assert text.count("limit_req zone=write burst=7 nodelay;") == 3
+    # Retry-After for the strict zone is one leak interval: 60 s / 3.
+    assert re.search(r'"~\^POST /api/v1/\(speech\|voices\)/\?\$"\s+20;', text)
+    assert "client_max_body_size 65536;" in text
+    assert f"client_max_body_size {5000000 + deploy_nginx.MULTIPART_SLACK_BYTES};" in text
+    assert "proxy_read_timeout 55s;" in text  # OpenAI wait 40 s + margin
+    assert "proxy_read_timeout 25s;" in text  # long poll 10 s + margin
+    assert deploy_nginx.check_config(conf).returncode == 0
+
+
+def test_real_ip_mode_trusts_only_the_listed_balancers() -> None:
+    plain = _render("nginx-check").read_text()
+    assert "set_real_ip_from" not in plain
+    conf = _render("nginx-check-realip", TTS_NGINX_REAL_IP_FROM="10.0.0.0/8, 127.0.0.2")
+    text = conf.read_text()
+    assert "set_real_ip_from 10.0.0.0/8;" in text
+    assert "set_real_ip_from 127.0.0.2;" in text
+    assert "real_ip_header X-Forwarded-For;" in text
+    assert deploy_nginx.check_config(conf).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TTS_NGINX_RATE_WRITE": "fast"}, "TTS_NGINX_RATE_WRITE"),
+        ({"TTS_NGINX_BURST_GENERAL": "-1"}, "TTS_NGINX_BURST_GENERAL"),
+        ({"TTS_NGINX_REAL_IP_FROM": "balancer.local"}, "TTS_NGINX_REAL_IP_FROM"),
+        ({"TTS_NGINX_PROXY_READ_TIMEOUT": "1 s; evil"}, "TTS_NGINX_PROXY_READ_TIMEOUT"),
+        ({"TTS_MAX_UPLOAD_BYTES": "20MB"}, "TTS_MAX_UPLOAD_BYTES"),
+        ({"TTS_NGINX_CSP": "default-src 'self'\" always; add_header X-Evil \"1"}, "TTS_NGINX_CSP"),
+    ],
+)
+def test_a_bad_setting_is_a_clear_error(env: dict[str, str], message: str) -> None:
+    with pytest.raises(deploy_nginx.NginxConfigError, match=message):
+        _render("nginx-check-bad", **env)
+
+
+def test_retry_after_is_one_leak_interval() -> None:
+    assert deploy_nginx.retry_after_seconds("2r/s") == 1
+    assert deploy_nginx.retry_after_seconds("10r/m") == 6
+    assert deploy_nginx.retry_after_seconds("7r/m") == 9
