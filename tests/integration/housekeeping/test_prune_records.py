@@ -1,0 +1,45 @@
+"""prune_records: idempotency keys past 24 h, run records past retention, TTL-less heartbeats."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.conf import settings
+
+from tests.integration.housekeeping.conftest import Clock
+from tests.stack import TestStack as Stack
+from webapp.housekeeping.jobs import run_job
+from webapp.housekeeping.models import HousekeepingRun
+from webapp.speech.models import IdempotencyKey
+
+
+def test_old_records_are_pruned_and_recent_ones_stay(
+    clock: Clock, stack: Stack, org: Any, lock_free: None
+) -> None:
+    hours = dt.timedelta(hours=1)
+    for i, age in enumerate([25, 30, 23, 1]):
+        IdempotencyKey.objects.create(
+            organization=org, key=f"k{i}", request_hash="x", created_at=clock.now - age * hours
+        )
+    retention = dt.timedelta(days=settings.TTS_AUDIT_RETENTION_DAYS)
+    HousekeepingRun.objects.create(job="expire_audio", started_at=clock.now - retention - hours)
+    HousekeepingRun.objects.create(job="expire_audio", started_at=clock.now - retention + hours)
+    r = stack.redis_client()
+    r.set("tts:heartbeat:ghost:1", '{"worker_id": "ghost:1"}')  # no TTL: would look live forever
+    r.set("tts:heartbeat:live:2", '{"worker_id": "live:2"}', ex=60)
+    try:
+        result = run_job("prune_records", batch=1)
+
+        assert sorted(IdempotencyKey.objects.filter(organization=org).values_list("key", flat=True)) == [
+            "k2",
+            "k3",
+        ]
+        # the old one went; the recent one and this run's own record stay
+        assert HousekeepingRun.objects.count() == 2
+        assert 0 < r.ttl("tts:heartbeat:ghost:1") <= settings.TTS_HEARTBEAT_TTL
+        assert r.ttl("tts:heartbeat:live:2") > settings.TTS_HEARTBEAT_TTL
+        assert result.counts == {"idempotency_keys": 2, "run_records": 1, "heartbeats_given_ttl": 1}
+        assert run_job("prune_records").counts == {"idempotency_keys": 0, "run_records": 0}
+    finally:
+        r.delete("tts:heartbeat:ghost:1", "tts:heartbeat:live:2")

@@ -1,0 +1,55 @@
+"""reap_stuck_jobs: a running job whose lease ran out is re-queued, then failed worker_lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.conf import LazySettings
+
+from tests.integration.housekeeping.conftest import Clock, submit
+from tests.stack import TestStack as Stack
+from webapp.housekeeping.jobs import run_job
+from webapp.speech import services
+from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
+
+Status = SynthesisJob.Status
+
+
+def test_a_stuck_job_is_requeued_once_then_failed_worker_lost(
+    clock: Clock,
+    settings: LazySettings,
+    stack: Stack,
+    probe_queue: str,
+    media: Path,
+    org: Any,
+    voice: Any,
+    lock_free: None,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    settings.TTS_JOB_MAX_ATTEMPTS = 2
+    r = stack.redis_client()
+    job = submit(org, voice, "Twelve chars")
+    period = services.period_start(clock.now)
+    assert UsagePeriod.objects.get(organization=org, period=period).characters_reserved == 12
+    assert services.claim_job(job.id, "worker-a") is not None  # attempt 1; then worker-a dies
+    assert run_job("reap_stuck_jobs").counts == {"requeued": 0, "failed": 0}  # lease still valid
+
+    clock.advance(settings.TTS_JOB_LEASE_SECONDS + 1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert run_job("reap_stuck_jobs").counts == {"requeued": 1, "failed": 0}
+    job.refresh_from_db()
+    assert (job.status, job.worker, job.lease_until, job.attempts) == (Status.QUEUED, "", None, 1)
+    assert job.dispatched_at is not None and r.llen(probe_queue) == 1  # sent again
+    assert run_job("reap_stuck_jobs").counts == {"requeued": 0, "failed": 0}  # once only
+
+    assert services.claim_job(job.id, "worker-b") is not None  # attempt 2; worker-b dies too
+    clock.advance(settings.TTS_JOB_LEASE_SECONDS + 1)
+    assert run_job("reap_stuck_jobs").counts == {"requeued": 0, "failed": 1}
+    job.refresh_from_db()
+    assert (job.status, job.error_code, job.attempts) == (Status.FAILED, "worker_lost", 2)
+    kinds = sorted(UsageEvent.objects.filter(job_key=job.id).values_list("kind", flat=True))
+    assert kinds == ["release", "reserve"]
+    usage = UsagePeriod.objects.get(organization=org, period=period)
+    assert (usage.characters_reserved, usage.characters_used) == (0, 0)
+    assert run_job("reap_stuck_jobs").counts == {"requeued": 0, "failed": 0}
