@@ -1,0 +1,73 @@
+"""Structural promises: extras split the tiers, the web tier never loads torch, README lists every setting."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "onnxruntime", "piper")
+
+
+def _extras() -> dict[str, list[str]]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return data["project"]["optional-dependencies"]  # type: ignore[no-any-return]
+
+
+def test_the_web_extra_pulls_no_torch_or_onnxruntime() -> None:
+    names = [re.split(r"[<>=\[ ;]", dep, maxsplit=1)[0].lower() for dep in _extras()["web"]]
+    assert not [n for n in names if n.startswith(HEAVY)], names
+
+
+def test_the_extras_of_the_design_exist_and_analysis_pins_torch() -> None:
+    extras = _extras()
+    assert {"web", "worker", "analysis", "gpu", "dev"} <= set(extras)
+    assert "torch==2.13.0" in extras["analysis"]
+
+
+def test_the_web_tier_imports_no_torch_or_onnxruntime() -> None:
+    code = (
+        "import sys, django; django.setup();"
+        "import webapp.urls, webapp.speech.services, webapp.speech.api.views, webapp.health, webapp.wsgi;"
+        "from django.test import Client;"
+        "Client().get('/api/v1/schema');"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnxruntime', 'piper'));"
+        "print(loaded); sys.exit(1 if loaded else 0)"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _setting_names() -> set[str]:
+    names: set[str] = set()
+    settings_src = (ROOT / "webapp" / "settings.py").read_text()
+    names |= set(re.findall(r'env_(?:str|int|float|bool|list|map)\(\s*"([A-Z0-9_]+)"', settings_src))
+    names |= set(re.findall(r'os\.environ\.get\("([A-Z0-9_]+)"', settings_src))
+    for path in (ROOT / "deploy").glob("*.py"):
+        names |= set(re.findall(r'(?:environ\.get|_env_int|env\.get)\(\s*"([A-Z0-9_]+)"', path.read_text()))
+    from deploy.nginx import DEFAULTS
+
+    names |= {f"TTS_NGINX_{name}" for name in DEFAULTS}
+    # Test-only knobs are documented in tests/, not in the user's table.
+    return {n for n in names if not n.startswith(("TTS_TEST_", "TTS_FAULT_"))}
+
+
+def test_the_readme_settings_table_lists_every_setting() -> None:
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("<!-- settings-table", 1)[1]
+    documented = set(re.findall(r"^\| `([A-Z0-9_]+)`", table, re.M))
+    missing = sorted(_setting_names() - documented)
+    assert not missing, f"README settings table lacks: {missing}"
+
+
+def test_the_readme_opens_with_the_two_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    first_block = readme.split("```", 2)[1]
+    assert "make run" in first_block and "make test" in first_block
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci
