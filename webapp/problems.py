@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_default_handler
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class Problem(Exception):
         self.retry_after = retry_after
         self.field = field
         self.extra = extra or {}
+        # Further response headers (RateLimit-* on a 429, for instance).
+        self.extra_headers: dict[str, str] = {}
 
     def body(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -55,7 +58,10 @@ class Problem(Exception):
         return data
 
     def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
+        headers = dict(self.extra_headers)
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        return headers
 
 
 def problem_response(problem: Problem) -> JsonResponse:
@@ -114,8 +120,9 @@ def problem_from_drf(exc: drf_exceptions.APIException) -> Problem:
     if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
         status, code = 401, "unauthenticated"
     retry_after = None
-    if isinstance(exc, drf_exceptions.Throttled) and exc.wait is not None:
-        retry_after = int(exc.wait) + 1
+    wait = getattr(exc, "wait", None)
+    if isinstance(exc, drf_exceptions.Throttled) and wait is not None:
+        retry_after = int(wait) + 1
     return Problem(status, code, str(exc.detail), retry_after=retry_after)
 
 
@@ -123,18 +130,30 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     """DRF exception handler: every error under /api/ is problem+json."""
     if isinstance(exc, Problem):
         problem = exc
+    elif isinstance(exc, RequestDataTooBig):
+        problem = too_large()
     elif isinstance(exc, drf_exceptions.APIException):
         problem = problem_from_drf(exc)
     else:
+        # Imported here: rest_framework.views loads the API settings, which import our parsers.
+        from rest_framework.views import exception_handler as drf_default_handler
+
         response = drf_default_handler(exc, context)  # Http404, PermissionDenied
         if response is None:
             return None
-        problem = Problem(response.status_code, _DRF_CODES.get(response.status_code, "error"), _detail(response))
+        problem = Problem(
+            response.status_code, _DRF_CODES.get(response.status_code, "error"), _detail(response)
+        )
     response = Response(problem.body(), status=problem.status, headers=problem.headers())
     response.content_type = PROBLEM_CONTENT_TYPE
     if problem.status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="api"'
     return response
+
+
+def too_large() -> Problem:
+    limit = int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0)
+    return Problem(413, "request_too_large", f"The request body is over the limit of {limit:,} bytes.")
 
 
 def _detail(response: Response) -> str:

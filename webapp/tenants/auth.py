@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
@@ -35,7 +36,9 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             return None
         parts = header.split()
         if len(parts) != 2 or parts[0].lower() != "bearer":
-            raise exceptions.AuthenticationFailed("Malformed Authorization header; expected 'Bearer <api key>'.")
+            raise exceptions.AuthenticationFailed(
+                "Malformed Authorization header; expected 'Bearer <api key>'."
+            )
         key = find_api_key(parts[1])
         if key is None:
             raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")
@@ -49,3 +52,13 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 def has_scope(request: Any, scope: str) -> bool:
     key = getattr(request, "auth", None)
     return isinstance(key, ApiKey) and scope in (key.scopes or [])
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    """Tells drf-spectacular how API keys are sent (a Bearer token)."""
+
+    target_class = "webapp.tenants.auth.ApiKeyAuthentication"
+    name = "apiKey"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "bearerFormat": "tts_<prefix>_<secret>"}

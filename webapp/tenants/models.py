@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import uuid
 
 from django.conf import settings
@@ -92,7 +93,7 @@ class ApiKey(models.Model):
     def __str__(self) -> str:
         return f"{self.name} (tts_{self.prefix}_…)"
 
-    def is_usable(self, now: timezone.datetime | None = None) -> bool:
+    def is_usable(self, now: datetime.datetime | None = None) -> bool:
         now = now or timezone.now()
         if self.revoked_at is not None:
             return False

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from webapp.problems import Problem
 from webapp.tenants.models import ApiKey, Membership, Organization, Plan
 
 KEY_RE = re.compile(r"^tts_([A-Za-z0-9]{8})_([A-Za-z0-9_-]{20,128})$")
@@ -31,7 +32,9 @@ def default_plan() -> Plan:
 
 
 @transaction.atomic
-def create_organization(name: str, *, owner: Any = None, plan: Plan | None = None, slug: str | None = None) -> Organization:
+def create_organization(
+    name: str, *, owner: Any = None, plan: Plan | None = None, slug: str | None = None
+) -> Organization:
     base = slug or slugify(name)[:40] or "org"
     candidate, n = base, 1
     while Organization.objects.filter(slug=candidate).exists():
@@ -52,7 +55,15 @@ def create_api_key(
     created_by: Any = None,
     expires_at: dt.datetime | None = None,
 ) -> tuple[ApiKey, str]:
-    """Create a key and return it with its full secret, which is never stored or shown again."""
+    """Create a key and return it with its full secret, which is never stored or shown again.
+
+    ``created_by`` (a user) must be an owner or admin of the organization.
+    """
+    if created_by is not None:
+        require_role(created_by, organization, KEY_MANAGER_ROLES)
+    unknown = sorted(set(scopes or []) - set(ApiKey.ALL_SCOPES))
+    if unknown:
+        raise Problem(400, "invalid_scope", f"Unknown scope(s): {', '.join(unknown)}.", field="scopes")
     while True:
         prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(8))
         if not ApiKey.objects.filter(prefix=prefix).exists():
@@ -93,5 +104,39 @@ def touch_api_key(key: ApiKey) -> None:
 
 
 @transaction.atomic
-def revoke_api_key(key: ApiKey) -> None:
+def revoke_api_key(key: ApiKey, *, by: Any = None) -> None:
+    """Revoke a key; ``by`` (a user), when given, must be an owner or admin of the key's tenant."""
+    if by is not None:
+        require_role(by, key.organization, KEY_MANAGER_ROLES)
     ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+# Roles (issue 5): the owner manages members, plan and keys; an admin manages
+# keys and voices; a member submits and sees the tenant's history.
+KEY_MANAGER_ROLES = (Membership.Role.OWNER, Membership.Role.ADMIN)
+VOICE_MANAGER_ROLES = (Membership.Role.OWNER, Membership.Role.ADMIN)
+MEMBER_MANAGER_ROLES = (Membership.Role.OWNER,)
+
+
+def role_of(user: Any, organization: Organization) -> str | None:
+    if user is None or not getattr(user, "is_authenticated", False) or not getattr(user, "pk", None):
+        return None
+    return (
+        Membership.objects.filter(user_id=user.pk, organization=organization)
+        .values_list("role", flat=True)
+        .first()
+    )
+
+
+def require_role(user: Any, organization: Organization, roles: tuple[str, ...]) -> str:
+    """The user's role in the organization, or a Problem: 404 for outsiders, 403 for too low a role."""
+    role = role_of(user, organization)
+    if role is None:
+        raise Problem(404, "not_found", "No such organization.")
+    if role not in roles:
+        raise Problem(
+            403,
+            "permission_denied",
+            f"Your role ({role}) cannot do this; it needs {' or '.join(roles)}.",
+        )
+    return role

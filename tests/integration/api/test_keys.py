@@ -1,0 +1,89 @@
+"""API keys: format, hashing, scopes, expiry, revocation, roles for key management."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from tests.integration.api.conftest import ApiClient, problem
+
+pytestmark = pytest.mark.usefixtures("builtin_voices")
+
+
+def test_key_is_shown_once_and_stored_as_hmac(make_tenant: Any) -> None:
+    from webapp.tenants.services import hash_secret
+
+    t = make_tenant()
+    prefix, secret = t.raw_key.split("_")[1], t.raw_key.split("_", 2)[2]
+    assert t.raw_key.startswith("tts_") and len(prefix) == 8 and t.key.prefix == prefix
+    assert secret not in t.key.secret_hash and t.key.secret_hash == hash_secret(secret)
+    assert t.client.get("/api/v1/voices").status_code == 200
+    t.key.refresh_from_db()
+    assert t.key.last_used_at is not None
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Bearer", "Bearer a b", "Basic dXNlcjpwYXNz", "tts_abcdefgh_" + "x" * 30, "Bearer \u00e9\u00e9"],
+)
+def test_malformed_authorization_header_is_401(make_tenant: Any, header: str) -> None:
+    make_tenant()
+    response = ApiClient(None).get("/api/v1/voices", HTTP_AUTHORIZATION=header)
+    assert response.status_code == 401
+    assert problem(response)["code"] == "unauthenticated"
+    assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_missing_unknown_revoked_and_expired_keys_are_401(make_tenant: Any) -> None:
+    from webapp.tenants.services import create_api_key, revoke_api_key
+
+    t = make_tenant()
+    assert ApiClient(None).get("/api/v1/voices").status_code == 401
+    wrong_secret = t.raw_key[:-4] + ("AAAA" if not t.raw_key.endswith("AAAA") else "BBBB")
+    assert ApiClient(wrong_secret).get("/api/v1/voices").status_code == 401
+    assert ApiClient("tts_ZZZZZZZZ_" + "y" * 43).get("/api/v1/voices").status_code == 401
+    revoke_api_key(t.key)
+    assert t.client.get("/api/v1/voices").status_code == 401
+    _, expired = create_api_key(t.org, "old", expires_at=timezone.now() - dt.timedelta(seconds=1))
+    assert ApiClient(expired).get("/api/v1/voices").status_code == 401
+
+
+def test_key_without_scope_is_403(make_tenant: Any) -> None:
+    from webapp.speech.models import SynthesisJob
+
+    t = make_tenant(scopes=["speech:read"])
+    response = t.client.post("/api/v1/speech", {"text": "Hello."})
+    assert response.status_code == 403
+    assert "speech:write" in problem(response)["detail"]
+    assert not SynthesisJob.objects.filter(organization=t.org).exists()
+    assert t.client.get("/api/v1/speech").status_code == 200
+    assert t.client.delete("/api/v1/voices/en_US-joe-medium").status_code == 403
+
+
+def test_key_management_roles(make_tenant: Any, django_user_model: Any) -> None:
+    from webapp.problems import Problem
+    from webapp.tenants.models import Membership
+    from webapp.tenants.services import create_api_key, revoke_api_key
+
+    t = make_tenant()
+    users = {}
+    for role in ("owner", "admin", "member"):
+        users[role] = django_user_model.objects.create_user(f"{role}-{t.org.slug}", password="x")
+        Membership.objects.create(user=users[role], organization=t.org, role=role)
+    outsider = django_user_model.objects.create_user(f"out-{t.org.slug}", password="x")
+    key, _ = create_api_key(t.org, "by owner", created_by=users["owner"])
+    create_api_key(t.org, "by admin", created_by=users["admin"])
+    with pytest.raises(Problem) as member:
+        create_api_key(t.org, "by member", created_by=users["member"])
+    assert member.value.status == 403
+    with pytest.raises(Problem) as out:
+        revoke_api_key(key, by=outsider)
+    assert out.value.status == 404
+    with pytest.raises(Problem):
+        create_api_key(t.org, "bad scope", scopes=["speech:everything"])
+    revoke_api_key(key, by=users["admin"])
+    key.refresh_from_db()
+    assert key.revoked_at is not None

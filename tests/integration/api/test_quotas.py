@@ -1,0 +1,179 @@
+"""Monthly characters and concurrency under real parallel submits (PostgreSQL row locks)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from tests.integration.api.conftest import ApiClient, problem
+
+TEN_CHARS = "abcdefghij"
+
+
+@pytest.fixture
+def no_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Injected fault: the broker 'is down', so accepted jobs stay queued (beat would re-send them).
+
+    Keeps the real worker from finishing jobs mid-test, which would free
+    concurrency slots and make the counts depend on timing.
+    """
+    from webapp.speech import services
+
+    monkeypatch.setattr(services, "dispatch_job", lambda job_id: False)
+
+
+def _parallel_submits(raw_key: str, n: int, text: str) -> list[Any]:
+    barrier = threading.Barrier(n)
+    responses: list[Any] = [None] * n
+
+    def submit(i: int) -> None:
+        try:
+            client = ApiClient(raw_key)
+            barrier.wait()
+            responses[i] = client.post("/api/v1/speech", {"text": text})
+        finally:
+            connection.close()  # each thread had its own connection
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    return responses
+
+
+@pytest.mark.usefixtures("no_dispatch")
+def test_fifty_parallel_submits_with_room_for_seven(live_tenant: Any) -> None:
+    from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
+
+    t = live_tenant(monthly_characters=75, max_concurrent_jobs=100)
+    responses = _parallel_submits(t.raw_key, 50, TEN_CHARS)
+    codes = Counter(r.status_code for r in responses)
+    assert codes == {202: 7, 429: 43}, codes
+    rejected = [r for r in responses if r.status_code == 429]
+    assert {problem(r)["code"] for r in rejected} == {"quota_exceeded"}
+    assert all(int(r["Retry-After"]) > 0 for r in rejected)
+    assert "80 of 75 characters this month" in problem(rejected[0])["detail"]
+    row = UsagePeriod.objects.get(organization=t.org)
+    assert (
+        row.characters_reserved
+        == 70
+        == sum(j.text_chars for j in SynthesisJob.objects.filter(organization=t.org))
+    )
+    assert UsageEvent.objects.filter(organization=t.org, kind="reserve").count() == 7
+
+
+@pytest.mark.usefixtures("no_dispatch")
+def test_concurrency_limit_holds_under_parallel_submits(live_tenant: Any) -> None:
+    from webapp.speech.models import SynthesisJob
+
+    t = live_tenant(max_concurrent_jobs=3)
+    responses = _parallel_submits(t.raw_key, 20, TEN_CHARS)
+    codes = Counter(r.status_code for r in responses)
+    assert codes == {202: 3, 429: 17}, codes
+    rejected = [r for r in responses if r.status_code == 429]
+    assert {problem(r)["code"] for r in rejected} == {"concurrency_limit"}
+    assert all(0 < int(r["Retry-After"]) <= 10 for r in rejected)
+    assert "3 of 3 concurrent jobs" in problem(rejected[0])["detail"]
+    assert SynthesisJob.objects.filter(organization=t.org, status="queued").count() == 3
+
+
+@pytest.mark.usefixtures("synth_worker", "builtin_voices")
+def test_failed_and_canceled_jobs_give_characters_back(make_tenant: Any) -> None:
+    from webapp.speech import services
+    from webapp.speech.models import UsageEvent, UsagePeriod
+
+    t = make_tenant(monthly_characters=25)
+    first = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()
+    second = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()
+    assert t.client.post("/api/v1/speech", {"text": TEN_CHARS}).status_code == 429
+    services.fail_job(first["id"], "engine_error", "boom")
+    t.client.post(f"/api/v1/speech/{second['id']}/cancel")
+    row = UsagePeriod.objects.get(organization=t.org)
+    assert (row.characters_used, row.characters_reserved) == (0, 0)
+    assert UsageEvent.objects.filter(organization=t.org, kind="release").count() == 2
+    assert t.client.post("/api/v1/speech", {"text": TEN_CHARS}).status_code == 202
+
+
+@pytest.mark.usefixtures("synth_worker", "builtin_voices")
+def test_redelivered_job_is_charged_once(make_tenant: Any) -> None:
+    from webapp.speech import services
+    from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
+
+    t = make_tenant()
+    job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
+    assert services.claim_job(job_id, "w1") is not None
+    assert services.claim_job(job_id, "w2") is None  # the duplicate message finds nothing to claim
+    done = {
+        "audio_path": "audio/x.wav",
+        "audio_bytes": 10,
+        "duration_seconds": 1.0,
+        "metrics": {},
+        "applied_instructions": {},
+    }
+    assert services.complete_job(job_id, "w1", **done) is True
+    assert services.complete_job(job_id, "w1", **done) is False
+    assert services.charge_usage(SynthesisJob.objects.get(id=job_id)) is False
+    assert services.release_usage(SynthesisJob.objects.get(id=job_id)) is False
+    row = UsagePeriod.objects.get(organization=t.org)
+    assert (row.characters_used, row.characters_reserved) == (10, 0)
+    assert UsageEvent.objects.filter(job_key=job_id, kind="charge").count() == 1
+
+
+@pytest.mark.usefixtures("synth_worker", "builtin_voices")
+def test_last_months_usage_does_not_count_this_month(
+    make_tenant: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.utils import timezone
+
+    from webapp.speech import services
+    from webapp.speech.models import UsagePeriod
+
+    t = make_tenant(monthly_characters=15)
+    real_now = timezone.now()
+    last_month = services.period_start(real_now) - dt.timedelta(days=3)
+    monkeypatch.setattr(timezone, "now", lambda: dt.datetime.combine(last_month, dt.time(12), tzinfo=dt.UTC))
+    job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
+    assert services.claim_job(job_id, "w1") is not None
+    services.complete_job(
+        job_id, "w1", audio_path="", audio_bytes=0, duration_seconds=1.0, metrics={}, applied_instructions={}
+    )
+    full = t.client.post("/api/v1/speech", {"text": TEN_CHARS})
+    assert full.status_code == 429 and problem(full)["code"] == "quota_exceeded"
+    monkeypatch.undo()
+    assert t.client.post("/api/v1/speech", {"text": TEN_CHARS}).status_code == 202
+    rows = {
+        r.period: (r.characters_used, r.characters_reserved)
+        for r in UsagePeriod.objects.filter(organization=t.org)
+    }
+    assert rows == {last_month.replace(day=1): (10, 0), services.period_start(real_now): (0, 10)}
+    usage = t.client.get("/api/v1/usage").json()
+    assert usage["characters"] == {"used": 0, "reserved": 10, "limit": 15, "remaining": 5}
+
+
+@pytest.mark.usefixtures("synth_worker", "builtin_voices")
+def test_quota_error_says_when_the_period_ends(make_tenant: Any) -> None:
+    from webapp.speech import services
+
+    t = make_tenant(monthly_characters=5)
+    response = t.client.post("/api/v1/speech", {"text": TEN_CHARS})
+    assert response.status_code == 429
+    retry = int(response["Retry-After"])
+    assert abs(retry - services.seconds_to_period_end()) <= 2
+    assert "10 of 5 characters this month" in problem(response)["detail"]
+
+
+def test_storage_limit_blocks_new_jobs(make_tenant: Any, builtin_voices: Any, synth_worker: Any) -> None:
+    from webapp.speech.models import SynthesisJob
+
+    t = make_tenant(storage_bytes=100)
+    job = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()
+    SynthesisJob.objects.filter(id=job["id"]).update(status="succeeded", audio_bytes=150)
+    blocked = t.client.post("/api/v1/speech", {"text": TEN_CHARS})
+    assert blocked.status_code == 429 and problem(blocked)["code"] == "storage_limit"
+    assert "150 of 100 bytes" in problem(blocked)["detail"]
