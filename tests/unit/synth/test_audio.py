@@ -1,0 +1,121 @@
+"""Encoders, resampling, two-pass loudness and guarded decoding (real files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from synth import SynthesisRequest, Synthesizer
+from synth.audio import (
+    CONTENT_TYPES,
+    FORMATS,
+    Encoder,
+    LoudnessMeter,
+    decode_upload,
+    loudness_of,
+    output_rate,
+    resample,
+)
+from synth.errors import AudioRejected, UnsupportedFormat, UnsupportedSampleRate
+
+
+def _tone(seconds: float, sr: int, amp: float = 0.3) -> np.ndarray:
+    t = np.arange(int(seconds * sr)) / sr
+    return (amp * np.sin(2 * np.pi * 440 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 0.5 * t))).astype(np.float32)
+
+
+def test_formats_and_content_types() -> None:
+    assert FORMATS == ("wav", "flac", "ogg", "mp3", "pcm", "aac")
+    assert set(CONTENT_TYPES) == set(FORMATS)
+
+
+def test_output_rate_rules() -> None:
+    assert output_rate("wav", None, 22050) == 22050
+    assert output_rate("ogg", None, 22050) == 24000
+    assert output_rate("ogg", 16000, 22050) == 16000
+    with pytest.raises(UnsupportedSampleRate):
+        output_rate("ogg", 22050, 22050)
+    with pytest.raises(UnsupportedSampleRate):
+        output_rate("wav", 12345, 22050)
+    with pytest.raises(UnsupportedFormat):
+        output_rate("m4a", None, 22050)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "ogg", "mp3", "aac"])
+def test_encode_decode_roundtrip(tmp_path: Path, fmt: str) -> None:
+    sr = 24000 if fmt == "ogg" else 22050
+    path = tmp_path / f"x.{fmt}"
+    enc = Encoder(str(path), fmt, sr)
+    for _ in range(4):  # streamed chunk by chunk
+        enc.write(_tone(0.5, sr))
+    enc.close()
+    audio, rate = decode_upload(str(path), max_seconds=60, max_bytes=10_000_000)
+    assert rate == sr
+    assert abs(len(audio) / rate - 2.0) < 0.15
+    assert float(np.sqrt(np.mean(audio**2))) > 0.05
+
+
+def test_pcm_is_raw_s16le(tmp_path: Path) -> None:
+    path = tmp_path / "x.pcm"
+    enc = Encoder(str(path), "pcm", 16000)
+    enc.write(_tone(1.0, 16000))
+    enc.close()
+    data = np.fromfile(path, dtype="<i2")
+    assert data.size == 16000 and np.abs(data).max() > 5000
+
+
+def test_resample() -> None:
+    out = resample(_tone(1.0, 22050), 22050, 48000)
+    assert abs(out.size - 48000) <= 2
+
+
+def test_streaming_meter_matches_pyloudnorm() -> None:
+    sr = 22050
+    audio = _tone(5.0, sr)
+    meter = LoudnessMeter(sr)
+    for i in range(0, audio.size, 3001):
+        meter.add(audio[i:i + 3001])
+    assert abs(meter.integrated() - loudness_of(audio, sr)) < 0.3
+
+
+@pytest.mark.parametrize("target", [-23.0, -16.0])
+def test_loudness_normalisation(tmp_path: Path, synthesizer: Synthesizer, target: float) -> None:
+    out = tmp_path / "loud.wav"
+    req = SynthesisRequest(text="This is a loudness test. It has a few sentences, so the meter has blocks to gate.",
+                           voice="espeak-en-us", loudness_lufs=target)
+    res = synthesizer.synthesize(req, str(out))
+    audio, sr = sf.read(out, dtype="float32")
+    assert abs(loudness_of(audio, sr) - target) <= 1.0
+    assert any("loudness" in a for a in res.applied)
+
+
+def test_decode_rejects_oversize(tmp_path: Path) -> None:
+    path = tmp_path / "x.wav"
+    sf.write(path, _tone(3.0, 16000), 16000)
+    with pytest.raises(AudioRejected, match="bytes"):
+        decode_upload(str(path), max_seconds=60, max_bytes=1000)
+    with pytest.raises(AudioRejected, match="limit"):
+        decode_upload(str(path), max_seconds=2, max_bytes=10_000_000)
+
+
+def test_tiny_file_that_decodes_to_hours_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.flac"
+    sr = 8000
+    silence = np.zeros(sr * 60, dtype=np.int16)
+    with sf.SoundFile(path, "w", sr, 1, format="FLAC", subtype="PCM_16") as fh:
+        for _ in range(120):  # two hours of silence
+            fh.write(silence)
+    assert path.stat().st_size < 2_000_000
+    with pytest.raises(AudioRejected) as info:
+        decode_upload(str(path), max_seconds=60, max_bytes=5_000_000)
+    assert info.value.code == "audio_rejected"
+
+
+def test_decode_rejects_garbage(tmp_path: Path) -> None:
+    path = tmp_path / "x.wav"
+    path.write_bytes(b"not audio at all" * 100)
+    with pytest.raises(AudioRejected):
+        decode_upload(str(path), max_seconds=60, max_bytes=1_000_000)
