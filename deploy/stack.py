@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_SYSTEM_USER = "tts-pg"
@@ -219,7 +220,7 @@ def _chown_tree(path: Path, user: pwd.struct_passwd | None) -> None:
             os.chown(os.path.join(dirpath, name), user.pw_uid, user.pw_gid)
 
 
-def _as_user(user: pwd.struct_passwd | None) -> dict[str, object]:
+def _as_user(user: pwd.struct_passwd | None) -> dict[str, Any]:
     if user is None:
         return {}
     return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
@@ -273,7 +274,7 @@ def init_postgres(cfg: StackConfig) -> None:
         ],
         check=True,
         stdout=subprocess.DEVNULL,
-        **_as_user(user),  # type: ignore[arg-type]
+        **_as_user(user),
     )
     pwfile.unlink()
     listen = os.environ.get("TTS_PG_LISTEN", "127.0.0.1")
@@ -298,7 +299,7 @@ def init_postgres(cfg: StackConfig) -> None:
                 fh.write(f"host all all {cidr.strip()} scram-sha-256\n")
 
 
-def postgres_command(cfg: StackConfig) -> tuple[list[str], dict[str, object]]:
+def postgres_command(cfg: StackConfig) -> tuple[list[str], dict[str, Any]]:
     return [str(_pg_bindir() / "postgres"), "-D", str(cfg.pg_data)], _as_user(_pg_user())
 
 
@@ -307,7 +308,7 @@ def pg_ctl(cfg: StackConfig, *args: str) -> subprocess.CompletedProcess[bytes]:
         [str(_pg_bindir() / "pg_ctl"), "-D", str(cfg.pg_data), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        **_as_user(_pg_user()),  # type: ignore[arg-type]
+        **_as_user(_pg_user()),
     )
 
 
@@ -416,7 +417,9 @@ def worker_command(cfg: StackConfig, queues: str | None = None, concurrency: str
         venv_bin("celery"), "-A", "webapp", "worker",
         "--loglevel", "INFO",
         "--pool", "prefork",
-        "--concurrency", concurrency or os.environ.get("TTS_WORKER_CONCURRENCY", "1"),
+        # Default 2 single-threaded children: faster than 1 child x 2 threads on 2 cores
+        # (docs/performance.md, "workers"); keep in step with settings.TTS_WORKER_CONCURRENCY.
+        "--concurrency", concurrency or os.environ.get("TTS_WORKER_CONCURRENCY", "2"),
         "-Q", queue_list,
         "-n", f"{name}@%h",
         "--without-mingle", "--without-gossip",

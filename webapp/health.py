@@ -45,7 +45,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     checks = {"db": _check_db(), "redis": _check_redis()}
     checks["workers"] = checks["redis"] and _check_workers()
     failing = [name for name, ok in checks.items() if not ok]
-    body = {
+    body: dict[str, object] = {
         "status": "ok" if not failing else "fail",
         "checks": {name: ("ok" if ok else "fail") for name, ok in checks.items()},
     }
