@@ -247,22 +247,46 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_connect_timeout": 3,
 }
 CELERY_WORKER_MAX_TASKS_PER_CHILD = env_int("TTS_WORKER_MAX_TASKS_PER_CHILD", 200)
-# KiB, as Celery counts it.
-CELERY_WORKER_MAX_MEMORY_PER_CHILD = env_int("TTS_WORKER_MAX_MEMORY_KB", 2_000_000)
-# Model load happens in worker_process_init, which takes longer than Celery's 4 s default.
+# KiB, as Celery counts it. Never 0: the worker's own recycle check (RSS, GPU
+# memory, age, RTF drift) ends a child through this same after-task check in
+# billiard, which only runs when a limit is set (webapp/speech/recycling.py).
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = env_int("TTS_WORKER_MAX_MEMORY_KB", 2_000_000) or 2**40
+# Model load happens in worker_process_init, which takes longer than Celery's 4 s default;
+# a child whose model fails to load backs off inside this window (see TTS_WORKER_LOAD_BACKOFF_*).
 CELERY_WORKER_PROC_ALIVE_TIMEOUT = env_float("TTS_WORKER_PROC_ALIVE_TIMEOUT", 120.0)
 CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Running jobs keep running through a broker outage; the job row, not the ack, is the truth.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")
 
-# Worker behaviour (webapp/speech/worker.py).
+# Worker behaviour (webapp/speech/worker.py, webapp/speech/recycling.py, docs/workers.md).
 TTS_WORKER_ENGINES = env_list("TTS_WORKER_ENGINES", "piper,espeak")
-TTS_WORKER_DEVICE = env_str("TTS_WORKER_DEVICE", "cpu")
+TTS_WORKER_DEVICE = env_str("TTS_WORKER_DEVICE", "cpu")  # cpu | cuda | cuda:N | auto
+# Children per worker and inference threads per child. On 2 CPU cores two
+# single-threaded children serve more audio per second than one child with two
+# threads (docs/performance.md, "workers"); on a GPU run one worker per GPU with 1 child.
+TTS_WORKER_CONCURRENCY = env_int("TTS_WORKER_CONCURRENCY", 2)
 TTS_WORKER_THREADS = env_int("TTS_WORKER_THREADS", 1)
+CELERY_WORKER_CONCURRENCY = TTS_WORKER_CONCURRENCY  # deploy/stack.py passes the same as --concurrency
 TTS_WORKER_MAX_RSS_MB = env_int("TTS_WORKER_MAX_RSS_MB", 1500)
 TTS_WORKER_MAX_GPU_MB = env_int("TTS_WORKER_MAX_GPU_MB", 0)  # 0 = no limit
 TTS_WORKER_MAX_AGE_SECONDS = env_int("TTS_WORKER_MAX_AGE_SECONDS", 6 * 3600)
+# Recycle when the rolling median RTF exceeds the child's own baseline by this factor (0 = off).
 TTS_WORKER_RTF_DRIFT_FACTOR = env_float("TTS_WORKER_RTF_DRIFT_FACTOR", 2.0)
+TTS_WORKER_RTF_BASELINE_TASKS = env_int("TTS_WORKER_RTF_BASELINE_TASKS", 5)
+TTS_WORKER_RTF_WINDOW = env_int("TTS_WORKER_RTF_WINDOW", 10)
+# Dotted path of a ``() -> float | None`` returning this process's GPU memory in MiB.
+TTS_WORKER_GPU_MEMORY_READER = env_str(
+    "TTS_WORKER_GPU_MEMORY_READER", "webapp.speech.recycling.read_gpu_memory_mb"
+)
+# A model that fails to load: wait BASE, 2*BASE, 4*BASE ... up to MAX seconds between tries.
+TTS_WORKER_LOAD_BACKOFF_BASE = env_float("TTS_WORKER_LOAD_BACKOFF_BASE", 2.0)
+TTS_WORKER_LOAD_BACKOFF_MAX = env_float("TTS_WORKER_LOAD_BACKOFF_MAX", 60.0)
+# How long a task keeps retrying while PostgreSQL is unreachable before handing its message back.
+TTS_WORKER_DB_RETRY_SECONDS = env_float("TTS_WORKER_DB_RETRY_SECONDS", 300.0)
+# Out-of-memory errors (host or CUDA) re-queue a job this many times before `resource_exhausted`.
+TTS_JOB_OOM_RETRIES = env_int("TTS_JOB_OOM_RETRIES", 1)
 TTS_HEARTBEAT_INTERVAL = env_float("TTS_HEARTBEAT_INTERVAL", 2.0)
 TTS_HEARTBEAT_TTL = env_int("TTS_HEARTBEAT_TTL", 10)
 TTS_JOB_LEASE_SECONDS = env_int("TTS_JOB_LEASE_SECONDS", 60)
@@ -270,6 +294,11 @@ TTS_JOB_MAX_ATTEMPTS = env_int("TTS_JOB_MAX_ATTEMPTS", 3)
 TTS_JOB_BASE_SECONDS = env_float("TTS_JOB_BASE_SECONDS", 30.0)
 TTS_JOB_SECONDS_PER_CHAR = env_float("TTS_JOB_SECONDS_PER_CHAR", 0.02)
 TTS_DISPATCH_GRACE_SECONDS = env_int("TTS_DISPATCH_GRACE_SECONDS", 10)
+# Test-only fault injection (tests/reliability): a job whose text contains the
+# marker kills its worker child (os._exit) / raises MemoryError. Empty = off;
+# never set these in production.
+TTS_FAULT_CRASH_MARKER = env_str("TTS_FAULT_CRASH_MARKER", "")
+TTS_FAULT_OOM_MARKER = env_str("TTS_FAULT_OOM_MARKER", "")
 
 # API behaviour.
 TTS_LONG_POLL_MAX_SECONDS = env_int("TTS_LONG_POLL_MAX_SECONDS", 30)
@@ -290,6 +319,25 @@ TTS_TEMP_MAX_AGE_SECONDS = env_int("TTS_TEMP_MAX_AGE_SECONDS", 6 * 3600)
 TTS_AUDIT_RETENTION_DAYS = env_int("TTS_AUDIT_RETENTION_DAYS", 90)
 TTS_VOICE_PROCESSING_TIMEOUT_SECONDS = env_int("TTS_VOICE_PROCESSING_TIMEOUT_SECONDS", 1800)
 TTS_HOUSEKEEPING_BATCH = env_int("TTS_HOUSEKEEPING_BATCH", 500)
+# Each housekeeping task stops between batches at 80% of this, Celery interrupts
+# it at 100% and kills it 60 s later; its Redis lock lives 60 s longer still.
+TTS_HOUSEKEEPING_SOFT_TIME_LIMIT = env_int("TTS_HOUSEKEEPING_SOFT_TIME_LIMIT", 300)
+# Folders whose old files purge_temp_files removes (never MEDIA_ROOT or var/ itself).
+TTS_TEMP_DIRS = env_list("TTS_TEMP_DIRS", f"{MEDIA_ROOT / 'tmp'},{VAR_DIR / 'tmp'}")
+# Seconds between runs of each job (docs/housekeeping.md); TTS_HOUSEKEEPING_EVERY_<JOB> overrides one.
+TTS_HOUSEKEEPING_EVERY = {
+    job: env_int(f"TTS_HOUSEKEEPING_EVERY_{job.upper()}", seconds)
+    for job, seconds in {
+        "reap_stuck_jobs": 30,
+        "redispatch_jobs": 30,
+        "expire_audio": 600,
+        "reject_stale_voices": 300,
+        "delete_voice_files": 600,
+        "remove_orphan_files": 3600,
+        "purge_temp_files": 3600,
+        "prune_records": 3600,
+    }.items()
+}
 
 # Logging: stdout and a size-rotated file per process (TTS_PROCESS_NAME).
 TTS_PROCESS_NAME = env_str("TTS_PROCESS_NAME", "django")
@@ -321,3 +369,15 @@ LOGGING = {
 }
 
 EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+
+# Celery beat: one entry per housekeeping job, on the housekeeping queue. A
+# message not picked up before the next tick expires, so a stopped
+# housekeeping worker does not come back to a pile of identical runs.
+CELERY_BEAT_SCHEDULE = {
+    f"housekeeping.{job}": {
+        "task": f"housekeeping.{job}",
+        "schedule": float(every),
+        "options": {"queue": "housekeeping", "expires": float(every)},
+    }
+    for job, every in TTS_HOUSEKEEPING_EVERY.items()
+}

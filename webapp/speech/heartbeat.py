@@ -53,9 +53,14 @@ def live_worker_ids() -> set[str]:
     return {w.get("worker_id", "") for w in live_workers()}
 
 
+# "recycling": a child that is being replaced after its task; its node serves
+# again within a second or two, so a submit then must not be a 503 no_worker.
+SERVING_STATES = ("ready", "recycling")
+
+
 def serving_voices() -> set[str]:
     voices: set[str] = set()
     for w in live_workers():
-        if w.get("state") == "ready":
+        if w.get("state") in SERVING_STATES:
             voices.update(w.get("voices", []))
     return voices

@@ -17,14 +17,15 @@ import hashlib
 import json
 import logging
 import os
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import F, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, F, Q, Sum
+from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
 from webapp.problems import Problem
@@ -149,6 +150,15 @@ def _check_limits(organization: Organization, chars: int, now: dt.datetime) -> d
             "wait for one to finish.",
             retry_after=5,
         )
+    used_bytes = storage_used(organization)
+    if used_bytes >= plan.storage_bytes:
+        raise Problem(
+            429,
+            "storage_limit",
+            f"{format_count(used_bytes)} of {format_count(plan.storage_bytes)} bytes of storage are in use; "
+            "delete old jobs or voices, or wait for audio to expire.",
+            retry_after=3600,
+        )
     period = period_start(now)
     row = _usage_row(organization.pk, period)
     total = row.characters_used + row.characters_reserved + chars
@@ -180,7 +190,13 @@ def submit_job(
     """
     now = timezone.now()
     with transaction.atomic():
-        org = Organization.objects.select_for_update().select_related("plan").get(pk=organization.pk)
+        # of=("self",): lock the tenant row only. Without it PostgreSQL also locks
+        # the joined plan row, serialising every tenant on the same plan.
+        org = (
+            Organization.objects.select_for_update(of=("self",))
+            .select_related("plan")
+            .get(pk=organization.pk)
+        )
         if idempotency_key is not None:
             existing = _claim_idempotency_key(org, idempotency_key, fingerprint or "", now)
             if existing is not None:
@@ -249,13 +265,21 @@ def dispatch_job(job_id: Any) -> bool:
     """
     from webapp.speech.tasks import synthesize_job  # tasks import services
 
-    job = SynthesisJob.objects.filter(id=job_id, status=Status.QUEUED).only("id", "engine").first()
+    job = (
+        SynthesisJob.objects.filter(id=job_id, status=Status.QUEUED)
+        .only("id", "engine", "text_chars")
+        .first()
+    )
     if job is None:
         return False
+    # Limits travel with the message, so they scale with this job's text (SoftTimeLimitExceeded -> `timeout`).
+    soft, hard = job_time_limits(job.text_chars)
     try:
         synthesize_job.apply_async(
-            args=[str(job.id)],
+            args=(str(job.id),),
             queue=queue_for_engine(job.engine),
+            soft_time_limit=soft,
+            time_limit=hard,
             retry=True,
             retry_policy={"max_retries": 1, "interval_start": 0.2, "interval_step": 0.2},
         )
@@ -319,7 +343,9 @@ def claim_job(job_id: Any, worker_id: str, dead_workers: Iterable[str] = ()) -> 
         return None
     if job.cancel_requested:
         finish_canceled(job.id)
-    elif job.attempts >= settings.TTS_JOB_MAX_ATTEMPTS and (job.status == Status.QUEUED or job.worker in dead):
+    elif job.attempts >= settings.TTS_JOB_MAX_ATTEMPTS and (
+        job.status == Status.QUEUED or job.worker in dead
+    ):
         fail_job(job.id, "worker_lost", f"The job stopped its worker {job.attempts} times; giving up.")
     return None
 
@@ -328,14 +354,24 @@ def report_progress(job_id: Any, worker_id: str, done: int, total: int, stage: s
     """Record progress and renew the lease. Returns True when the job should stop (canceled or lost)."""
     lease = timezone.now() + dt.timedelta(seconds=settings.TTS_JOB_LEASE_SECONDS)
     progress = 0.0 if total <= 0 else min(1.0, done / total)
-    updated = SynthesisJob.objects.filter(id=job_id, status=Status.RUNNING, worker=worker_id).update(
-        progress=progress,
-        stage=stage or f"synthesising {min(done + 1, total)}/{total}",
-        lease_until=lease,
-    )
-    if not updated:
+    # One round trip per sentence: write progress and read the cancel flag together.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {SynthesisJob._meta.db_table} SET progress = %s, stage = %s, lease_until = %s "
+            "WHERE id = %s AND status = %s AND worker = %s RETURNING cancel_requested",
+            [
+                progress,
+                (stage or f"synthesising {min(done + 1, total)}/{total}")[:100],
+                lease,
+                job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id)),
+                Status.RUNNING.value,
+                worker_id,
+            ],
+        )
+        row = cursor.fetchone()
+    if row is None:
         return True  # someone else owns it now, or it finished
-    return SynthesisJob.objects.filter(id=job_id, cancel_requested=True).exists()
+    return bool(row[0])
 
 
 def complete_job(
@@ -396,8 +432,11 @@ def fail_job(job_id: Any, code: str, message: str, worker_id: str | None = None)
     return True
 
 
-def requeue_job(job_id: Any, worker_id: str | None = None, reason: str = "") -> bool:
-    """Put a running job back in the queue (its worker died or ran out of memory)."""
+def requeue_job(job_id: Any, worker_id: str | None = None, reason: str = "", oom: bool = False) -> bool:
+    """Put a running job back in the queue (its worker died or ran out of memory).
+
+    ``oom`` counts an out-of-memory retry (``oom_retries``), which is granted once.
+    """
     with transaction.atomic():
         qs = SynthesisJob.objects.select_for_update().filter(id=job_id, status=Status.RUNNING)
         if worker_id is not None:
@@ -411,15 +450,26 @@ def requeue_job(job_id: Any, worker_id: str | None = None, reason: str = "") -> 
         job.progress = 0.0
         job.stage = "queued"
         job.dispatched_at = None
+        if oom:
+            job.oom_retries += 1
         job.save()
         transaction.on_commit(lambda: dispatch_job(job_id))
     log.info("job %s re-queued: %s", job_id, reason)
     return True
 
 
-def finish_canceled(job_id: Any) -> bool:
+def finish_canceled(job_id: Any, worker_id: str | None = None) -> bool:
+    """Mark an active job canceled and release its reservation.
+
+    With ``worker_id`` (a worker that stopped at a cancel check) only while that
+    worker still owns the job: a stop because the job was re-claimed elsewhere
+    must not cancel the other run.
+    """
     with transaction.atomic():
-        job = SynthesisJob.objects.select_for_update().filter(id=job_id, status__in=SynthesisJob.ACTIVE).first()
+        qs = SynthesisJob.objects.select_for_update().filter(id=job_id, status__in=SynthesisJob.ACTIVE)
+        if worker_id is not None:
+            qs = qs.filter(worker=worker_id, cancel_requested=True)
+        job = qs.first()
         if job is None:
             return False
         job.status = Status.CANCELED
@@ -462,7 +512,9 @@ def requeue_expired_leases(limit: int = 500) -> tuple[int, int]:
         if job.cancel_requested:
             finish_canceled(job_id)
         elif job.attempts >= settings.TTS_JOB_MAX_ATTEMPTS:
-            failed += fail_job(job_id, "worker_lost", f"The worker running this job was lost {job.attempts} times.")
+            failed += fail_job(
+                job_id, "worker_lost", f"The worker running this job was lost {job.attempts} times."
+            )
         else:
             requeued += requeue_job(job_id, reason="lease expired")
     return requeued, failed
@@ -545,3 +597,203 @@ def sync_builtin_voices(voices: Iterable[dict[str, Any]]) -> int:
         )
         count += 1
     return count
+
+
+# --------------------------------------------------------------------- API helpers (issue 4/5)
+
+# Seconds of synthesis per billable character when an engine has no history yet
+# (Piper on 2 CPU cores runs near 0.004 s/char; this errs on the slow side).
+DEFAULT_SECONDS_PER_CHAR = 0.01
+ETA_SAMPLE_JOBS = 20
+
+
+def idempotent_replay(organization: Organization, key: str, fingerprint: str) -> SynthesisJob | None:
+    """The job an earlier request with this Idempotency-Key created, if it is still live.
+
+    Lets a retry get its job back before anything else is checked (a retry
+    must not fail because, say, no worker is up right now). A different body
+    under the same key is a 422.
+    """
+    cutoff = timezone.now() - dt.timedelta(hours=settings.TTS_IDEMPOTENCY_TTL_HOURS)
+    row = (
+        IdempotencyKey.objects.filter(organization=organization, key=key, created_at__gte=cutoff)
+        .select_related("job")
+        .first()
+    )
+    if row is None:
+        return None
+    if row.request_hash != fingerprint:
+        raise Problem(
+            422,
+            "idempotency_key_reused",
+            "This Idempotency-Key was already used with a different request body.",
+            field="Idempotency-Key",
+        )
+    return row.job
+
+
+def seconds_per_char(engine: str) -> float:
+    """Rolling mean synthesis time per character over the engine's recent successes.
+
+    Weighted by length: sum(synth_ms) / sum(text_chars) over the last
+    ETA_SAMPLE_JOBS succeeded jobs of the engine, so a few tiny jobs do not
+    dominate. Falls back to DEFAULT_SECONDS_PER_CHAR without history.
+    """
+    recent = list(
+        SynthesisJob.objects.filter(engine=engine, status=Status.SUCCEEDED, text_chars__gt=0)
+        .order_by("-finished_at")
+        .values_list("metrics", "text_chars")[:ETA_SAMPLE_JOBS]
+    )
+    total_ms = 0.0
+    total_chars = 0
+    for metrics, chars in recent:
+        synth_ms = (metrics or {}).get("synth_ms")
+        if isinstance(synth_ms, int | float) and synth_ms >= 0:
+            total_ms += float(synth_ms)
+            total_chars += chars
+    if total_chars == 0:
+        return DEFAULT_SECONDS_PER_CHAR
+    return total_ms / 1000.0 / total_chars
+
+
+def queue_position(job: SynthesisJob) -> int | None:
+    """Queued jobs of the same engine (any tenant) created before this one; 0 = next."""
+    if job.status != Status.QUEUED:
+        return None
+    return SynthesisJob.objects.filter(
+        engine=job.engine, status=Status.QUEUED, created_at__lt=job.created_at
+    ).count()
+
+
+def estimate_eta(job: SynthesisJob, spc: float | None = None) -> float | None:
+    """Seconds until the job is likely done; None once finished.
+
+    eta = spc * (remaining chars of running jobs of the engine ahead of it
+                 + chars of queued jobs ahead of it + own remaining chars)
+    where spc = seconds_per_char(engine). Running: own remaining chars are
+    text_chars * (1 - progress) and nothing else is counted.
+    """
+    if job.is_finished:
+        return None
+    spc = seconds_per_char(job.engine) if spc is None else spc
+    if job.status == Status.RUNNING:
+        return round(spc * job.text_chars * (1.0 - job.progress), 1)
+    ahead = SynthesisJob.objects.filter(engine=job.engine, status=Status.QUEUED, created_at__lt=job.created_at)
+    queued_chars = ahead.aggregate(n=Sum("text_chars"))["n"] or 0
+    running_chars = sum(
+        chars * (1.0 - progress)
+        for chars, progress in SynthesisJob.objects.filter(engine=job.engine, status=Status.RUNNING).values_list(
+            "text_chars", "progress"
+        )
+    )
+    return round(spc * (queued_chars + running_chars + job.text_chars), 1)
+
+
+def abandon_job(job: SynthesisJob) -> None:
+    """A synchronous caller gave up waiting: cancel the job and give its characters back now.
+
+    A running job stops at its next sentence; its release is already written,
+    so whatever the worker does later can charge nothing.
+    """
+    cancel_job_if_active(job)
+    with transaction.atomic():
+        locked = SynthesisJob.objects.select_for_update().filter(id=job.id).first()
+        if locked is not None and locked.status != Status.SUCCEEDED:
+            release_usage(locked)
+
+
+def cancel_job_if_active(job: SynthesisJob) -> None:
+    try:
+        cancel_job(job)
+    except Problem:
+        pass  # finished meanwhile; nothing to cancel
+    except SynthesisJob.DoesNotExist:
+        pass
+
+
+def usage_summary(organization: Organization, now: dt.datetime | None = None, days: int = 31) -> dict[str, Any]:
+    """What GET /api/v1/usage shows: plan, current period, characters, jobs, storage, daily totals."""
+    now = now or timezone.now()
+    plan = organization.plan
+    period = period_start(now)
+    row = UsagePeriod.objects.filter(organization=organization, period=period).first()
+    used = row.characters_used if row else 0
+    reserved = row.characters_reserved if row else 0
+    counts = {
+        s: n
+        for s, n in SynthesisJob.objects.filter(organization=organization, status__in=SynthesisJob.ACTIVE)
+        .values_list("status")
+        .annotate(n=Count("id"))
+    }
+    since = dt.datetime.combine(
+        (now - dt.timedelta(days=days - 1)).astimezone(dt.UTC).date(), dt.time(0), tzinfo=dt.UTC
+    )
+    daily: dict[str, dict[str, int]] = {}
+    for day, kind, chars in (
+        UsageEvent.objects.filter(organization=organization, created_at__gte=since)
+        .annotate(day=TruncDate("created_at", tzinfo=dt.UTC))
+        .values_list("day", "kind")
+        .annotate(n=Sum("characters"))
+        .order_by("day")
+    ):
+        entry = daily.setdefault(day.isoformat(), {"charged": 0, "reserved": 0, "released": 0, "jobs": 0})
+        if kind == UsageEvent.Kind.CHARGE:
+            entry["charged"] += chars
+        elif kind == UsageEvent.Kind.RESERVE:
+            entry["reserved"] += chars
+        else:
+            entry["released"] += chars
+    for day, n in (
+        SynthesisJob.objects.filter(organization=organization, created_at__gte=since)
+        .annotate(day=TruncDate("created_at", tzinfo=dt.UTC))
+        .values_list("day")
+        .annotate(n=Count("id"))
+    ):
+        daily.setdefault(day.isoformat(), {"charged": 0, "reserved": 0, "released": 0, "jobs": 0})["jobs"] = n
+    return {
+        "plan": {
+            "slug": plan.slug,
+            "name": plan.name,
+            "monthly_characters": plan.monthly_characters,
+            "max_characters_per_request": plan.max_characters_per_request,
+            "max_concurrent_jobs": plan.max_concurrent_jobs,
+            "requests_per_minute": plan.requests_per_minute,
+            "max_voices": plan.max_voices,
+            "retention_days": plan.retention_days,
+            "storage_bytes": plan.storage_bytes,
+        },
+        "period": {"start": period_start(now), "end": period_end(now)},
+        "characters": {
+            "used": used,
+            "reserved": reserved,
+            "limit": plan.monthly_characters,
+            "remaining": max(0, plan.monthly_characters - used - reserved),
+        },
+        "jobs": {
+            "queued": counts.get(Status.QUEUED, 0),
+            "running": counts.get(Status.RUNNING, 0),
+            "limit": plan.max_concurrent_jobs,
+        },
+        "storage": {"used_bytes": storage_used(organization), "limit_bytes": plan.storage_bytes},
+        "daily": [{"date": day, **values} for day, values in sorted(daily.items())],
+    }
+
+
+def visible_voices(organization: Organization) -> Any:
+    """Voices a tenant may use: the built-in ones and its own, ready ones only."""
+    return Voice.objects.filter(
+        Q(organization__isnull=True) | Q(organization=organization), status=Voice.Status.READY
+    )
+
+
+def delete_voice(organization: Organization, voice: Voice) -> None:
+    """Delete a tenant's own voice (its jobs keep their voice name). Built-in voices cannot be deleted."""
+    if voice.organization_id != organization.pk:
+        raise Problem(403, "builtin_voice", "Built-in voices cannot be deleted.")
+    with transaction.atomic():
+        locked = Voice.objects.select_for_update().filter(pk=voice.pk).first()
+        if locked is None:
+            return
+        path = locked.prompt_path
+        locked.delete()
+        transaction.on_commit(lambda: _remove_file(path))

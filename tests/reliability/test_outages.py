@@ -1,0 +1,162 @@
+"""Redis and PostgreSQL go away and come back: nothing queued is lost, the API says 503 meanwhile."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.test import Client
+
+from deploy import stack as deploy_stack
+from deploy.stack import Service
+from tests.reliability.helpers import (
+    LONG,
+    PIPER,
+    SHORT,
+    flush_queues,
+    job,
+    make_org,
+    start_worker,
+    submit,
+    usage_events,
+    wait_status,
+    wait_until,
+)
+from tests.stack import CFG, TestStack
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _service(stack: TestStack, name: str) -> Service:
+    return next(s for s in stack.sup.services if s.name == name)
+
+
+@contextlib.contextmanager
+def redis_down(stack: TestStack) -> Iterator[None]:
+    # SIGTERM: Redis writes its AOF out and exits, as on a normal restart.
+    stack.stop_service(_service(stack, "redis"))
+    try:
+        yield
+    finally:
+        stack.start_service(Service("redis", deploy_stack.redis_command(CFG), ready_port=CFG.redis_port))
+
+
+@contextlib.contextmanager
+def postgres_down(stack: TestStack) -> Iterator[None]:
+    from django.db import connections
+
+    connections.close_all()
+    stack.stop_service(_service(stack, "postgres"), sig=signal.SIGINT)
+    try:
+        yield
+    finally:
+        cmd, kwargs = deploy_stack.postgres_command(CFG)
+        stack.start_service(
+            Service("postgres", cmd, popen_kwargs=kwargs, ready_port=CFG.pg_port, stop_signal=signal.SIGINT)
+        )
+        wait_until(_db_answers, 30, "PostgreSQL to accept connections")
+
+
+def _db_answers() -> bool:
+    from django.db import connection
+
+    try:
+        connection.close()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return True
+    except Exception:
+        return False
+
+
+def _api_key(org: object) -> str:
+    from webapp.tenants.services import create_api_key
+
+    return create_api_key(org, "outage")[1]  # type: ignore[arg-type]
+
+
+def _submit_problem(client: Client, key: str) -> tuple[int, str, str | None]:
+    """A submit through the API while a backing service is down: (status, content type, Retry-After)."""
+    response = client.post(
+        "/api/v1/speech",
+        data={"text": "Hello.", "voice": "espeak-en-us"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )
+    return response.status_code, response.get("Content-Type", ""), response.get("Retry-After")
+
+
+def test_redis_stopped_with_jobs_queued_then_started(stack: TestStack, builtin_voices: list[str]) -> None:
+    from webapp.speech import services
+
+    flush_queues(stack, "synth.piper")
+    org = make_org("redis-out")
+    key = _api_key(org)
+    # No worker yet: the jobs wait in Redis, which is then stopped.
+    queued = [submit(org, f"{SHORT} Queued {i}.", voice=PIPER) for i in range(3)]
+    assert all(job(j.id).dispatched_at is not None for j in queued)
+    assert stack.redis_client().llen("synth.piper") == 3
+    client = Client()
+    with redis_down(stack):
+        health = client.get("/healthz")
+        assert health.status_code == 503 and health["Retry-After"]
+        assert health.json()["checks"]["redis"] == "fail"
+        status, content_type, retry_after = _submit_problem(client, key)
+        assert status == 503 and content_type.startswith("application/problem+json") and retry_after
+        # A job created while the broker is down stays undispatched (the row is the outbox).
+        late = submit(org, f"{SHORT} Submitted during the outage.", voice=PIPER)
+        assert job(late.id).dispatched_at is None
+    # Beat's re-dispatch (called directly here) sends what could not be sent.
+    assert services.redispatch_undispatched(older_than_seconds=0) == 1
+    assert stack.redis_client().llen("synth.piper") == 4  # the three from before the restart survived
+    worker = start_worker(stack, "w-redis", engines="piper")
+    try:
+        rows = wait_status([j.id for j in [*queued, late]], timeout=60)
+        assert [r.status for r in rows] == ["succeeded"] * 4
+        assert all(r.attempts == 1 and usage_events(r.id) == ["charge", "reserve"] for r in rows)
+        # The worker rides out a Redis restart too, mid-job.
+        running = submit(org, LONG, voice=PIPER)
+        wait_until(lambda: job(running.id).status == "running", 30, "the job to start")
+        with redis_down(stack):
+            time.sleep(2)
+        (row,) = wait_status([running.id], timeout=90)
+        assert row.status == "succeeded" and usage_events(row.id) == ["charge", "reserve"]
+        after = submit(org, SHORT, voice=PIPER)
+        (row,) = wait_status([after.id], timeout=60)
+        assert row.status == "succeeded"
+    finally:
+        stack.stop_service(worker)
+
+
+def test_postgres_stopped_worker_retries_and_nothing_is_lost(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    flush_queues(stack, "synth.piper")
+    worker = start_worker(stack, "w-pg", engines="piper")
+    try:
+        org = make_org("pg-out")
+        key = _api_key(org)
+        jobs = [
+            submit(org, LONG, voice=PIPER),
+            submit(org, SHORT, voice=PIPER),
+            submit(org, SHORT, voice=PIPER),
+        ]
+        wait_until(
+            lambda: job(jobs[0].id).stage.startswith("synthesising 2/"), 60, "the first job mid-synthesis"
+        )
+        client = Client()
+        with postgres_down(stack):
+            time.sleep(3)  # the worker hits the outage mid-job and keeps retrying
+            health = client.get("/healthz")
+            assert health.status_code == 503 and health.json()["checks"]["db"] == "fail"
+            status, content_type, retry_after = _submit_problem(client, key)
+            assert status == 503 and content_type.startswith("application/problem+json") and retry_after
+            assert worker.process is not None and worker.process.poll() is None
+        rows = wait_status([j.id for j in jobs], timeout=90)
+        assert [r.status for r in rows] == ["succeeded"] * 3, [(r.status, r.error_code) for r in rows]
+        assert all(usage_events(r.id) == ["charge", "reserve"] for r in rows)
+    finally:
+        stack.stop_service(worker)

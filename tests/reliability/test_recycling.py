@@ -1,0 +1,138 @@
+"""Children are replaced on schedule and on GPU memory, without losing or delaying work much."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.helpers import (
+    SHORT,
+    children,
+    flush_queues,
+    make_org,
+    start_worker,
+    submit,
+    wait_status,
+    wait_until,
+)
+from tests.stack import TestStack
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+JOBS = 300
+MAX_TASKS = 50
+MAX_RSS_MB = 400
+
+
+def test_300_jobs_through_one_worker_with_low_max_tasks_per_child(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    from webapp.speech import recycling
+
+    flush_queues(stack, "synth.espeak")
+    worker = start_worker(
+        stack,
+        "w-300",
+        TTS_WORKER_MAX_TASKS_PER_CHILD=str(MAX_TASKS),
+        TTS_WORKER_MAX_RSS_MB=str(MAX_RSS_MB),
+    )
+    try:
+        org = make_org("many")
+        started = time.monotonic()
+        jobs = [submit(org, f"Job {i}. {SHORT}") for i in range(JOBS)]
+        rows = wait_status([j.id for j in jobs], timeout=170)
+        elapsed = time.monotonic() - started
+        assert [r.status for r in rows] == ["succeeded"] * JOBS, {r.status for r in rows}
+        assert all(r.attempts == 1 for r in rows)
+
+        by_child: dict[int, list] = defaultdict(list)
+        for r in rows:
+            by_child[r.metrics["pid"]].append(r)
+        # No child started a task over its limits.
+        assert max(r.metrics["child_task_no"] for r in rows) <= MAX_TASKS
+        assert max(r.metrics["child_rss_before_mb"] for r in rows) < MAX_RSS_MB
+        assert sorted(len(v) for v in by_child.values()) == [MAX_TASKS] * (JOBS // MAX_TASKS)
+
+        # Recycles as configured, counted per node (they outlive the children).
+        node = rows[0].metrics["node"]
+        stats = wait_until(
+            lambda: (
+                (s := recycling.node_stats(stack.redis_client(), node))["recycles"] >= JOBS // MAX_TASKS and s
+            ),
+            10,
+            "the last recycle to be recorded",
+        )
+        assert stats["recycles"] == JOBS // MAX_TASKS
+        assert stats["recycle_reasons"] == {"max_tasks": JOBS // MAX_TASKS}
+
+        # Longest time with no ready child: from a child's exit to the next child's ready.
+        events = recycling.node_events(stack.redis_client(), node)
+        exits = [e["at"] for e in events if e["event"] == "exit"]
+        readies = [e["at"] for e in events if e["event"] == "ready"]
+        gaps = [min(r for r in readies if r >= x) - x for x in exits if any(r >= x for r in readies)]
+        # And as clients saw it: last job finished by one child to first job started by the next.
+        spans = sorted(
+            (min(r.started_at for r in v), max(r.finished_at for r in v)) for v in by_child.values()
+        )
+        service_gaps = [(b[0] - a[1]).total_seconds() for a, b in zip(spans, spans[1:], strict=False)]
+        print(
+            f"\n{JOBS} jobs in {elapsed:.1f} s through 1 child slot, max_tasks_per_child={MAX_TASKS}: "
+            f"{stats['recycles']} recycles; child exit -> next child ready: max {max(gaps):.2f} s "
+            f"(mean {sum(gaps) / len(gaps):.2f} s); longest pause between jobs across a recycle: "
+            f"{max(service_gaps):.2f} s"
+        )
+        assert len(gaps) >= JOBS // MAX_TASKS - 1
+        assert max(service_gaps) < 15
+    finally:
+        stack.stop_service(worker)
+
+
+def test_gpu_memory_over_limit_recycles_the_child(
+    stack: TestStack, builtin_voices: list[str], tmp_path: Path
+) -> None:
+    """The GPU-memory path with an injected reading (a GPU machine runs tests/gpu/check.sh for real)."""
+    from webapp.speech import recycling
+
+    flush_queues(stack, "synth.espeak")
+    reading = tmp_path / "gpu_mb"
+    reading.write_text("500")
+    worker = start_worker(
+        stack,
+        "w-gpu",
+        TTS_WORKER_GPU_MEMORY_READER="tests.reliability.fakes:gpu_mb_from_file",
+        TTS_FAKE_GPU_MB_FILE=str(reading),
+        TTS_WORKER_MAX_GPU_MB="1000",
+    )
+    try:
+        org = make_org("gpu")
+        first = wait_status([submit(org, SHORT).id, submit(org, SHORT).id], timeout=30)
+        pids = {r.metrics["pid"] for r in first}
+        assert len(pids) == 1  # under the limit: the same child keeps serving
+        beat = wait_until(
+            lambda: [b for b in stack.heartbeats() if b.get("pid") in pids and b.get("gpu_mb") == 500.0],
+            10,
+            "the heartbeat to carry the GPU reading",
+        )[0]
+        reading.write_text("1500")
+        (over,) = wait_status([submit(org, SHORT).id], timeout=30)
+        assert over.metrics["pid"] in pids  # the task that found the child over the limit still ran there
+        wait_until(lambda: not (pids & {p.pid for p in children(worker)}), 30, "the child to be replaced")
+        reading.write_text("500")
+        (after,) = wait_status([submit(org, SHORT).id], timeout=30)
+        assert after.status == "succeeded" and after.metrics["pid"] not in pids
+        stats = recycling.node_stats(stack.redis_client(), beat["node"])
+        assert stats["recycle_reasons"] == {"gpu_memory": 1}, stats
+        assert stats["last_recycle_reason"].startswith("gpu_memory 1500 MiB over 1000 MiB")
+        new_beat = wait_until(
+            lambda: [
+                b for b in stack.heartbeats() if b.get("pid") == after.metrics["pid"] and b.get("recycles")
+            ],
+            10,
+            "the new child's heartbeat to count the recycle",
+        )[0]
+        assert new_beat["recycle_reasons"] == {"gpu_memory": 1}
+    finally:
+        stack.stop_service(worker)
