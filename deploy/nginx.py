@@ -208,8 +208,9 @@ def nginx_values(
         "HTTPS_PORT_SUFFIX": "" if cfg.https_port == 443 else f":{cfg.https_port}",
         "LISTEN_ADDR": listen,
         "NGINX_DIR": str(out_dir),
-        "ACCESS_LOG": str(cfg.log_dir / f"{name}.access.log"),
-        "ERROR_LOG": str(cfg.log_dir / f"{name}.error.log"),
+        # Both go to the supervisor, which writes var/log/<name>.log rotated by size
+        # like every other process (Nginx cannot rotate its own files by size).
+        "ACCESS_LOG": "/dev/stdout",
         # The same folders deploy.stack.StackConfig.django_env() gives Django.
         "STATIC_ROOT": str(cfg.path("static")),
         "MEDIA_ROOT": str(cfg.path("media")),

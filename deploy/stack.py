@@ -31,6 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_SYSTEM_USER = "tts-pg"
+DATA_SERVICES = ("postgres", "redis")
 
 
 class StackError(RuntimeError):
@@ -401,6 +402,8 @@ def gunicorn_command(cfg: StackConfig) -> list[str]:
         "--workers", os.environ.get("TTS_GUNICORN_WORKERS", "2"),
         "--threads", os.environ.get("TTS_GUNICORN_THREADS", "16"),
         "--bind", f"unix:{cfg.gunicorn_socket}",
+        # Not in $HOME, where two stacks on one machine would fight over it.
+        "--control-socket", str(cfg.path("run", "gunicorn.ctl")),
         "--umask", "0o000",
         # Longer than the synchronous OpenAI endpoint waits.
         "--timeout", os.environ.get("TTS_GUNICORN_TIMEOUT", "180"),
@@ -427,7 +430,8 @@ def worker_command(cfg: StackConfig, queues: str | None = None, concurrency: str
 
 
 def housekeeping_worker_command(cfg: StackConfig) -> list[str]:
-    return worker_command(cfg, queues="default,housekeeping", concurrency="1", name="housekeeping")
+    # Two children: a long orphan sweep must not hold up the 30-second lease reaper.
+    return worker_command(cfg, queues="default,housekeeping", concurrency="2", name="housekeeping")
 
 
 def beat_command(cfg: StackConfig) -> list[str]:
@@ -472,17 +476,21 @@ class Supervisor:
 
     def _logger(self, name: str) -> logging.Logger:
         logger = logging.getLogger(f"stack.{self.cfg.name}.{name}")
-        if not logger.handlers:
-            self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
-            handler = logging.handlers.RotatingFileHandler(
-                self.cfg.log_dir / f"{name}.log",
-                maxBytes=_env_int("TTS_LOG_MAX_BYTES", 10 * 1024 * 1024),
-                backupCount=_env_int("TTS_LOG_BACKUP_COUNT", 5),
-            )
-            handler.setFormatter(logging.Formatter("%(message)s"))
-            logger.addHandler(handler)
-            logger.propagate = False
-            logger.setLevel(logging.INFO)
+        # A fresh file handle per start: a restarted service must not keep
+        # writing into a file that was rotated or removed meanwhile.
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+            old.close()
+        self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        handler = logging.handlers.RotatingFileHandler(
+            self.cfg.log_dir / f"{name}.log",
+            maxBytes=_env_int("TTS_LOG_MAX_BYTES", 10 * 1024 * 1024),
+            backupCount=_env_int("TTS_LOG_BACKUP_COUNT", 5),
+        )
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
         return logger
 
     def _pump(self, service: Service) -> None:
@@ -523,20 +531,35 @@ class Supervisor:
                         raise
         return service
 
-    def stop_all(self, timeout: float = 20) -> None:
+    def stop_all(self, timeout: float = 30) -> None:
+        """Stop the application tier together, then the data services it needs, in reverse order.
+
+        Celery's warm shutdown lets a running job finish (acks_late returns it to
+        the queue if we have to kill it), so the app tier gets ``timeout`` seconds.
+        """
         self.stopping.set()
-        for service in reversed(self.services):
-            proc = service.process
-            if proc is None or proc.poll() is not None:
-                continue
+        running = [s for s in reversed(self.services) if s.process is not None and s.process.poll() is None]
+        app_tier = [s for s in running if s.name not in DATA_SERVICES]
+        data_tier = [s for s in running if s.name in DATA_SERVICES]
+        self._stop_together(app_tier, timeout)
+        for service in data_tier:
+            self._stop_together([service], timeout)
+
+    @staticmethod
+    def _stop_together(services: list[Service], timeout: float) -> None:
+        for service in services:
+            assert service.process is not None
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, service.stop_signal)
+                os.killpg(service.process.pid, service.stop_signal)
+        deadline = time.monotonic() + timeout
+        for service in services:
+            assert service.process is not None
             try:
-                proc.wait(timeout)
+                service.process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+                    os.killpg(service.process.pid, signal.SIGKILL)
+                service.process.wait(5)
 
     def watch(self) -> int:
         """Block until a service dies or we are asked to stop. Returns an exit status."""
@@ -610,7 +633,13 @@ def cmd_run(cfg: StackConfig) -> int:
                 cfg.gunicorn_socket.unlink()
             sup.start(Service("gunicorn", gunicorn_command(cfg), env=django_env_for(cfg, "gunicorn")))
             sup.start(Service("worker", worker_command(cfg), env=django_env_for(cfg, "worker")))
-            sup.start(Service("housekeeping", housekeeping_worker_command(cfg), env=django_env_for(cfg, "housekeeping")))
+            sup.start(
+                Service(
+                    "housekeeping",
+                    housekeeping_worker_command(cfg),
+                    env={**django_env_for(cfg, "housekeeping"), "TTS_WORKER_ROLE": "housekeeping"},
+                )
+            )
             sup.start(Service("beat", beat_command(cfg), env=django_env_for(cfg, "beat")))
             sup.start(Service("nginx", nginx_command(cfg), ready_port=cfg.https_port))
             print(f"\n  The service is up: https://localhost:{cfg.https_port}  (Ctrl-C stops everything)\n", flush=True)
@@ -630,6 +659,15 @@ def cmd_run(cfg: StackConfig) -> int:
     return status if not sup.stopping.is_set() or status else 0
 
 
+def _alive(pid: int) -> bool:
+    """True while the process runs; an exited one its parent has not reaped yet counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def cmd_stop(cfg: StackConfig) -> int:
     pidfile = cfg.path("run", "stack.pid")
     if not pidfile.exists():
@@ -642,14 +680,13 @@ def cmd_stop(cfg: StackConfig) -> int:
         pidfile.unlink()
         print("stack: not running (stale pid file removed)")
         return 0
-    for _ in range(300):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+    # The app tier gets 30 s to finish running jobs, each data service 30 s more.
+    for _ in range(1000):
+        if not _alive(pid):
             print("stack: stopped")
             return 0
         time.sleep(0.1)
-    print("stack: still stopping after 30 s", file=sys.stderr)
+    print("stack: still stopping after 100 s", file=sys.stderr)
     return 1
 
 

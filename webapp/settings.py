@@ -261,6 +261,8 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")
 
 # Worker behaviour (webapp/speech/worker.py, webapp/speech/recycling.py, docs/workers.md).
+# synth: loads models and serves synth.<engine> queues; housekeeping: cleanup only.
+TTS_WORKER_ROLE = env_str("TTS_WORKER_ROLE", "synth")
 TTS_WORKER_ENGINES = env_list("TTS_WORKER_ENGINES", "piper,espeak")
 TTS_WORKER_DEVICE = env_str("TTS_WORKER_DEVICE", "cpu")  # cpu | cuda | cuda:N | auto
 # Children per worker and inference threads per child. On 2 CPU cores two

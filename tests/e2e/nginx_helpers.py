@@ -79,12 +79,13 @@ class NginxInstance:
 
     @property
     def access_log(self) -> Path:
-        return self.cfg.log_dir / f"{self.name}.access.log"
+        # The supervisor's log of this Nginx: JSON access lines mixed with error-log lines.
+        return self.cfg.log_dir / f"{self.name}.log"
 
     def log_entries(self) -> list[dict[str, Any]]:
         if not self.access_log.exists():
             return []
-        return [json.loads(line) for line in self.access_log.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in self.access_log.read_text().splitlines() if line.startswith("{")]
 
 
 def start_nginx(
@@ -108,7 +109,7 @@ def start_nginx(
     }
     ensure_certificate(CFG)
     conf = deploy_nginx.render_nginx_conf(inst_cfg, env=full_env, name=name, overrides=overrides)
-    log = inst_cfg.log_dir / f"{name}.access.log"
+    log = inst_cfg.log_dir / f"{name}.log"
     with contextlib.suppress(FileNotFoundError):
         log.unlink()
     command = [deploy_nginx.nginx_binary(), "-c", str(conf), "-p", str(conf.parent), "-g", "daemon off;"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -64,7 +65,7 @@ class Stack:
 
     def interrupt(self) -> int:
         os.kill(self.proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process
-        return self.proc.wait(60)
+        return self.proc.wait(120)
 
 
 def _listening(port: str) -> bool:
@@ -73,6 +74,7 @@ def _listening(port: str) -> bool:
 
 
 def test_run_serves_stops_cleanly_and_reuses_data() -> None:
+    shutil.rmtree(VAR, ignore_errors=True)  # a first run, as on a new machine
     first = Stack()
     try:
         body = first.wait_healthy()
@@ -109,7 +111,13 @@ def test_run_serves_stops_cleanly_and_reuses_data() -> None:
         )
         assert response.status_code == 200, response.text
     finally:
-        assert second.interrupt() == 0
+        # `make stop` from another shell stops a running `make run`.
+        stop = subprocess.run([sys.executable, "-m", "deploy.stack", "stop"], cwd=ROOT, env=_env(),
+                              capture_output=True, text=True, timeout=150)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert second.proc.wait(30) == 0
+    for port in PORTS.values():
+        assert not _listening(port), f"port {port} still open after make stop"
 
 
 def test_a_port_in_use_is_a_one_line_error_naming_the_variable() -> None:

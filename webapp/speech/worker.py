@@ -268,6 +268,9 @@ def _forget_recycled_siblings(state: WorkerState) -> None:
 
 @worker_process_init.connect
 def _on_process_init(**_: Any) -> None:
+    if settings.TTS_WORKER_ROLE != "synth":
+        # The housekeeping worker serves no voice: no model, no heartbeat.
+        return
     state = current()
     recycling.install_exit_hook()
     threading.Thread(target=state.beat_forever, name="heartbeat", daemon=True).start()
