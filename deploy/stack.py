@@ -317,7 +317,9 @@ def create_database(cfg: StackConfig) -> None:
     """Create the ``tts`` database if missing (initdb made the role)."""
     env = {**os.environ, "PGPASSWORD": cfg.pg_password}
     base = ["psql", "-h", "127.0.0.1", "-p", str(cfg.pg_port), "-U", "tts", "-d", "postgres", "-tAc"]
-    out = subprocess.run([*base, "SELECT 1 FROM pg_database WHERE datname='tts'"], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [*base, "SELECT 1 FROM pg_database WHERE datname='tts'"], env=env, capture_output=True, text=True
+    )
     if out.returncode != 0:
         raise StackError(f"cannot reach PostgreSQL on port {cfg.pg_port}: {out.stderr.strip()}")
     if out.stdout.strip() != "1":
@@ -366,10 +368,22 @@ def ensure_certificate(cfg: StackConfig) -> tuple[Path, Path]:
     cert.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [
-            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "825",
-            "-subj", "/CN=localhost",
-            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1,IP:127.0.0.2",
-            "-keyout", str(key), "-out", str(cert),
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "825",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1,IP:127.0.0.2",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
         ],
         check=True,
         capture_output=True,
@@ -398,34 +412,55 @@ def gunicorn_command(cfg: StackConfig) -> list[str]:
     return [
         venv_bin("gunicorn"),
         "webapp.wsgi:application",
-        "--worker-class", "gthread",
-        "--workers", os.environ.get("TTS_GUNICORN_WORKERS", "2"),
-        "--threads", os.environ.get("TTS_GUNICORN_THREADS", "16"),
-        "--bind", f"unix:{cfg.gunicorn_socket}",
+        "--worker-class",
+        "gthread",
+        "--workers",
+        os.environ.get("TTS_GUNICORN_WORKERS", "2"),
+        "--threads",
+        os.environ.get("TTS_GUNICORN_THREADS", "16"),
+        "--bind",
+        f"unix:{cfg.gunicorn_socket}",
         # Not in $HOME, where two stacks on one machine would fight over it.
-        "--control-socket", str(cfg.path("run", "gunicorn.ctl")),
-        "--umask", "0o000",
+        "--control-socket",
+        str(cfg.path("run", "gunicorn.ctl")),
+        "--umask",
+        "0o000",
         # Longer than the synchronous OpenAI endpoint waits.
-        "--timeout", os.environ.get("TTS_GUNICORN_TIMEOUT", "180"),
-        "--graceful-timeout", "20",
-        "--access-logfile", "-",
-        "--chdir", str(ROOT),
+        "--timeout",
+        os.environ.get("TTS_GUNICORN_TIMEOUT", "180"),
+        "--graceful-timeout",
+        "20",
+        "--access-logfile",
+        "-",
+        "--chdir",
+        str(ROOT),
     ]
 
 
-def worker_command(cfg: StackConfig, queues: str | None = None, concurrency: str | None = None, name: str = "synth") -> list[str]:
+def worker_command(
+    cfg: StackConfig, queues: str | None = None, concurrency: str | None = None, name: str = "synth"
+) -> list[str]:
     engines = os.environ.get("TTS_WORKER_ENGINES", "piper,espeak").split(",")
     queue_list = queues or ",".join(f"synth.{e.strip()}" for e in engines if e.strip())
     return [
-        venv_bin("celery"), "-A", "webapp", "worker",
-        "--loglevel", "INFO",
-        "--pool", "prefork",
+        venv_bin("celery"),
+        "-A",
+        "webapp",
+        "worker",
+        "--loglevel",
+        "INFO",
+        "--pool",
+        "prefork",
         # Default 2 single-threaded children: faster than 1 child x 2 threads on 2 cores
         # (docs/performance.md, "workers"); keep in step with settings.TTS_WORKER_CONCURRENCY.
-        "--concurrency", concurrency or os.environ.get("TTS_WORKER_CONCURRENCY", "2"),
-        "-Q", queue_list,
-        "-n", f"{name}@%h",
-        "--without-mingle", "--without-gossip",
+        "--concurrency",
+        concurrency or os.environ.get("TTS_WORKER_CONCURRENCY", "2"),
+        "-Q",
+        queue_list,
+        "-n",
+        f"{name}@%h",
+        "--without-mingle",
+        "--without-gossip",
     ]
 
 
@@ -436,9 +471,16 @@ def housekeeping_worker_command(cfg: StackConfig) -> list[str]:
 
 def beat_command(cfg: StackConfig) -> list[str]:
     return [
-        venv_bin("celery"), "-A", "webapp", "beat", "--loglevel", "INFO",
-        "--schedule", str(cfg.path("run", "celerybeat-schedule")),
-        "--pidfile", "",
+        venv_bin("celery"),
+        "-A",
+        "webapp",
+        "beat",
+        "--loglevel",
+        "INFO",
+        "--schedule",
+        str(cfg.path("run", "celerybeat-schedule")),
+        "--pidfile",
+        "",
     ]
 
 
@@ -446,7 +488,11 @@ def manage(cfg: StackConfig, *args: str, capture: bool = False) -> subprocess.Co
     env = {**os.environ, **cfg.django_env(), "TTS_LOG_TO_FILE": "0"}
     return subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), *args],
-        env=env, check=True, text=True, capture_output=capture, cwd=ROOT,
+        env=env,
+        check=True,
+        text=True,
+        capture_output=capture,
+        cwd=ROOT,
     )
 
 
@@ -522,7 +568,9 @@ class Supervisor:
             deadline = time.monotonic() + timeout
             while True:
                 if service.process.poll() is not None:
-                    raise StackError(f"{service.name} exited with status {service.process.returncode}; see {self.cfg.log_dir / (service.name + '.log')}")
+                    raise StackError(
+                        f"{service.name} exited with status {service.process.returncode}; see {self.cfg.log_dir / (service.name + '.log')}"
+                    )
                 try:
                     wait_for_port(service.ready_port, 0.5)
                     break
@@ -566,7 +614,10 @@ class Supervisor:
         while not self.stopping.is_set():
             for service in self.services:
                 if service.process is not None and service.process.poll() is not None:
-                    print(f"stack: {service.name} exited with status {service.process.returncode}; stopping", flush=True)
+                    print(
+                        f"stack: {service.name} exited with status {service.process.returncode}; stopping",
+                        flush=True,
+                    )
                     return 1
             self.stopping.wait(0.5)
         return 0
@@ -577,7 +628,9 @@ def start_data_services(sup: Supervisor, cfg: StackConfig) -> None:
     init_postgres(cfg)
     cmd, kwargs = postgres_command(cfg)
     # SIGINT is PostgreSQL's "fast" shutdown: roll back and exit cleanly.
-    sup.start(Service("postgres", cmd, popen_kwargs=kwargs, ready_port=cfg.pg_port, stop_signal=signal.SIGINT))
+    sup.start(
+        Service("postgres", cmd, popen_kwargs=kwargs, ready_port=cfg.pg_port, stop_signal=signal.SIGINT)
+    )
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -642,12 +695,18 @@ def cmd_run(cfg: StackConfig) -> int:
             )
             sup.start(Service("beat", beat_command(cfg), env=django_env_for(cfg, "beat")))
             sup.start(Service("nginx", nginx_command(cfg), ready_port=cfg.https_port))
-            print(f"\n  The service is up: https://localhost:{cfg.https_port}  (Ctrl-C stops everything)\n", flush=True)
+            print(
+                f"\n  The service is up: https://localhost:{cfg.https_port}  (Ctrl-C stops everything)\n",
+                flush=True,
+            )
             status = sup.watch()
         except StackError as exc:
             print(f"stack: {exc}", file=sys.stderr, flush=True)
         except subprocess.CalledProcessError as exc:
-            print(f"stack: {' '.join(map(str, exc.cmd[:3]))} failed with status {exc.returncode}", file=sys.stderr)
+            print(
+                f"stack: {' '.join(map(str, exc.cmd[:3]))} failed with status {exc.returncode}",
+                file=sys.stderr,
+            )
         except Exception as exc:  # one line for the user; details are in var/log/
             print(f"stack: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         finally:

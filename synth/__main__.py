@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("text", nargs="?", help="text to speak ('-' reads standard input)")
     parser.add_argument("-o", "--output", help="output file (default: out.<format>)")
     parser.add_argument("--voice", default=DEFAULT_VOICE)
-    parser.add_argument("--format", default=None, choices=FORMATS, help="default: from the output name, else wav")
+    parser.add_argument(
+        "--format", default=None, choices=FORMATS, help="default: from the output name, else wav"
+    )
     parser.add_argument("--rate", type=int, default=None, help="output sample rate in Hz")
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--pitch", type=float, default=0.0, help="semitones")
@@ -55,8 +57,15 @@ def main(argv: list[str] | None = None) -> int:
             fmt = ext if ext in FORMATS else "wav"
         out = args.output or f"out.{fmt}"
         request = SynthesisRequest(
-            text=text, voice=args.voice, format=fmt, sample_rate=args.rate, speed=args.speed, pitch=args.pitch,
-            volume=args.volume, language=args.language, instructions=args.instructions,
+            text=text,
+            voice=args.voice,
+            format=fmt,
+            sample_rate=args.rate,
+            speed=args.speed,
+            pitch=args.pitch,
+            volume=args.volume,
+            language=args.language,
+            instructions=args.instructions,
             loudness_lufs=args.loudness,
         )
         result = synth.synthesize(request, out, progress=None if args.quiet else _progress_bar)

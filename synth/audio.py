@@ -70,7 +70,9 @@ class Encoder:
             import soundfile as sf
 
             major, subtype = _SOUNDFILE[fmt]
-            self._sf = sf.SoundFile(path, "w", samplerate=sample_rate, channels=1, format=major, subtype=subtype)
+            self._sf = sf.SoundFile(
+                path, "w", samplerate=sample_rate, channels=1, format=major, subtype=subtype
+            )
         elif fmt == "pcm":
             self._raw = open(path, "wb")
         else:
@@ -191,7 +193,7 @@ class LoudnessMeter:
         n = sq.size
         while i < n:
             take = min(self._step - self._partial_n, n - i)
-            self._partial += float(sq[i:i + take].sum())
+            self._partial += float(sq[i : i + take].sum())
             self._partial_n += take
             i += take
             if self._partial_n == self._step:
@@ -227,6 +229,7 @@ def loudness_of(audio: np.ndarray, rate: int) -> float:
 
 # --------------------------------------------------------------------------- decoding uploads
 
+
 def decode_upload(path: str, max_seconds: float, max_bytes: int) -> tuple[np.ndarray, int]:
     """Decode an uploaded audio file to mono float32, refusing oversize input.
 
@@ -256,9 +259,7 @@ def decode_upload(path: str, max_seconds: float, max_bytes: int) -> tuple[np.nda
             raise AudioRejected("the file declares no sample rate")
         cap = int(max_seconds * sr)
         if handle.frames > cap:
-            raise AudioRejected(
-                f"the audio lasts {handle.frames / sr:.1f} s; the limit is {max_seconds:g} s"
-            )
+            raise AudioRejected(f"the audio lasts {handle.frames / sr:.1f} s; the limit is {max_seconds:g} s")
         blocks: list[np.ndarray] = []
         total = 0
         for block in handle.blocks(blocksize=sr, dtype="float32", always_2d=True):

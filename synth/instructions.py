@@ -60,10 +60,24 @@ _ZH_NEG = re.compile(r"(不要|别|不|勿)")
 _EN_RULES: list[tuple[re.Pattern[str], str, int]] = [
     (re.compile(r"\b(slow|slowly|slower|slowed)\b"), "speed", -1),
     (re.compile(r"\b(fast|faster|quick|quickly|quicker|rapid|rapidly|speed up|hurry)\b"), "speed", +1),
-    (re.compile(r"\b(higher|high)[- ]?(pitch|pitched|voice|tone)|\bpitch (it )?up\b|\braise the pitch\b"), "pitch", +1),
-    (re.compile(r"\b(lower|low|deeper|deep)[- ]?(pitch|pitched|voice|tone)|\bpitch (it )?down\b|\blower the pitch\b"), "pitch", -1),
+    (
+        re.compile(r"\b(higher|high)[- ]?(pitch|pitched|voice|tone)|\bpitch (it )?up\b|\braise the pitch\b"),
+        "pitch",
+        +1,
+    ),
+    (
+        re.compile(
+            r"\b(lower|low|deeper|deep)[- ]?(pitch|pitched|voice|tone)|\bpitch (it )?down\b|\blower the pitch\b"
+        ),
+        "pitch",
+        -1,
+    ),
     (re.compile(r"\b(loud|louder|loudly|volume up|raise the volume)\b"), "volume", +1),
-    (re.compile(r"\b(quiet|quieter|quietly|soft|softer|softly|volume down|lower the volume)\b"), "volume", -1),
+    (
+        re.compile(r"\b(quiet|quieter|quietly|soft|softer|softly|volume down|lower the volume)\b"),
+        "volume",
+        -1,
+    ),
     (re.compile(r"\b(pause longer|longer pauses?|more pauses?|pause more)\b"), "pause", +1),
     (re.compile(r"\b(pause shorter|shorter pauses?|fewer pauses?|pause less)\b"), "pause", -1),
 ]
@@ -92,17 +106,41 @@ _ZH_LANGS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"普通话|國語|国语|汉语|中文|华语"), "cmn"),
     (re.compile(r"英语|英文"), "en-us"),
 ]
-_ZH_EMOTIONS = re.compile(r"(开心|高兴|快乐|悲伤|伤心|难过|生气|愤怒|激动|温柔|兴奋|耳语|悄悄|严肃|热情|害怕|紧张)")
+_ZH_EMOTIONS = re.compile(
+    r"(开心|高兴|快乐|悲伤|伤心|难过|生气|愤怒|激动|温柔|兴奋|耳语|悄悄|严肃|热情|害怕|紧张)"
+)
 _EMOTION_CANON = {
-    "happily": "happy", "sadly": "sad", "angrily": "angry", "cheerfully": "cheerful", "calmly": "calm",
-    "whispering": "whisper", "warmly": "warm", "seriously": "serious", "gently": "gentle",
-    "开心": "happy", "高兴": "happy", "快乐": "happy", "悲伤": "sad", "伤心": "sad", "难过": "sad",
-    "生气": "angry", "愤怒": "angry", "激动": "excited", "兴奋": "excited", "温柔": "gentle",
-    "耳语": "whisper", "悄悄": "whisper", "严肃": "serious", "热情": "warm", "害怕": "scared",
+    "happily": "happy",
+    "sadly": "sad",
+    "angrily": "angry",
+    "cheerfully": "cheerful",
+    "calmly": "calm",
+    "whispering": "whisper",
+    "warmly": "warm",
+    "seriously": "serious",
+    "gently": "gentle",
+    "开心": "happy",
+    "高兴": "happy",
+    "快乐": "happy",
+    "悲伤": "sad",
+    "伤心": "sad",
+    "难过": "sad",
+    "生气": "angry",
+    "愤怒": "angry",
+    "激动": "excited",
+    "兴奋": "excited",
+    "温柔": "gentle",
+    "耳语": "whisper",
+    "悄悄": "whisper",
+    "严肃": "serious",
+    "热情": "warm",
+    "害怕": "scared",
     "紧张": "nervous",
 }
 
-_FILLER = re.compile(r"(?:\s*(?:please|sound|speak|say|read|it|this|in|a|the|voice|tone|用|说|讲|读|请|一下|的|地))*\s*")
+_FILLER = re.compile(
+    r"(?:\s*(?:please|sound|speak|say|read|it|this|in|a|the|voice|tone|用|说|讲|读|请|一下|的|地))*\s*"
+)
 _CJK = re.compile(r"[\u3400-\u9fff]")
 _SPLIT_EN = re.compile(r"\s*(?:[,;+/]|\band\b|\bthen\b|\bbut\b)\s*")
 _SPLIT_ZH = re.compile(r"\s*(?:[,;+/，、；。！!\s]|和|并且|然后|同时|而且)\s*")

@@ -124,8 +124,16 @@ def _espeak_voices() -> list[VoiceInfo]:
     for v in lib.voices:
         vid = ESPEAK_PREFIX + v.short.lower()
         langs = list(dict.fromkeys([*v.languages, v.short.lower()]))
-        out.append(VoiceInfo(vid, f"{v.name} (eSpeak NG)", v.languages[0] if v.languages else v.short, "espeak",
-                             lib.sample_rate, _capabilities("espeak", langs)))
+        out.append(
+            VoiceInfo(
+                vid,
+                f"{v.name} (eSpeak NG)",
+                v.languages[0] if v.languages else v.short,
+                "espeak",
+                lib.sample_rate,
+                _capabilities("espeak", langs),
+            )
+        )
     return out
 
 

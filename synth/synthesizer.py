@@ -196,7 +196,11 @@ class Synthesizer:
             voices = eng.voices()
             if not voices:
                 continue
-            vid = DEFAULT_VOICE if name == "piper" and any(v.id == DEFAULT_VOICE for v in voices) else voices[0].id
+            vid = (
+                DEFAULT_VOICE
+                if name == "piper" and any(v.id == DEFAULT_VOICE for v in voices)
+                else voices[0].id
+            )
             if name == "espeak":
                 vid = "espeak-en-us" if any(v.id == "espeak-en-us" for v in voices) else vid
             for _ in eng.synthesize(["Hello."], VoiceParams(voice=vid)):
@@ -223,7 +227,9 @@ class Synthesizer:
         speed = min(max(request.speed * instr.speed, SPEED_RANGE[0]), SPEED_RANGE[1])
         pitch = min(max(request.pitch + instr.pitch, PITCH_RANGE[0]), PITCH_RANGE[1])
         volume = min(max(request.volume + instr.volume, VOLUME_RANGE[0]), VOLUME_RANGE[1])
-        base_silence = DEFAULT_SENTENCE_SILENCE if request.sentence_silence is None else request.sentence_silence
+        base_silence = (
+            DEFAULT_SENTENCE_SILENCE if request.sentence_silence is None else request.sentence_silence
+        )
         silence = min(base_silence * instr.pause, 10.0)
         language = request.language
         target = voice
@@ -266,8 +272,15 @@ class Synthesizer:
                 applied.append(f"noise_scale: {noise_scale:g}")
             if noise_w is not None:
                 applied.append(f"noise_w: {noise_w:g}")
-        params = VoiceParams(voice=target.id, speed=speed, pitch=pitch, volume=volume, language=language,
-                             noise_scale=noise_scale, noise_w=noise_w)
+        params = VoiceParams(
+            voice=target.id,
+            speed=speed,
+            pitch=pitch,
+            volume=volume,
+            language=language,
+            noise_scale=noise_scale,
+            noise_w=noise_w,
+        )
         return target, params, applied, not_applied, silence
 
     def synthesize(
@@ -306,7 +319,9 @@ class Synthesizer:
         with PeakMemory(eng.device) as mem:
             try:
                 chunks = split_sentences(request.text, split_lang, MAX_CHUNK_CHARS)
-                audio_iter = eng.synthesize(chunks, params, progress=progress, should_cancel=should_cancel, total=total)
+                audio_iter = eng.synthesize(
+                    chunks, params, progress=progress, should_cancel=should_cancel, total=total
+                )
                 resampler = StreamResampler(native, out_rate)
                 encoder = Encoder(tmp, request.format, out_rate)
                 if request.loudness_lufs is None:
@@ -320,11 +335,15 @@ class Synthesizer:
                     meter = LoudnessMeter(native)
                     with open(raw_tmp, "wb") as fh:
                         for i, audio in enumerate(audio_iter):
-                            for piece in ((gap, audio) if i and gap.size else (audio,)):
+                            for piece in (gap, audio) if i and gap.size else (audio,):
                                 meter.add(piece)
                                 fh.write(np.asarray(piece, dtype=np.float32).tobytes())
                     measured = meter.integrated()
-                    gain = 1.0 if not math.isfinite(measured) else 10 ** ((request.loudness_lufs - measured) / 20.0)
+                    gain = (
+                        1.0
+                        if not math.isfinite(measured)
+                        else 10 ** ((request.loudness_lufs - measured) / 20.0)
+                    )
                     with open(raw_tmp, "rb") as fh:
                         while True:
                             check_cancel(should_cancel)

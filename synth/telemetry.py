@@ -65,7 +65,9 @@ gpu_reader: GpuReader = default_gpu_reader
 class PeakMemory:
     """Context manager measuring peak RSS (and GPU memory) while it is open."""
 
-    def __init__(self, device: str = "cpu", interval: float = 0.01, gpu_reader: GpuReader | None = None) -> None:
+    def __init__(
+        self, device: str = "cpu", interval: float = 0.01, gpu_reader: GpuReader | None = None
+    ) -> None:
         self.device = device
         self.interval = interval
         self._gpu_reader = gpu_reader

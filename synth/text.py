@@ -20,24 +20,64 @@ from synth.errors import AnnotationError, InvalidText
 
 # --------------------------------------------------------------------------- annotations
 
-ARPABET_CONSONANTS = frozenset(
-    "B CH D DH F G HH JH K L M N NG P R S SH T TH V W Y Z ZH".split()
-)
+ARPABET_CONSONANTS = frozenset("B CH D DH F G HH JH K L M N NG P R S SH T TH V W Y Z ZH".split())
 ARPABET_VOWELS = frozenset("AA AE AH AO AW AY EH ER EY IH IY OW OY UH UW".split())
 
-PINYIN_INITIALS = ("zh", "ch", "sh", "b", "p", "m", "f", "d", "t", "n", "l", "g", "k", "h",
-                   "j", "q", "x", "r", "z", "c", "s", "y", "w")
+PINYIN_INITIALS = (
+    "zh",
+    "ch",
+    "sh",
+    "b",
+    "p",
+    "m",
+    "f",
+    "d",
+    "t",
+    "n",
+    "l",
+    "g",
+    "k",
+    "h",
+    "j",
+    "q",
+    "x",
+    "r",
+    "z",
+    "c",
+    "s",
+    "y",
+    "w",
+)
 PINYIN_FINALS = frozenset(
     """a o e i u v ai ei ui ao ou iu ie ve ue er an en in un vn ang eng ing ong ia iao ian iang
     iong ua uo uai uan uang van""".split()
 )
 _TONE_MARKS = {
-    "ā": ("a", 1), "á": ("a", 2), "ǎ": ("a", 3), "à": ("a", 4),
-    "ē": ("e", 1), "é": ("e", 2), "ě": ("e", 3), "è": ("e", 4),
-    "ī": ("i", 1), "í": ("i", 2), "ǐ": ("i", 3), "ì": ("i", 4),
-    "ō": ("o", 1), "ó": ("o", 2), "ǒ": ("o", 3), "ò": ("o", 4),
-    "ū": ("u", 1), "ú": ("u", 2), "ǔ": ("u", 3), "ù": ("u", 4),
-    "ǖ": ("v", 1), "ǘ": ("v", 2), "ǚ": ("v", 3), "ǜ": ("v", 4), "ü": ("v", 0),
+    "ā": ("a", 1),
+    "á": ("a", 2),
+    "ǎ": ("a", 3),
+    "à": ("a", 4),
+    "ē": ("e", 1),
+    "é": ("e", 2),
+    "ě": ("e", 3),
+    "è": ("e", 4),
+    "ī": ("i", 1),
+    "í": ("i", 2),
+    "ǐ": ("i", 3),
+    "ì": ("i", 4),
+    "ō": ("o", 1),
+    "ó": ("o", 2),
+    "ǒ": ("o", 3),
+    "ò": ("o", 4),
+    "ū": ("u", 1),
+    "ú": ("u", 2),
+    "ǔ": ("u", 3),
+    "ù": ("u", 4),
+    "ǖ": ("v", 1),
+    "ǘ": ("v", 2),
+    "ǚ": ("v", 3),
+    "ǜ": ("v", 4),
+    "ü": ("v", 0),
 }
 
 
@@ -68,7 +108,7 @@ def _pinyin_syllable(token: str) -> tuple[str, str, int] | None:
     """A whole syllable in one token (``"hao3"``, ``"hǎo"``)."""
     for ini in PINYIN_INITIALS:
         if token.startswith(ini) and len(token) > len(ini):
-            fin = _pinyin_final(token[len(ini):])
+            fin = _pinyin_final(token[len(ini) :])
             if fin:
                 return ini, fin[0], fin[1]
     fin = _pinyin_final(token)
@@ -175,7 +215,7 @@ def _scan(text: str) -> Iterator[tuple[str, int, int, list[str]]]:
             k = m2.start()
             if text[k] == "[":
                 raise AnnotationError("nested '['", k)
-            tokens.append(text[j + 1:k])
+            tokens.append(text[j + 1 : k])
             j = k + 1
         if run_start > text_start:
             yield ("text", text_start, run_start, [])
@@ -218,6 +258,7 @@ def parse_annotations(text: str) -> list[Segment]:
 
 
 # --------------------------------------------------------------------------- validation
+
 
 def _is_speakable(ch: str) -> bool:
     return unicodedata.category(ch)[0] in "LN"
@@ -284,14 +325,22 @@ def detect_language(text: str, default: str = "en") -> str:
 
 # --------------------------------------------------------------------------- normalisation
 
-_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-         "fifteen sixteen seventeen eighteen nineteen").split()
+_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen"
+).split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
 _SCALES = ("", "thousand", "million", "billion", "trillion", "quadrillion")
-_ORD_IRREGULAR = {"one": "first", "two": "second", "three": "third", "five": "fifth", "eight": "eighth",
-                  "nine": "ninth", "twelve": "twelfth"}
-_MONTHS = ("January February March April May June July August September October November "
-           "December").split()
+_ORD_IRREGULAR = {
+    "one": "first",
+    "two": "second",
+    "three": "third",
+    "five": "fifth",
+    "eight": "eighth",
+    "nine": "ninth",
+    "twelve": "twelfth",
+}
+_MONTHS = ("January February March April May June July August September October November December").split()
 _DIGIT_WORDS = _ONES[:10]
 
 
@@ -311,7 +360,7 @@ def number_to_words(n: int) -> str:
     """Cardinal English words; numbers beyond the quadrillions are read digit by digit."""
     if n < 0:
         return "minus " + number_to_words(-n)
-    if n >= 10 ** 18:
+    if n >= 10**18:
         return " ".join(_DIGIT_WORDS[int(d)] for d in str(n))
     if n == 0:
         return "zero"
@@ -350,16 +399,39 @@ def _year_words(n: int) -> str:
 
 
 _ABBREVIATIONS = {
-    "Mr.": "Mister", "Mrs.": "Missus", "Ms.": "Miz", "Dr.": "Doctor", "Prof.": "Professor",
-    "St.": "Saint", "Jr.": "Junior", "Sr.": "Senior", "Mt.": "Mount", "vs.": "versus",
-    "etc.": "et cetera", "e.g.": "for example", "i.e.": "that is", "approx.": "approximately",
-    "Inc.": "Incorporated", "Ltd.": "Limited", "Co.": "Company", "No.": "number", "Jan.": "January",
-    "Feb.": "February", "Aug.": "August", "Sept.": "September", "Oct.": "October",
-    "Nov.": "November", "Dec.": "December",
+    "Mr.": "Mister",
+    "Mrs.": "Missus",
+    "Ms.": "Miz",
+    "Dr.": "Doctor",
+    "Prof.": "Professor",
+    "St.": "Saint",
+    "Jr.": "Junior",
+    "Sr.": "Senior",
+    "Mt.": "Mount",
+    "vs.": "versus",
+    "etc.": "et cetera",
+    "e.g.": "for example",
+    "i.e.": "that is",
+    "approx.": "approximately",
+    "Inc.": "Incorporated",
+    "Ltd.": "Limited",
+    "Co.": "Company",
+    "No.": "number",
+    "Jan.": "January",
+    "Feb.": "February",
+    "Aug.": "August",
+    "Sept.": "September",
+    "Oct.": "October",
+    "Nov.": "November",
+    "Dec.": "December",
 }
 _ABBR_RE = re.compile(r"(?<![\w.])(" + "|".join(re.escape(a) for a in _ABBREVIATIONS) + r")(?!\w)")
-_CURRENCY = {"$": ("dollar", "dollars", "cent", "cents"), "€": ("euro", "euros", "cent", "cents"),
-             "£": ("pound", "pounds", "penny", "pence"), "¥": ("yen", "yen", "sen", "sen")}
+_CURRENCY = {
+    "$": ("dollar", "dollars", "cent", "cents"),
+    "€": ("euro", "euros", "cent", "cents"),
+    "£": ("pound", "pounds", "penny", "pence"),
+    "¥": ("yen", "yen", "sen", "sen"),
+}
 _CURRENCY_RE = re.compile(r"([$€£¥])\s?(\d{1,15}(?:,\d{3})*)(?:\.(\d{1,2}))?\b")
 _ISO_DATE_RE = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
 _US_DATE_RE = re.compile(r"\b(\d{1,2})/(\d{1,2})/(\d{4})\b")
@@ -397,8 +469,12 @@ def _date(year: int, month: int, day: int) -> str | None:
 def normalize_english(text: str) -> str:
     """Spell out numbers, currency, dates, percentages and common abbreviations."""
     text = _ABBR_RE.sub(lambda m: _ABBREVIATIONS[m.group(1)], text)
-    text = _ISO_DATE_RE.sub(lambda m: _date(int(m.group(1)), int(m.group(2)), int(m.group(3))) or m.group(0), text)
-    text = _US_DATE_RE.sub(lambda m: _date(int(m.group(3)), int(m.group(1)), int(m.group(2))) or m.group(0), text)
+    text = _ISO_DATE_RE.sub(
+        lambda m: _date(int(m.group(1)), int(m.group(2)), int(m.group(3))) or m.group(0), text
+    )
+    text = _US_DATE_RE.sub(
+        lambda m: _date(int(m.group(3)), int(m.group(1)), int(m.group(2))) or m.group(0), text
+    )
     text = _CURRENCY_RE.sub(_currency, text)
     text = _PERCENT_RE.sub(lambda m: f"{m.group(1)} percent", text)
     text = _ORDINAL_RE.sub(lambda m: ordinal_words(int(m.group(1))), text)
@@ -420,7 +496,7 @@ def chinese_number(n: int) -> str:
     """Chinese reading of a non-negative integer (digit by digit beyond 10^16)."""
     if n == 0:
         return "零"
-    if n >= 10 ** 16:
+    if n >= 10**16:
         return "".join(_ZH_DIGITS[int(d)] for d in str(n))
     groups = []
     while n:
@@ -462,8 +538,18 @@ _ZH_PERCENT_RE = re.compile(r"(\d+(?:\.\d+)?)\s?[%％]")
 _ZH_YEAR_RE = re.compile(r"(\d{2,4})年")
 _ZH_DECIMAL_RE = re.compile(r"(\d+)\.(\d+)")
 _ZH_INT_RE = re.compile(r"\d+")
-_ZH_SYMBOLS = {"+": "加", "=": "等于", "¥": "元", "￥": "元", "$": "美元", "&": "和", "~": "到", "℃": "摄氏度",
-               "×": "乘", "÷": "除以"}
+_ZH_SYMBOLS = {
+    "+": "加",
+    "=": "等于",
+    "¥": "元",
+    "￥": "元",
+    "$": "美元",
+    "&": "和",
+    "~": "到",
+    "℃": "摄氏度",
+    "×": "乘",
+    "÷": "除以",
+}
 
 
 def _zh_int(digits: str) -> str:
@@ -572,7 +658,7 @@ def split_sentences(text: str, language: str | None = "en", max_chars: int = 400
     pattern = _SENT_ZH if is_chinese_language(language) else _SENT_EN
     pos = 0
     for m in pattern.finditer(text):
-        piece = text[pos:m.end()]
+        piece = text[pos : m.end()]
         pos = m.end()
         if any(_is_speakable(c) for c in piece) or "[" in piece:
             yield from _split_long(piece, max_chars)

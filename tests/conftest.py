@@ -60,13 +60,18 @@ def web(stack: TestStack, django_db_setup: None) -> Iterator[Any]:
 def builtin_voices(db: None) -> list[str]:
     """The built-in voices as Voice rows (a flush between transactional tests removes them)."""
     from synth.registry import list_voices
-
     from webapp.speech.services import sync_builtin_voices
 
     voices = list_voices()
     sync_builtin_voices(
-        {"id": v.id, "name": v.name, "engine": v.engine, "language": v.language,
-         "sample_rate": v.sample_rate, "capabilities": v.capabilities}
+        {
+            "id": v.id,
+            "name": v.name,
+            "engine": v.engine,
+            "language": v.language,
+            "sample_rate": v.sample_rate,
+            "capabilities": v.capabilities,
+        }
         for v in voices
     )
     return [v.id for v in voices]

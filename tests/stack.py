@@ -31,6 +31,8 @@ def django_env(process: str, **overrides: str) -> dict[str, str]:
 
 
 class TestStack:
+    __test__ = False  # not a test class, despite its name
+
     def __init__(self) -> None:
         self.cfg = CFG
         self.sup = Supervisor(CFG, echo=False)
@@ -92,7 +94,9 @@ class TestStack:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if service.process.poll() is not None:
-                raise RuntimeError(f"{service.name} exited with {service.process.returncode}; see {CFG.log_dir}")
+                raise RuntimeError(
+                    f"{service.name} exited with {service.process.returncode}; see {CFG.log_dir}"
+                )
             children = {p.pid for p in _children(service.process.pid)}
             ready = [h for h in self.heartbeats() if h.get("state") == "ready" and h.get("pid") in children]
             if len(ready) >= count:

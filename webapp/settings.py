@@ -77,7 +77,9 @@ API_KEY_HMAC_SECRET = os.environ.get("TTS_API_KEY_SECRET") or _secret_from_file(
 )
 
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
-CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "https://localhost:8443,https://127.0.0.1:8443")
+CSRF_TRUSTED_ORIGINS = env_list(
+    "DJANGO_CSRF_TRUSTED_ORIGINS", "https://localhost:8443,https://127.0.0.1:8443"
+)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -138,7 +138,11 @@ class EspeakLib:
             i += 1
             if ident.startswith("mb/"):
                 continue  # MBROLA voices need external databases we do not ship
-            out.append(EspeakVoice(name=(v.name or b"").decode(), identifier=ident, languages=tuple(langs), gender=v.gender))
+            out.append(
+                EspeakVoice(
+                    name=(v.name or b"").decode(), identifier=ident, languages=tuple(langs), gender=v.gender
+                )
+            )
         return out
 
     @property

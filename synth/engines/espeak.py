@@ -51,7 +51,9 @@ class EspeakEngine:
         return list(self._infos.values())
 
     def capabilities(self) -> dict[str, Any]:
-        return _capabilities("espeak", sorted({lang for v in self.voices() for lang in v.capabilities["languages"]}))
+        return _capabilities(
+            "espeak", sorted({lang for v in self.voices() for lang in v.capabilities["languages"]})
+        )
 
     def sample_rate(self, voice: str) -> int:
         return get_lib().sample_rate
@@ -60,7 +62,7 @@ class EspeakEngine:
     def short_name(voice: str) -> str:
         if not voice.startswith(ESPEAK_PREFIX):
             raise UnknownVoice(f"{voice!r} is not an eSpeak voice")
-        return voice[len(ESPEAK_PREFIX):]
+        return voice[len(ESPEAK_PREFIX) :]
 
     def rate_for(self, params: VoiceParams) -> int:
         factor = 2 ** (params.pitch / 12.0)

@@ -107,11 +107,20 @@ class PiperEngine:
                     opts.inter_op_num_threads = 1
                 providers: list[Any]
                 if self.device.startswith("cuda"):
-                    providers = [("CUDAExecutionProvider", {"device_id": int(self.device.split(":")[1]),
-                                                            "cudnn_conv_algo_search": "HEURISTIC"})]
+                    providers = [
+                        (
+                            "CUDAExecutionProvider",
+                            {
+                                "device_id": int(self.device.split(":")[1]),
+                                "cudnn_conv_algo_search": "HEURISTIC",
+                            },
+                        )
+                    ]
                 else:
                     providers = ["CPUExecutionProvider"]
-                session = onnxruntime.InferenceSession(info.model_path, sess_options=opts, providers=providers)
+                session = onnxruntime.InferenceSession(
+                    info.model_path, sess_options=opts, providers=providers
+                )
                 if self.device.startswith("cuda") and "CUDAExecutionProvider" not in session.get_providers():
                     raise EngineUnavailable(f"onnxruntime could not start the CUDA provider on {self.device}")
                 with open(info.model_path + ".json", encoding="utf-8") as fh:
@@ -127,7 +136,9 @@ class PiperEngine:
     def notes(self, params: VoiceParams) -> list[str]:
         """Controls Piper can only approximate for these parameters."""
         if params.speed > MAX_SPEED:
-            return [f"speed {params.speed:g}: Piper voices reach about x{MAX_SPEED:g}; the audio is slower than asked"]
+            return [
+                f"speed {params.speed:g}: Piper voices reach about x{MAX_SPEED:g}; the audio is slower than asked"
+            ]
         return []
 
     # -- text -> engine input ----------------------------------------------------------------
@@ -139,7 +150,9 @@ class PiperEngine:
         parts: list[str] = []
         for seg in iter_segments(sentence):
             if seg.kind == "text":
-                parts.append(escape_markup(normalize(seg.text, "zh" if is_chinese_language(language) else language)))
+                parts.append(
+                    escape_markup(normalize(seg.text, "zh" if is_chinese_language(language) else language))
+                )
             elif seg.kind == "arpabet":
                 ipa = arpabet_to(seg.tokens, ARPABET_IPA, "ˈ", "ˌ")
                 parts.append(f"[[ {ipa} ]]")

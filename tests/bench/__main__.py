@@ -18,12 +18,16 @@ from pathlib import Path
 
 def available() -> list[str]:
     here = Path(__file__).resolve().parent
-    return sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules([str(here)]) if m.name.startswith("bench_"))
+    return sorted(
+        m.name[len("bench_") :] for m in pkgutil.iter_modules([str(here)]) if m.name.startswith("bench_")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench")
-    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(available())})")
+    parser.add_argument(
+        "names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(available())})"
+    )
     parser.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
     args = parser.parse_args(argv)
     names = args.names or available()

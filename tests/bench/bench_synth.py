@@ -39,8 +39,13 @@ print(json.dumps({"audio": audio, "wall": wall, "peak": peak}))
 
 def _child(voice: str, text: str, repeats: int = 1) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", _CHILD, voice, text, str(repeats)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD, voice, text, str(repeats)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _result(proc: subprocess.Popen[str]) -> dict[str, float]:
@@ -68,16 +73,20 @@ def run(quick: bool) -> list[str]:
         t0 = time.perf_counter()
         one = _result(_child(voice, LONG, reps))
         wall1 = time.perf_counter() - t0
-        say(f"{engine}: 1 process  = {one['audio'] / one['wall']:.1f} audio-s per wall-s "
-            f"(synthesis only; {one['audio'] / wall1:.1f} incl. start-up)")
+        say(
+            f"{engine}: 1 process  = {one['audio'] / one['wall']:.1f} audio-s per wall-s "
+            f"(synthesis only; {one['audio'] / wall1:.1f} incl. start-up)"
+        )
         t0 = time.perf_counter()
         procs = [_child(voice, LONG, reps) for _ in range(2)]
         both = [_result(p) for p in procs]
         wall2 = time.perf_counter() - t0
         total_audio = sum(b["audio"] for b in both)
         slowest = max(b["wall"] for b in both)
-        say(f"{engine}: 2 processes = {total_audio / slowest:.1f} audio-s per wall-s "
-            f"(synthesis only; {total_audio / wall2:.1f} incl. start-up)")
+        say(
+            f"{engine}: 2 processes = {total_audio / slowest:.1f} audio-s per wall-s "
+            f"(synthesis only; {total_audio / wall2:.1f} incl. start-up)"
+        )
         peaks = {}
         for n in sizes:
             r = _result(_child(voice, " ".join([SENTENCE] * n), 1))

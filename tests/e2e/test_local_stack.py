@@ -18,13 +18,22 @@ import urllib3
 
 ROOT = Path(__file__).resolve().parents[2]
 VAR = ROOT / "var" / "test-local-stack"
-PORTS = {"TTS_PG_PORT": "55440", "TTS_REDIS_PORT": "56440", "TTS_HTTP_PORT": "18440", "TTS_HTTPS_PORT": "18441"}
+PORTS = {
+    "TTS_PG_PORT": "55440",
+    "TTS_REDIS_PORT": "56440",
+    "TTS_HTTP_PORT": "18440",
+    "TTS_HTTPS_PORT": "18441",
+}
 
 urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TTS_", "DJANGO_", "DATABASE_URL", "REDIS_URL"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TTS_", "DJANGO_", "DATABASE_URL", "REDIS_URL"))
+    }
     env.update(PORTS)
     env.update({"TTS_VAR_DIR": str(VAR), "PYTHONUNBUFFERED": "1", "TTS_GUNICORN_WORKERS": "1"})
     return env
@@ -34,7 +43,11 @@ class Stack:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "deploy.stack", "run"],
-            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -54,7 +67,9 @@ class Stack:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.output[-3000:]
             try:
-                response = requests.get(f"https://127.0.0.1:{PORTS['TTS_HTTPS_PORT']}/healthz", verify=False, timeout=5)
+                response = requests.get(
+                    f"https://127.0.0.1:{PORTS['TTS_HTTPS_PORT']}/healthz", verify=False, timeout=5
+                )
                 last = response.text
                 if response.status_code == 200:
                     return response.json()  # type: ignore[no-any-return]
@@ -85,7 +100,9 @@ def test_run_serves_stops_cleanly_and_reuses_data() -> None:
         assert re.search(r"password\s+\S{12,}", first.output)
 
         # HTTP redirects to HTTPS and keeps the port.
-        redirect = requests.get(f"http://127.0.0.1:{PORTS['TTS_HTTP_PORT']}/healthz", allow_redirects=False, timeout=5)
+        redirect = requests.get(
+            f"http://127.0.0.1:{PORTS['TTS_HTTP_PORT']}/healthz", allow_redirects=False, timeout=5
+        )
         assert redirect.status_code == 301
         assert redirect.headers["Location"] == f"https://127.0.0.1:{PORTS['TTS_HTTPS_PORT']}/healthz"
 
@@ -107,13 +124,21 @@ def test_run_serves_stops_cleanly_and_reuses_data() -> None:
         from_first = key.group(1)
         response = requests.get(
             f"https://127.0.0.1:{PORTS['TTS_HTTPS_PORT']}/api/v1/usage",
-            headers={"Authorization": f"Bearer {from_first}"}, verify=False, timeout=10,
+            headers={"Authorization": f"Bearer {from_first}"},
+            verify=False,
+            timeout=10,
         )
         assert response.status_code == 200, response.text
     finally:
         # `make stop` from another shell stops a running `make run`.
-        stop = subprocess.run([sys.executable, "-m", "deploy.stack", "stop"], cwd=ROOT, env=_env(),
-                              capture_output=True, text=True, timeout=150)
+        stop = subprocess.run(
+            [sys.executable, "-m", "deploy.stack", "stop"],
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert second.proc.wait(30) == 0
     for port in PORTS.values():
@@ -126,8 +151,15 @@ def test_a_port_in_use_is_a_one_line_error_naming_the_variable() -> None:
         busy.bind(("127.0.0.1", int(PORTS["TTS_HTTPS_PORT"])))
         busy.listen()
         result = subprocess.run(
-            [sys.executable, "-m", "deploy.stack", "run"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "deploy.stack", "run"],
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert result.returncode != 0
     lines = [line for line in (result.stdout + result.stderr).splitlines() if "in use" in line]
-    assert lines == [f"stack: port {PORTS['TTS_HTTPS_PORT']} is already in use; set TTS_HTTPS_PORT to use another port"]
+    assert lines == [
+        f"stack: port {PORTS['TTS_HTTPS_PORT']} is already in use; set TTS_HTTPS_PORT to use another port"
+    ]

@@ -31,7 +31,11 @@ def test_speech_goes_through_nginx_django_and_a_worker(web: Any, synth_worker: A
     session.verify = False
     session.headers["Authorization"] = f"Bearer {api_key}"
 
-    created = session.post(f"{BASE}/api/v1/speech", json={"text": "Hello from the edge. Two sentences.", "format": "wav"}, timeout=30)
+    created = session.post(
+        f"{BASE}/api/v1/speech",
+        json={"text": "Hello from the edge. Two sentences.", "format": "wav"},
+        timeout=30,
+    )
     assert created.status_code == 202, created.text
     assert created.headers["Strict-Transport-Security"].startswith("max-age=")
     job = created.json()

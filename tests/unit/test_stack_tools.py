@@ -15,7 +15,9 @@ from deploy.stack import Service, StackConfig, Supervisor
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_process_logs_go_to_stdout_and_a_size_rotated_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_process_logs_go_to_stdout_and_a_size_rotated_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TTS_LOG_MAX_BYTES", "2000")
     cfg = StackConfig(var_dir=tmp_path, pg_port=1, redis_port=2, http_port=3, https_port=4, name="unit")
     sup = Supervisor(cfg, echo=False)
@@ -38,11 +40,15 @@ def test_bootstrap_without_root_prints_the_apt_line_and_fails() -> None:
     result = subprocess.run(
         ["runuser", "-u", "nobody", "--", "bash", str(ROOT / "deploy" / "bootstrap.sh")],
         env={**os.environ, "TTS_BOOTSTRAP_PACKAGES": "postgresql tts-no-such-package"},
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode != 0
     assert "apt-get install -y tts-no-such-package" in result.stdout
-    assert "postgresql" not in result.stdout.split("apt-get install -y", 1)[1]  # installed ones are not listed
+    assert (
+        "postgresql" not in result.stdout.split("apt-get install -y", 1)[1]
+    )  # installed ones are not listed
 
 
 def test_make_clean_without_confirm_removes_nothing() -> None:

@@ -131,6 +131,9 @@ class UsagePeriod(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["organization", "period"], name="one_usage_row")]
 
+    def __str__(self) -> str:
+        return f"{self.organization_id} {self.period:%Y-%m}"
+
 
 class UsageEvent(models.Model):
     """Ledger: one reserve, then one charge or one release per job, never more."""
@@ -152,6 +155,9 @@ class UsageEvent(models.Model):
         constraints = [models.UniqueConstraint(fields=["job_key", "kind"], name="one_event_per_job_kind")]
         indexes = [models.Index(fields=["organization", "created_at"])]
 
+    def __str__(self) -> str:
+        return f"{self.kind} {self.characters} for job {self.job_key}"
+
 
 class IdempotencyKey(models.Model):
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
@@ -163,3 +169,6 @@ class IdempotencyKey(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["organization", "key"], name="one_idempotency_key")]
         indexes = [models.Index(fields=["created_at"])]
+
+    def __str__(self) -> str:
+        return self.key

@@ -678,13 +678,15 @@ def estimate_eta(job: SynthesisJob, spc: float | None = None) -> float | None:
     spc = seconds_per_char(job.engine) if spc is None else spc
     if job.status == Status.RUNNING:
         return round(spc * job.text_chars * (1.0 - job.progress), 1)
-    ahead = SynthesisJob.objects.filter(engine=job.engine, status=Status.QUEUED, created_at__lt=job.created_at)
+    ahead = SynthesisJob.objects.filter(
+        engine=job.engine, status=Status.QUEUED, created_at__lt=job.created_at
+    )
     queued_chars = ahead.aggregate(n=Sum("text_chars"))["n"] or 0
     running_chars = sum(
         chars * (1.0 - progress)
-        for chars, progress in SynthesisJob.objects.filter(engine=job.engine, status=Status.RUNNING).values_list(
-            "text_chars", "progress"
-        )
+        for chars, progress in SynthesisJob.objects.filter(
+            engine=job.engine, status=Status.RUNNING
+        ).values_list("text_chars", "progress")
     )
     return round(spc * (queued_chars + running_chars + job.text_chars), 1)
 
@@ -711,7 +713,9 @@ def cancel_job_if_active(job: SynthesisJob) -> None:
         pass
 
 
-def usage_summary(organization: Organization, now: dt.datetime | None = None, days: int = 31) -> dict[str, Any]:
+def usage_summary(
+    organization: Organization, now: dt.datetime | None = None, days: int = 31
+) -> dict[str, Any]:
     """What GET /api/v1/usage shows: plan, current period, characters, jobs, storage, daily totals."""
     now = now or timezone.now()
     plan = organization.plan

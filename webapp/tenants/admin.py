@@ -5,7 +5,14 @@ from webapp.tenants.models import ApiKey, Membership, Organization, Plan
 
 @admin.register(Plan)
 class PlanAdmin(admin.ModelAdmin):
-    list_display = ("name", "slug", "is_default", "monthly_characters", "max_concurrent_jobs", "requests_per_minute")
+    list_display = (
+        "name",
+        "slug",
+        "is_default",
+        "monthly_characters",
+        "max_concurrent_jobs",
+        "requests_per_minute",
+    )
 
 
 @admin.register(Organization)

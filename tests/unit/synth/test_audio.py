@@ -77,15 +77,18 @@ def test_streaming_meter_matches_pyloudnorm() -> None:
     audio = _tone(5.0, sr)
     meter = LoudnessMeter(sr)
     for i in range(0, audio.size, 3001):
-        meter.add(audio[i:i + 3001])
+        meter.add(audio[i : i + 3001])
     assert abs(meter.integrated() - loudness_of(audio, sr)) < 0.3
 
 
 @pytest.mark.parametrize("target", [-23.0, -16.0])
 def test_loudness_normalisation(tmp_path: Path, synthesizer: Synthesizer, target: float) -> None:
     out = tmp_path / "loud.wav"
-    req = SynthesisRequest(text="This is a loudness test. It has a few sentences, so the meter has blocks to gate.",
-                           voice="espeak-en-us", loudness_lufs=target)
+    req = SynthesisRequest(
+        text="This is a loudness test. It has a few sentences, so the meter has blocks to gate.",
+        voice="espeak-en-us",
+        loudness_lufs=target,
+    )
     res = synthesizer.synthesize(req, str(out))
     audio, sr = sf.read(out, dtype="float32")
     assert abs(loudness_of(audio, sr) - target) <= 1.0

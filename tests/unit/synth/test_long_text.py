@@ -21,16 +21,19 @@ def _text(chars: int) -> str:
 
 
 def _baseline(s: Synthesizer, tmp: Path, voice: str) -> float:
-    res = s.synthesize(SynthesisRequest(_text(2000), voice=voice, format="pcm", sample_rate=8000),
-                       str(tmp / "base.pcm"))
+    res = s.synthesize(
+        SynthesisRequest(_text(2000), voice=voice, format="pcm", sample_rate=8000), str(tmp / "base.pcm")
+    )
     return res.peak_rss_mb
 
 
 @pytest.mark.slow
 def test_espeak_200k_characters_flat_memory(synthesizer: Synthesizer, tmp_path: Path) -> None:
     base = _baseline(synthesizer, tmp_path, "espeak-en-us")
-    res = synthesizer.synthesize(SynthesisRequest(_text(200_000), voice="espeak-en-us", format="pcm",
-                                                  sample_rate=8000), str(tmp_path / "long.pcm"))
+    res = synthesizer.synthesize(
+        SynthesisRequest(_text(200_000), voice="espeak-en-us", format="pcm", sample_rate=8000),
+        str(tmp_path / "long.pcm"),
+    )
     assert res.duration_seconds > 2 * 3600  # hours of audio: holding it would need > 600 MB
     assert res.peak_rss_mb - base < 60, (base, res.peak_rss_mb)
 
@@ -38,7 +41,8 @@ def test_espeak_200k_characters_flat_memory(synthesizer: Synthesizer, tmp_path: 
 @pytest.mark.slow
 def test_piper_20k_characters_flat_memory(synthesizer: Synthesizer, tmp_path: Path) -> None:
     base = _baseline(synthesizer, tmp_path, "en_US-joe-medium")
-    res = synthesizer.synthesize(SynthesisRequest(_text(20_000), format="pcm", sample_rate=8000),
-                                 str(tmp_path / "long.pcm"))
+    res = synthesizer.synthesize(
+        SynthesisRequest(_text(20_000), format="pcm", sample_rate=8000), str(tmp_path / "long.pcm")
+    )
     assert res.duration_seconds > 900  # ~20 minutes: holding it as float32 at 22 kHz would need ~100 MB
     assert res.peak_rss_mb - base < 60, (base, res.peak_rss_mb)

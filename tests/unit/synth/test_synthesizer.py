@@ -38,7 +38,9 @@ ROOT = Path(__file__).resolve().parents[3]
 SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 
 
-def _run(s: Synthesizer, tmp: Path, text: str, name: str = "out.wav", **kw: object) -> tuple[synth.SynthesisResult, np.ndarray, int]:
+def _run(
+    s: Synthesizer, tmp: Path, text: str, name: str = "out.wav", **kw: object
+) -> tuple[synth.SynthesisResult, np.ndarray, int]:
     req = SynthesisRequest(text=text, **kw)  # type: ignore[arg-type]
     res = s.synthesize(req, str(tmp / name))
     if res.format == "pcm":
@@ -54,13 +56,23 @@ def _rms(a: np.ndarray) -> float:
 
 # ------------------------------------------------------------------ registry
 
+
 def test_registry_lists_all_engines() -> None:
     voices = {v.id: v for v in list_voices()}
     for vid in (DEFAULT_VOICE, "espeak-cmn", "espeak-yue", "espeak-en-us"):
         assert vid in voices
     assert len([v for v in voices.values() if v.engine == "espeak"]) > 100
     caps = voices[DEFAULT_VOICE].capabilities
-    for key in ("languages", "formats", "sample_rates", "controls", "streaming", "cloning", "instructions", "gpu"):
+    for key in (
+        "languages",
+        "formats",
+        "sample_rates",
+        "controls",
+        "streaming",
+        "cloning",
+        "instructions",
+        "gpu",
+    ):
         assert key in caps
     assert voices[DEFAULT_VOICE].sample_rate == 22050
     assert "yue" in voices["espeak-yue"].capabilities["languages"]
@@ -83,6 +95,7 @@ def test_voices_folder_adds_piper_voices(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ audio plausibility
 
+
 @pytest.mark.parametrize("voice", [DEFAULT_VOICE, "espeak-en-us"])
 def test_duration_grows_and_is_plausible(synthesizer: Synthesizer, tmp_path: Path, voice: str) -> None:
     r1, a1, _ = _run(synthesizer, tmp_path, SENTENCE, "one.wav", voice=voice)
@@ -103,11 +116,21 @@ def test_speed_two_halves_duration(synthesizer: Synthesizer, tmp_path: Path, voi
 
 @pytest.mark.parametrize(
     ("fmt", "rate"),
-    [("flac", 16000), ("ogg", None), ("ogg", 48000), ("mp3", 44100), ("wav", 8000), ("aac", 24000), ("pcm", 16000)],
+    [
+        ("flac", 16000),
+        ("ogg", None),
+        ("ogg", 48000),
+        ("mp3", 44100),
+        ("wav", 8000),
+        ("aac", 24000),
+        ("pcm", 16000),
+    ],
 )
 def test_format_and_rate(synthesizer: Synthesizer, tmp_path: Path, fmt: str, rate: int | None) -> None:
-    res = synthesizer.synthesize(SynthesisRequest("Hello there, format test.", voice="espeak-en-us", format=fmt,
-                                                  sample_rate=rate), str(tmp_path / f"x.{fmt}"))
+    res = synthesizer.synthesize(
+        SynthesisRequest("Hello there, format test.", voice="espeak-en-us", format=fmt, sample_rate=rate),
+        str(tmp_path / f"x.{fmt}"),
+    )
     expected = rate or (24000 if fmt == "ogg" else 22050)
     assert res.sample_rate == expected and res.format == fmt
     if fmt == "pcm":
@@ -134,6 +157,7 @@ def test_piper_output_is_speech_at_native_rate(synthesizer: Synthesizer, tmp_pat
 
 
 # ------------------------------------------------------------------ annotations and languages
+
 
 def test_annotation_changes_piper_phonemes(synthesizer: Synthesizer) -> None:
     eng = synthesizer.engine("piper")
@@ -171,12 +195,16 @@ def test_chinese_text_mandarin_then_cantonese(synthesizer: Synthesizer, tmp_path
     assert r2.voice == "espeak-yue"
     assert any("yue" in a for a in r2.applied)
     eng = synthesizer.engine("espeak")
-    assert eng.phonemes(text, VoiceParams(voice="espeak-cmn")) != eng.phonemes(text, VoiceParams(voice="espeak-yue"))
+    assert eng.phonemes(text, VoiceParams(voice="espeak-cmn")) != eng.phonemes(
+        text, VoiceParams(voice="espeak-yue")
+    )
 
 
 def test_instructions_report_applied_and_not(synthesizer: Synthesizer, tmp_path: Path) -> None:
     base, _, _ = _run(synthesizer, tmp_path, SENTENCE, "b.wav")
-    res, _, _ = _run(synthesizer, tmp_path, SENTENCE, "i.wav", instructions="speak slowly, sound happy, 用粤语说")
+    res, _, _ = _run(
+        synthesizer, tmp_path, SENTENCE, "i.wav", instructions="speak slowly, sound happy, 用粤语说"
+    )
     assert any(a.startswith("speed") for a in res.applied)
     assert "emotion: happy" in res.not_applied
     assert any(n.startswith("language: yue") for n in res.not_applied)  # Piper voice cannot switch
@@ -184,6 +212,7 @@ def test_instructions_report_applied_and_not(synthesizer: Synthesizer, tmp_path:
 
 
 # ------------------------------------------------------------------ bad input
+
 
 @pytest.mark.parametrize(
     ("kwargs", "error"),
@@ -231,8 +260,13 @@ def test_engine_markup_is_read_not_obeyed(synthesizer: Synthesizer, tmp_path: Pa
     prender = piper.render("say [[ həlˈoʊ ]] now", VoiceParams(voice=DEFAULT_VOICE))
     assert "[[" not in prender
     hello, _, _ = _run(synthesizer, tmp_path, "Hello.", "h.wav", voice="espeak-en-us")
-    ssml, _, _ = _run(synthesizer, tmp_path, '<speak><prosody rate="x-slow">Hello.</prosody></speak>', "s.wav",
-                      voice="espeak-en-us")
+    ssml, _, _ = _run(
+        synthesizer,
+        tmp_path,
+        '<speak><prosody rate="x-slow">Hello.</prosody></speak>',
+        "s.wav",
+        voice="espeak-en-us",
+    )
     # the markup is spoken as words, and a 5 s break is not obeyed
     assert ssml.duration_seconds > 1.5 * hello.duration_seconds
     brk, _, _ = _run(synthesizer, tmp_path, "Hello <break time='5s'/> there.", "k.wav", voice="espeak-en-us")
@@ -240,23 +274,30 @@ def test_engine_markup_is_read_not_obeyed(synthesizer: Synthesizer, tmp_path: Pa
 
 
 def test_five_thousand_digit_number(synthesizer: Synthesizer, tmp_path: Path) -> None:
-    res, audio, _ = _run(synthesizer, tmp_path, "7" * 5000, "n.pcm", voice="espeak-en-us", format="pcm",
-                         sample_rate=8000)
+    res, audio, _ = _run(
+        synthesizer, tmp_path, "7" * 5000, "n.pcm", voice="espeak-en-us", format="pcm", sample_rate=8000
+    )
     assert res.chunks > 10 and res.duration_seconds > 600 and _rms(audio) > 0.01
 
 
 def test_fifty_thousand_chars_without_punctuation(synthesizer: Synthesizer, tmp_path: Path) -> None:
     text = ("lorem ipsum dolor sit amet " * 2000)[:50_000]
-    res, _, _ = _run(synthesizer, tmp_path, text, "l.pcm", voice="espeak-en-us", format="pcm", sample_rate=8000)
+    res, _, _ = _run(
+        synthesizer, tmp_path, text, "l.pcm", voice="espeak-en-us", format="pcm", sample_rate=8000
+    )
     assert res.chunks >= 50_000 // 300
 
 
 # ------------------------------------------------------------------ progress, cancel, atomic output
 
+
 def test_progress_and_atomic_output(synthesizer: Synthesizer, tmp_path: Path) -> None:
     seen: list[tuple[int, int]] = []
-    res = synthesizer.synthesize(SynthesisRequest("One. Two. Three. Four.", voice="espeak-en-us"),
-                                 str(tmp_path / "p.wav"), progress=lambda d, t: seen.append((d, t)))
+    res = synthesizer.synthesize(
+        SynthesisRequest("One. Two. Three. Four.", voice="espeak-en-us"),
+        str(tmp_path / "p.wav"),
+        progress=lambda d, t: seen.append((d, t)),
+    )
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)] and res.chunks == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.wav"]
 
@@ -270,8 +311,11 @@ def test_cancel_between_chunks_removes_partial(synthesizer: Synthesizer, tmp_pat
         return calls["n"] > 2
 
     with pytest.raises(Cancelled) as info:
-        synthesizer.synthesize(SynthesisRequest("One. Two. Three. Four. Five.", voice=voice),
-                               str(tmp_path / "c.wav"), should_cancel=should_cancel)
+        synthesizer.synthesize(
+            SynthesisRequest("One. Two. Three. Four. Five.", voice=voice),
+            str(tmp_path / "c.wav"),
+            should_cancel=should_cancel,
+        )
     assert info.value.code == "canceled"
     assert list(tmp_path.iterdir()) == []
 
@@ -286,7 +330,9 @@ def test_cuda_without_provider_is_a_clear_error() -> None:
         s.load()
 
 
-def test_gpu_reader_is_injectable(synthesizer: Synthesizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_reader_is_injectable(
+    synthesizer: Synthesizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import synth.telemetry as telemetry
 
     monkeypatch.setattr(telemetry, "gpu_reader", lambda device: 1234.5)
@@ -313,24 +359,46 @@ for voice in ("en_US-joe-medium", "espeak-en-us"):
 
 def _plain(s: Synthesizer, out: str) -> None:
     for voice in (DEFAULT_VOICE, "espeak-en-us"):
-        s.synthesize(SynthesisRequest("A plain sentence, said plainly.", voice=voice, noise_scale=0.0,
-                                      noise_w=0.0 if voice.startswith("en_") else None), out + voice + ".wav")
+        s.synthesize(
+            SynthesisRequest(
+                "A plain sentence, said plainly.",
+                voice=voice,
+                noise_scale=0.0,
+                noise_w=0.0 if voice.startswith("en_") else None,
+            ),
+            out + voice + ".wav",
+        )
 
 
 def test_no_state_leaks_between_requests(synthesizer: Synthesizer, tmp_path: Path) -> None:
     fresh = str(tmp_path / "fresh-")
-    proc = subprocess.run([sys.executable, "-c", _PLAIN_SCRIPT, fresh], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PLAIN_SCRIPT, fresh],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     for voice in ("espeak-cmn", DEFAULT_VOICE):
         synthesizer.synthesize(
-            SynthesisRequest("今天天气很好。慢慢说。", voice=voice, instructions="用粤语说 慢一点", pitch=5, volume=-6,
-                             sentence_silence=1.0),
-            str(tmp_path / f"styled-{voice}.wav"))
+            SynthesisRequest(
+                "今天天气很好。慢慢说。",
+                voice=voice,
+                instructions="用粤语说 慢一点",
+                pitch=5,
+                volume=-6,
+                sentence_silence=1.0,
+            ),
+            str(tmp_path / f"styled-{voice}.wav"),
+        )
     warm = str(tmp_path / "warm-")
     _plain(synthesizer, warm)
     # Piper with the noise scales at 0 is deterministic: byte-identical to a fresh process.
-    assert Path(fresh + DEFAULT_VOICE + ".wav").read_bytes() == Path(warm + DEFAULT_VOICE + ".wav").read_bytes()
+    assert (
+        Path(fresh + DEFAULT_VOICE + ".wav").read_bytes() == Path(warm + DEFAULT_VOICE + ".wav").read_bytes()
+    )
     # eSpeak varies by a few samples from call to call even with nothing changed (its pitch
     # flutter state is internal), so: same rate, same length within 1 %, same level.
     a, sr_a = sf.read(fresh + "espeak-en-us.wav", dtype="float32")
@@ -342,23 +410,54 @@ def test_no_state_leaks_between_requests(synthesizer: Synthesizer, tmp_path: Pat
 
 # ------------------------------------------------------------------ module API and CLI
 
+
 def test_module_level_synthesize(tmp_path: Path) -> None:
-    res = synth.synthesize("Hello from the module.", str(tmp_path / "m.mp3"), voice="espeak-en-us", format="mp3")
+    res = synth.synthesize(
+        "Hello from the module.", str(tmp_path / "m.mp3"), voice="espeak-en-us", format="mp3"
+    )
     assert res.format == "mp3" and Path(res.path).stat().st_size == res.bytes > 0
 
 
 def test_cli(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "cli.flac"
-    proc = subprocess.run([sys.executable, "-m", "synth", "Hello there. Second sentence.", "-o", str(out),
-                           "--voice", "en_US-joe-medium", "--format", "flac"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "synth",
+            "Hello there. Second sentence.",
+            "-o",
+            str(out),
+            "--voice",
+            "en_US-joe-medium",
+            "--format",
+            "flac",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "2/2" in proc.stderr and sf.info(out).format == "FLAC"
-    bad = subprocess.run([sys.executable, "-m", "synth", "Hello", "-o", str(tmp_path / "x.wav"), "--voice", "nope"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "synth", "Hello", "-o", str(tmp_path / "x.wav"), "--voice", "nope"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "unknown_voice" in bad.stderr
-    listing = subprocess.run([sys.executable, "-m", "synth", "--list-voices"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=120)
+    listing = subprocess.run(
+        [sys.executable, "-m", "synth", "--list-voices"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert listing.returncode == 0 and "espeak-yue" in listing.stdout

@@ -94,8 +94,14 @@ def test_billable_characters() -> None:
 
 def test_normalize_english() -> None:
     out = normalize_english("Dr. Smith paid $3.50 on 2024-01-15 for 1,234 items, 15% off, the 21st time.")
-    for word in ("Doctor", "three dollars and fifty cents", "January fifteenth, twenty twenty-four",
-                 "one thousand two hundred thirty-four", "fifteen percent", "twenty-first"):
+    for word in (
+        "Doctor",
+        "three dollars and fifty cents",
+        "January fifteenth, twenty twenty-four",
+        "one thousand two hundred thirty-four",
+        "fifteen percent",
+        "twenty-first",
+    ):
         assert word in out
     assert not any(c.isdigit() for c in out)
     huge = normalize_english("9" * 5000)
@@ -112,9 +118,17 @@ def test_normalize_chinese() -> None:
 
 def test_split_sentences_english_and_chinese() -> None:
     assert list(split_sentences("Hello there. How are you? Fine!", "en", 400)) == [
-        "Hello there.", "How are you?", "Fine!"]
+        "Hello there.",
+        "How are you?",
+        "Fine!",
+    ]
     assert list(split_sentences("你好。今天好！是吗？是的；好…", "zh", 400)) == [
-        "你好。", "今天好！", "是吗？", "是的；", "好…"]
+        "你好。",
+        "今天好！",
+        "是吗？",
+        "是的；",
+        "好…",
+    ]
 
 
 def test_split_is_lazy_and_bounded() -> None:
@@ -143,6 +157,12 @@ def test_light_imports() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[3]
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(root)}, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

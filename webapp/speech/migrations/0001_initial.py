@@ -9,135 +9,275 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('tenants', '0001_initial'),
+        ("tenants", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Voice',
+            name="Voice",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('voice_id', models.CharField(max_length=200, unique=True)),
-                ('name', models.CharField(max_length=200)),
-                ('engine', models.CharField(max_length=50)),
-                ('language', models.CharField(max_length=50)),
-                ('sample_rate', models.PositiveIntegerField()),
-                ('capabilities', models.JSONField(default=dict)),
-                ('status', models.CharField(choices=[('ready', 'Ready'), ('processing', 'Processing'), ('rejected', 'Rejected'), ('deleted', 'Deleted')], default='ready', max_length=12)),
-                ('status_reason', models.CharField(blank=True, max_length=500)),
-                ('prompt_path', models.CharField(blank=True, max_length=500)),
-                ('prompt_bytes', models.PositiveBigIntegerField(default=0)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('organization', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='voices', to='tenants.organization')),
+                (
+                    "id",
+                    models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False),
+                ),
+                ("voice_id", models.CharField(max_length=200, unique=True)),
+                ("name", models.CharField(max_length=200)),
+                ("engine", models.CharField(max_length=50)),
+                ("language", models.CharField(max_length=50)),
+                ("sample_rate", models.PositiveIntegerField()),
+                ("capabilities", models.JSONField(default=dict)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("ready", "Ready"),
+                            ("processing", "Processing"),
+                            ("rejected", "Rejected"),
+                            ("deleted", "Deleted"),
+                        ],
+                        default="ready",
+                        max_length=12,
+                    ),
+                ),
+                ("status_reason", models.CharField(blank=True, max_length=500)),
+                ("prompt_path", models.CharField(blank=True, max_length=500)),
+                ("prompt_bytes", models.PositiveBigIntegerField(default=0)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "organization",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="voices",
+                        to="tenants.organization",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='SynthesisJob',
+            name="SynthesisJob",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('voice_name', models.CharField(max_length=200)),
-                ('engine', models.CharField(max_length=50)),
-                ('text', models.TextField()),
-                ('text_chars', models.PositiveIntegerField()),
-                ('format', models.CharField(max_length=10)),
-                ('sample_rate', models.PositiveIntegerField(blank=True, null=True)),
-                ('params', models.JSONField(default=dict)),
-                ('source', models.CharField(default='api', max_length=20)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('canceled', 'Canceled'), ('expired', 'Expired')], default='queued', max_length=10)),
-                ('progress', models.FloatField(default=0.0)),
-                ('stage', models.CharField(default='queued', max_length=100)),
-                ('cancel_requested', models.BooleanField(default=False)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('oom_retries', models.PositiveIntegerField(default=0)),
-                ('worker', models.CharField(blank=True, max_length=200)),
-                ('lease_until', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('dispatched_at', models.DateTimeField(blank=True, null=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('audio_path', models.CharField(blank=True, max_length=500)),
-                ('audio_bytes', models.PositiveBigIntegerField(default=0)),
-                ('duration_seconds', models.FloatField(blank=True, null=True)),
-                ('metrics', models.JSONField(default=dict)),
-                ('applied_instructions', models.JSONField(default=dict)),
-                ('error_code', models.CharField(blank=True, max_length=50)),
-                ('error_message', models.CharField(blank=True, max_length=1000)),
-                ('api_key', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='tenants.apikey')),
-                ('organization', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='jobs', to='tenants.organization')),
-                ('user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('voice', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='jobs', to='speech.voice')),
+                (
+                    "id",
+                    models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False),
+                ),
+                ("voice_name", models.CharField(max_length=200)),
+                ("engine", models.CharField(max_length=50)),
+                ("text", models.TextField()),
+                ("text_chars", models.PositiveIntegerField()),
+                ("format", models.CharField(max_length=10)),
+                ("sample_rate", models.PositiveIntegerField(blank=True, null=True)),
+                ("params", models.JSONField(default=dict)),
+                ("source", models.CharField(default="api", max_length=20)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("canceled", "Canceled"),
+                            ("expired", "Expired"),
+                        ],
+                        default="queued",
+                        max_length=10,
+                    ),
+                ),
+                ("progress", models.FloatField(default=0.0)),
+                ("stage", models.CharField(default="queued", max_length=100)),
+                ("cancel_requested", models.BooleanField(default=False)),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("oom_retries", models.PositiveIntegerField(default=0)),
+                ("worker", models.CharField(blank=True, max_length=200)),
+                ("lease_until", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("dispatched_at", models.DateTimeField(blank=True, null=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("audio_path", models.CharField(blank=True, max_length=500)),
+                ("audio_bytes", models.PositiveBigIntegerField(default=0)),
+                ("duration_seconds", models.FloatField(blank=True, null=True)),
+                ("metrics", models.JSONField(default=dict)),
+                ("applied_instructions", models.JSONField(default=dict)),
+                ("error_code", models.CharField(blank=True, max_length=50)),
+                ("error_message", models.CharField(blank=True, max_length=1000)),
+                (
+                    "api_key",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="tenants.apikey",
+                    ),
+                ),
+                (
+                    "organization",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="jobs",
+                        to="tenants.organization",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "voice",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="jobs",
+                        to="speech.voice",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='IdempotencyKey',
+            name="IdempotencyKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=255)),
-                ('request_hash', models.CharField(max_length=64)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('organization', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenants.organization')),
-                ('job', models.ForeignKey(null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='speech.synthesisjob')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=255)),
+                ("request_hash", models.CharField(max_length=64)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "organization",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="tenants.organization",
+                    ),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="speech.synthesisjob",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['created_at'], name='speech_idem_created_e48df3_idx')],
-                'constraints': [models.UniqueConstraint(fields=('organization', 'key'), name='one_idempotency_key')],
+                "indexes": [models.Index(fields=["created_at"], name="speech_idem_created_e48df3_idx")],
+                "constraints": [
+                    models.UniqueConstraint(fields=("organization", "key"), name="one_idempotency_key")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='UsageEvent',
+            name="UsageEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('job_key', models.UUIDField()),
-                ('kind', models.CharField(choices=[('reserve', 'Reserve'), ('charge', 'Charge'), ('release', 'Release')], max_length=10)),
-                ('characters', models.PositiveIntegerField()),
-                ('period', models.DateField()),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('job', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='usage_events', to='speech.synthesisjob')),
-                ('organization', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='usage_events', to='tenants.organization')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("job_key", models.UUIDField()),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("reserve", "Reserve"), ("charge", "Charge"), ("release", "Release")],
+                        max_length=10,
+                    ),
+                ),
+                ("characters", models.PositiveIntegerField()),
+                ("period", models.DateField()),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="usage_events",
+                        to="speech.synthesisjob",
+                    ),
+                ),
+                (
+                    "organization",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="usage_events",
+                        to="tenants.organization",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['organization', 'created_at'], name='speech_usag_organiz_3018da_idx')],
-                'constraints': [models.UniqueConstraint(fields=('job_key', 'kind'), name='one_event_per_job_kind')],
+                "indexes": [
+                    models.Index(fields=["organization", "created_at"], name="speech_usag_organiz_3018da_idx")
+                ],
+                "constraints": [
+                    models.UniqueConstraint(fields=("job_key", "kind"), name="one_event_per_job_kind")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='UsagePeriod',
+            name="UsagePeriod",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('period', models.DateField()),
-                ('characters_used', models.PositiveBigIntegerField(default=0)),
-                ('characters_reserved', models.PositiveBigIntegerField(default=0)),
-                ('organization', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='usage_periods', to='tenants.organization')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("period", models.DateField()),
+                ("characters_used", models.PositiveBigIntegerField(default=0)),
+                ("characters_reserved", models.PositiveBigIntegerField(default=0)),
+                (
+                    "organization",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="usage_periods",
+                        to="tenants.organization",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('organization', 'period'), name='one_usage_row')],
+                "constraints": [
+                    models.UniqueConstraint(fields=("organization", "period"), name="one_usage_row")
+                ],
             },
         ),
         migrations.AddIndex(
-            model_name='voice',
-            index=models.Index(fields=['organization', 'status'], name='speech_voic_organiz_2adaa9_idx'),
+            model_name="voice",
+            index=models.Index(fields=["organization", "status"], name="speech_voic_organiz_2adaa9_idx"),
         ),
         migrations.AddIndex(
-            model_name='synthesisjob',
-            index=models.Index(fields=['organization', '-created_at'], name='speech_synt_organiz_60f88f_idx'),
+            model_name="synthesisjob",
+            index=models.Index(fields=["organization", "-created_at"], name="speech_synt_organiz_60f88f_idx"),
         ),
         migrations.AddIndex(
-            model_name='synthesisjob',
-            index=models.Index(fields=['status', 'created_at'], name='speech_synt_status_0c33b4_idx'),
+            model_name="synthesisjob",
+            index=models.Index(fields=["status", "created_at"], name="speech_synt_status_0c33b4_idx"),
         ),
         migrations.AddIndex(
-            model_name='synthesisjob',
-            index=models.Index(fields=['status', 'lease_until'], name='speech_synt_status_069a8f_idx'),
+            model_name="synthesisjob",
+            index=models.Index(fields=["status", "lease_until"], name="speech_synt_status_069a8f_idx"),
         ),
         migrations.AddIndex(
-            model_name='synthesisjob',
-            index=models.Index(fields=['status', 'expires_at'], name='speech_synt_status_9621b5_idx'),
+            model_name="synthesisjob",
+            index=models.Index(fields=["status", "expires_at"], name="speech_synt_status_9621b5_idx"),
         ),
     ]
