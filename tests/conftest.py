@@ -32,14 +32,19 @@ def django_db_setup(stack: TestStack, django_db_blocker: Any) -> None:
         call_command("migrate", "--noinput", verbosity=0)
 
 
-@pytest.fixture(scope="session")
-def synth_worker(stack: TestStack, django_db_setup: None) -> Iterator[Any]:
-    """One real Celery synthesis worker (piper + espeak queues), shared by the session."""
-    service = stack.start_worker("worker")
-    try:
-        yield service
-    finally:
-        stack.stop_service(service)
+@pytest.fixture
+def synth_worker(stack: TestStack, django_db_setup: None) -> Any:
+    """The shared real Celery synthesis worker (piper + espeak queues).
+
+    Started on first use and kept for the session; tests that start workers of
+    their own stop it first (``no_session_worker``), so no message goes astray.
+    """
+    return stack.ensure_session_worker()
+
+
+@pytest.fixture
+def no_session_worker(stack: TestStack) -> None:
+    stack.stop_session_worker()
 
 
 @pytest.fixture(scope="session")

@@ -36,6 +36,7 @@ class TestStack:
     def __init__(self) -> None:
         self.cfg = CFG
         self.sup = Supervisor(CFG, echo=False)
+        self.session_worker: Service | None = None
         self.redis = None
 
     def start_data(self) -> None:
@@ -79,6 +80,19 @@ class TestStack:
         if wait_ready:
             self.wait_for_workers(service, int(concurrency), timeout)
         return service
+
+    def ensure_session_worker(self) -> Service:
+        """The shared synthesis worker most tests use, started on first need."""
+        worker = self.session_worker
+        if worker is None or worker.process is None or worker.process.poll() is not None:
+            self.session_worker = worker = self.start_worker("worker")
+        return worker
+
+    def stop_session_worker(self) -> None:
+        """Tests that run their own workers on the same queues must not share the messages."""
+        if self.session_worker is not None:
+            self.stop_service(self.session_worker)
+            self.session_worker = None
 
     def heartbeats(self) -> list[dict[str, Any]]:
         r = self.redis_client()
