@@ -234,6 +234,8 @@ def _ensure_traversable(path: Path) -> None:
             break
         mode = parent.stat().st_mode
         if not mode & 0o001:
+            # Search permission only (not read): PostgreSQL's user must reach var/pg.
+            print(f"stack: allowing {PG_SYSTEM_USER} to traverse {parent} (chmod o+x)", flush=True)
             parent.chmod(mode | 0o001)
 
 
