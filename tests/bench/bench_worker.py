@@ -9,12 +9,20 @@ Runs real Celery workers against the test stack (PostgreSQL + Redis under
    recycling on (max 50 tasks per child) and off; with recycling on it must
    stay within 10% of the 20-job figure.
 3. Recycle cost: seconds from a child's exit to the next child ready.
+4. ETA accuracy: ``eta_seconds`` (``speech.services.estimate_eta``, as the API
+   computes it) right after each submit against the actual finish, on a Piper
+   worker of 2 children: a burst with no history (cold), the same burst's
+   queued jobs re-estimated once a few have finished, a burst with history
+   (warm), and a steady stream at 90% of capacity.
 
-``quick=True`` scales every workload down (a smoke run).
+``quick=True`` scales every workload down (a smoke run). Pick scenarios with
+``BENCH_WORKER_SCENARIOS=throughput,memory,eta`` (default: all), e.g.
+``BENCH_WORKER_SCENARIOS=eta python -m tests.bench worker --quick``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -136,6 +144,138 @@ def _memory(stack: Any, org: Any, marks: list[int], recycle: bool) -> tuple[list
         stack.stop_service(worker)
 
 
+SCENARIOS = ("throughput", "memory", "eta")
+ETA_WARM_AFTER = 4  # finished jobs before the mid-burst re-estimate
+
+
+def _scenarios() -> list[str]:
+    raw = os.environ.get("BENCH_WORKER_SCENARIOS", "").strip()
+    wanted = [w.strip() for w in raw.split(",") if w.strip()] or list(SCENARIOS)
+    unknown = sorted(set(wanted) - set(SCENARIOS))
+    if unknown:
+        raise SystemExit(f"unknown BENCH_WORKER_SCENARIOS {unknown}; choose from {', '.join(SCENARIOS)}")
+    return wanted
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+
+
+def _eta_line(label: str, samples: list[tuple[float, float]]) -> str:
+    """samples: (estimated, actual) seconds. Absolute error, also as % of the actual time."""
+    errors = [abs(e - a) for e, a in samples]
+    percent = [abs(e - a) / a * 100 for e, a in samples if a > 0]
+    bias = statistics.mean(e - a for e, a in samples)
+    return (
+        f"ETA {label}, {len(samples)} jobs: |error| mean {statistics.mean(errors):.2f} s "
+        f"({statistics.mean(percent):.0f}%), p90 {_p90(errors):.2f} s ({_p90(percent):.0f}%); "
+        f"bias {bias:+.2f} s; actual mean {statistics.mean(a for _, a in samples):.2f} s"
+    )
+
+
+def _estimate_now(job: Any) -> tuple[float, float]:
+    """(eta, when): what a GET would answer at this moment (the row re-read, as the API does)."""
+    from webapp.speech import services
+
+    job.refresh_from_db()
+    return float(services.estimate_eta(job) or 0.0), time.time()
+
+
+def _actuals(estimates: dict[str, tuple[float, float]]) -> list[tuple[float, float]]:
+    from tests.reliability.helpers import wait_status
+
+    rows = wait_status(list(estimates), timeout=120 + 10 * len(estimates))
+    assert all(r.status == "succeeded" for r in rows), [r.status for r in rows]
+    return [(estimates[str(r.id)][0], r.finished_at.timestamp() - estimates[str(r.id)][1]) for r in rows]
+
+
+def _eta_accuracy(stack: Any, org: Any, jobs: int) -> list[str]:
+    from tests.reliability.helpers import PIPER, flush_queues, start_worker, submit, wait_until
+    from webapp.speech import services
+    from webapp.speech.models import SynthesisJob
+
+    flush_queues(stack, "synth.piper")
+    worker = start_worker(stack, "bench-eta", engines="piper", concurrency=2, TTS_WORKER_THREADS="1")
+    lines: list[str] = []
+    try:
+        wait_until(lambda: sum(services.serving_children("piper").values()) == 2, 60, "2 piper children")
+        _run_jobs(org, 2, "Warm up.", PIPER)
+        # Cold start: no Piper history in this (test) database, so the first
+        # ETAs use DEFAULT_SECONDS_PER_CHAR.
+        SynthesisJob.objects.filter(engine="piper", status__in=SynthesisJob.FINISHED).delete()
+        texts = [f"{i}. {PIPER_TEXT}" for i in range(jobs)]
+
+        estimates: dict[str, tuple[float, float]] = {}
+        for text in texts:
+            job = submit(org, text, voice=PIPER)
+            estimates[str(job.id)] = _estimate_now(job)
+        wait_until(
+            lambda: (
+                SynthesisJob.objects.filter(id__in=list(estimates), status="succeeded").count()
+                >= ETA_WARM_AFTER
+            ),
+            120,
+            f"{ETA_WARM_AFTER} jobs done",
+            interval=0.05,
+        )
+        # The jobs still queued, re-estimated now that the rolling mean exists.
+        rerun = {
+            str(j.id): _estimate_now(j)
+            for j in SynthesisJob.objects.filter(id__in=list(estimates), status="queued")
+        }
+        lines.append(_eta_line("at submit, cold (burst, no history)", _actuals(estimates)))
+        if rerun:
+            lines.append(
+                _eta_line(f"re-estimated in that burst after {ETA_WARM_AFTER} finished", _actuals(rerun))
+            )
+
+        estimates = {}
+        for text in texts:
+            job = submit(org, text, voice=PIPER)
+            estimates[str(job.id)] = _estimate_now(job)
+        samples = _actuals(estimates)
+        lines.append(_eta_line("at submit, warm (burst)", samples))
+
+        # Capacity as measured by that burst (first submit to last finish), not
+        # as the ETA basis predicts it: on a CPU host the children share cores.
+        first = min(t for _, t in estimates.values())
+        last = max(t + actual for (_, t), (_, actual) in zip(estimates.values(), samples, strict=True))
+        interval = (last - first) / len(texts) / 0.9  # arrivals at 90% of capacity
+        estimates = {}
+        start = time.monotonic()
+        for n, text in enumerate(texts):
+            time.sleep(max(0.0, start + n * interval - time.monotonic()))
+            job = submit(org, text, voice=PIPER)
+            estimates[str(job.id)] = _estimate_now(job)
+        lines.append(
+            _eta_line(
+                f"at submit, warm (steady, one every {interval:.2f} s = 90% of capacity)", _actuals(estimates)
+            )
+        )
+        # What the rolling mean leaves out: per-job time outside synth_ms
+        # (claim, progress writes, completion) shows up as ETA bias.
+        done = SynthesisJob.objects.filter(
+            organization=org, engine="piper", status="succeeded", text_chars__gt=100
+        ).values_list("started_at", "finished_at", "metrics__synth_ms")
+        walls = [(f - s).total_seconds() for s, f, _ in done]
+        synths = [ms / 1000 for _, _, ms in done]
+        lines.append(
+            f"ETA basis check, {len(walls)} jobs: claim->finish mean {statistics.mean(walls):.2f} s, "
+            f"synth_ms mean {statistics.mean(synths):.2f} s (outside the rolling mean: "
+            f"{statistics.mean(walls) - statistics.mean(synths):.2f} s per job)"
+        )
+        return lines
+    finally:
+        stack.stop_service(worker)
+
+
+def run_eta(quick: bool) -> list[str]:
+    """The ETA accuracy scenario alone (same as BENCH_WORKER_SCENARIOS=eta)."""
+    os.environ["BENCH_WORKER_SCENARIOS"] = "eta"
+    return run(quick)
+
+
 def run(quick: bool) -> list[str]:
     stack, owned = _setup()
     lines: list[str] = []
@@ -151,15 +291,17 @@ def run(quick: bool) -> list[str]:
     try:
         _voices()
         org = make_org(f"bench-{int(time.time())}")
+        scenarios = _scenarios()
         jobs = 4 if quick else 12
-        a_rate, a_wall = _throughput(stack, org, concurrency=1, threads=2, jobs=jobs)
-        b_rate, b_wall = _throughput(stack, org, concurrency=2, threads=1, jobs=jobs)
-        say(
-            f"piper, {jobs} jobs of {len(PIPER_TEXT)} chars: 1 child x 2 threads {a_rate:.1f} audio s/s ({a_wall:.1f} s); "
-            f"2 children x 1 thread {b_rate:.1f} audio s/s ({b_wall:.1f} s); ratio {b_rate / a_rate:.2f}"
-        )
+        if "throughput" in scenarios:
+            a_rate, a_wall = _throughput(stack, org, concurrency=1, threads=2, jobs=jobs)
+            b_rate, b_wall = _throughput(stack, org, concurrency=2, threads=1, jobs=jobs)
+            say(
+                f"piper, {jobs} jobs of {len(PIPER_TEXT)} chars: 1 child x 2 threads {a_rate:.1f} audio s/s ({a_wall:.1f} s); "
+                f"2 children x 1 thread {b_rate:.1f} audio s/s ({b_wall:.1f} s); ratio {b_rate / a_rate:.2f}"
+            )
         marks = [10, 30, 60] if quick else [20, 100, 500]
-        for recycle in (True, False):
+        for recycle in (True, False) if "memory" in scenarios else ():
             rss, costs = _memory(stack, org, marks, recycle)
             figures = ", ".join(f"{m} jobs {r:.0f} MiB" for m, r in zip(marks, rss, strict=True))
             drift = (max(rss) - rss[0]) / rss[0] * 100
@@ -173,6 +315,13 @@ def run(quick: bool) -> list[str]:
                     f"recycle cost (child exit -> next child ready), eSpeak worker: mean {statistics.mean(costs):.2f} s, "
                     f"max {max(costs):.2f} s over {len(costs)} recycles"
                 )
+        if "eta" in scenarios:
+            eta_jobs = 8 if quick else 20
+            say(
+                f"ETA scenario: Piper worker, 2 children x 1 thread, {eta_jobs} jobs of ~{len(PIPER_TEXT)} chars per round"
+            )
+            for line in _eta_accuracy(stack, org, eta_jobs):
+                say(line)
         SynthesisJob.objects.filter(organization=org).delete()
         Organization.objects.filter(pk=org.pk).delete()
     finally:

@@ -106,6 +106,12 @@ class SynthesisJob(models.Model):
             models.Index(fields=["status", "created_at"]),
             models.Index(fields=["status", "lease_until"]),
             models.Index(fields=["status", "expires_at"]),
+            # The ETA's rolling mean reads an engine's latest successes on every job GET.
+            models.Index(
+                fields=["engine", "-finished_at"],
+                condition=models.Q(status="succeeded"),
+                name="speech_job_engine_done_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -29,6 +29,7 @@ from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
 from webapp.problems import Problem
+from webapp.speech import heartbeat
 from webapp.speech.models import IdempotencyKey, SynthesisJob, UsageEvent, UsagePeriod, Voice
 from webapp.tenants.models import ApiKey, Organization
 
@@ -605,6 +606,8 @@ def sync_builtin_voices(voices: Iterable[dict[str, Any]]) -> int:
 # (Piper on 2 CPU cores runs near 0.004 s/char; this errs on the slow side).
 DEFAULT_SECONDS_PER_CHAR = 0.01
 ETA_SAMPLE_JOBS = 20
+# Recent successes one ETA reads (one query): room for ETA_SAMPLE_JOBS on a few devices.
+ETA_SCAN_JOBS = 100
 
 
 def idempotent_replay(organization: Organization, key: str, fingerprint: str) -> SynthesisJob | None:
@@ -632,28 +635,101 @@ def idempotent_replay(organization: Organization, key: str, fingerprint: str) ->
     return row.job
 
 
-def seconds_per_char(engine: str) -> float:
-    """Rolling mean synthesis time per character over the engine's recent successes.
+@dataclass(frozen=True)
+class EtaBasis:
+    """What the ETAs of one engine rest on; read once per engine per response.
 
-    Weighted by length: sum(synth_ms) / sum(text_chars) over the last
-    ETA_SAMPLE_JOBS succeeded jobs of the engine, so a few tiny jobs do not
-    dominate. Falls back to DEFAULT_SECONDS_PER_CHAR without history.
+    ``seconds_per_char`` is for one child: the pool's mean over the devices now
+    serving the engine, weighted by their children (see ``eta_basis``).
+    ``children`` is the number of live worker children serving the engine (at
+    least 1, so an ETA exists while no worker is up).
     """
-    recent = list(
+
+    seconds_per_char: float
+    children: int
+    devices: dict[str, int]
+
+
+def serving_children(engine: str, workers: list[dict[str, Any]] | None = None) -> dict[str, int]:
+    """Live worker children serving ``engine``, counted by device, from the heartbeats.
+
+    A child counts when it is ready (or recycling, about to be ready again) and
+    its worker is configured for the engine. Redis being down only loses the
+    count (the ETA then assumes one child), never the API answer.
+    """
+    if workers is None:
+        try:
+            workers = heartbeat.live_workers()
+        except Exception as exc:
+            log.warning("ETA without heartbeats: %s", exc)
+            workers = []
+    out: dict[str, int] = {}
+    for w in workers:
+        if w.get("state") in heartbeat.SERVING_STATES and engine in (w.get("engines") or []):
+            device = str(w.get("device") or "cpu")
+            out[device] = out.get(device, 0) + 1
+    return out
+
+
+def rolling_seconds_per_char(engine: str) -> tuple[dict[str, float], float | None]:
+    """Rolling mean synthesis seconds per character of an engine: (by device, all devices).
+
+    One query reads the engine's last ETA_SCAN_JOBS successes (only device,
+    synth_ms and characters). Per device the mean is over that device's last
+    ETA_SAMPLE_JOBS of them, and over the last ETA_SAMPLE_JOBS whatever the
+    device; weighted by length, sum(synth_ms) / sum(text_chars), so a few tiny
+    jobs do not dominate. None / a missing device: no usable history.
+    """
+    rows = (
         SynthesisJob.objects.filter(engine=engine, status=Status.SUCCEEDED, text_chars__gt=0)
         .order_by("-finished_at")
-        .values_list("metrics", "text_chars")[:ETA_SAMPLE_JOBS]
+        .values_list("metrics__device", "metrics__synth_ms", "text_chars")[:ETA_SCAN_JOBS]
     )
-    total_ms = 0.0
-    total_chars = 0
-    for metrics, chars in recent:
-        synth_ms = (metrics or {}).get("synth_ms")
-        if isinstance(synth_ms, int | float) and synth_ms >= 0:
-            total_ms += float(synth_ms)
-            total_chars += chars
-    if total_chars == 0:
-        return DEFAULT_SECONDS_PER_CHAR
-    return total_ms / 1000.0 / total_chars
+    sums: dict[str, list[float]] = {}  # device -> [synth ms, chars, jobs]
+    all_ms = 0.0
+    all_chars = 0
+    all_jobs = 0
+    for device, synth_ms, chars in rows:
+        if not isinstance(synth_ms, int | float) or isinstance(synth_ms, bool) or synth_ms < 0:
+            continue
+        if all_jobs < ETA_SAMPLE_JOBS:
+            all_ms += float(synth_ms)
+            all_chars += chars
+            all_jobs += 1
+        acc = sums.setdefault(str(device or "cpu"), [0.0, 0.0, 0.0])
+        if acc[2] < ETA_SAMPLE_JOBS:
+            acc[0] += float(synth_ms)
+            acc[1] += chars
+            acc[2] += 1
+    by_device = {d: ms / 1000.0 / chars for d, (ms, chars, _) in sums.items() if ms > 0 and chars > 0}
+    overall = all_ms / 1000.0 / all_chars if all_ms > 0 and all_chars > 0 else None
+    return by_device, overall
+
+
+def eta_basis(engine: str, workers: list[dict[str, Any]] | None = None) -> EtaBasis:
+    """Seconds per character and children for the ETAs of ``engine`` (one query, one Redis read).
+
+    With n_d live children on device d, each at s_d seconds per character
+    (its rolling mean; the engine's all-device mean where the device has no
+    history, DEFAULT_SECONDS_PER_CHAR where the engine has none):
+        N = sum(n_d)                       children serving the engine
+        s = N / sum(n_d / s_d)             one child's mean (the pool synthesises
+                                           sum(n_d / s_d) characters per second)
+    No live child: N = 1 and s = the engine's all-device mean.
+    """
+    devices = serving_children(engine, workers)
+    by_device, overall = rolling_seconds_per_char(engine)
+    fallback = overall if overall is not None else DEFAULT_SECONDS_PER_CHAR
+    children = sum(devices.values())
+    if children == 0:
+        return EtaBasis(fallback, 1, {})
+    chars_per_second = sum(n / by_device.get(d, fallback) for d, n in devices.items())
+    return EtaBasis(children / chars_per_second, children, devices)
+
+
+def seconds_per_char(engine: str) -> float:
+    """One child's rolling mean synthesis seconds per character for ``engine`` (see eta_basis)."""
+    return eta_basis(engine).seconds_per_char
 
 
 def queue_position(job: SynthesisJob) -> int | None:
@@ -665,30 +741,43 @@ def queue_position(job: SynthesisJob) -> int | None:
     ).count()
 
 
-def estimate_eta(job: SynthesisJob, spc: float | None = None) -> float | None:
+def estimate_eta(job: SynthesisJob, basis: EtaBasis | float | None = None) -> float | None:
     """Seconds until the job is likely done; None once finished.
 
-    eta = spc * (remaining chars of running jobs of the engine ahead of it
-                 + chars of queued jobs ahead of it + own remaining chars)
-    where spc = seconds_per_char(engine). Running: own remaining chars are
-    text_chars * (1 - progress) and nothing else is counted.
+    With s and N from ``eta_basis(engine)``:
+      running: eta = s * text_chars * (1 - progress)
+      queued:  ahead = queued jobs of the engine created before it + running jobs of the engine
+               work  = their characters (running ones: text_chars * (1 - progress))
+               wait  = 0 if ahead < N (a child is free for it) else s * work / N
+               eta   = wait + s * text_chars
+    The jobs ahead are shared among the N children, so the wait is their work
+    divided by N; the job itself runs on one child. A bare float ``basis`` is a
+    seconds-per-character figure with one child.
     """
     if job.is_finished:
         return None
-    spc = seconds_per_char(job.engine) if spc is None else spc
+    if basis is None:
+        basis = eta_basis(job.engine)
+    elif not isinstance(basis, EtaBasis):
+        basis = EtaBasis(float(basis), 1, {})
+    spc = basis.seconds_per_char
     if job.status == Status.RUNNING:
         return round(spc * job.text_chars * (1.0 - job.progress), 1)
+    queued_ahead = Q(status=Status.QUEUED, created_at__lt=job.created_at)
+    running = Q(status=Status.RUNNING)
+    # One query for both: the ETA is computed on every job GET.
     ahead = SynthesisJob.objects.filter(
-        engine=job.engine, status=Status.QUEUED, created_at__lt=job.created_at
+        engine=job.engine, status__in=(Status.QUEUED, Status.RUNNING)
+    ).aggregate(
+        queued_n=Count("id", filter=queued_ahead),
+        queued_chars=Sum("text_chars", filter=queued_ahead),
+        running_n=Count("id", filter=running),
+        running_chars=Sum(F("text_chars") * (1.0 - F("progress")), filter=running),
     )
-    queued_chars = ahead.aggregate(n=Sum("text_chars"))["n"] or 0
-    running_chars = sum(
-        chars * (1.0 - progress)
-        for chars, progress in SynthesisJob.objects.filter(
-            engine=job.engine, status=Status.RUNNING
-        ).values_list("text_chars", "progress")
-    )
-    return round(spc * (queued_chars + running_chars + job.text_chars), 1)
+    jobs_ahead = ahead["queued_n"] + ahead["running_n"]
+    work = float(ahead["queued_chars"] or 0) + float(ahead["running_chars"] or 0)
+    wait = 0.0 if jobs_ahead < basis.children else spc * work / basis.children
+    return round(wait + spc * job.text_chars, 1)
 
 
 def abandon_job(job: SynthesisJob) -> None:

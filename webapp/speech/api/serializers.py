@@ -257,14 +257,15 @@ class JobSerializer(serializers.Serializer):
     def to_representation(self, instance: Any) -> dict[str, Any]:
         job: SynthesisJob = instance
         request = self.context.get("request")
-        # Shared by every job of one response, so the rolling mean is read once per engine.
-        spc_cache: dict[str, float] = cast(dict[str, Any], self.context).setdefault("spc_cache", {})
+        # Shared by every job of one response, so the rolling mean and the
+        # heartbeats are read once per engine.
+        bases: dict[str, services.EtaBasis] = cast(dict[str, Any], self.context).setdefault("eta_bases", {})
         eta = None
         position = None
         if not job.is_finished:
-            if job.engine not in spc_cache:
-                spc_cache[job.engine] = services.seconds_per_char(job.engine)
-            eta = services.estimate_eta(job, spc_cache[job.engine])
+            if job.engine not in bases:
+                bases[job.engine] = services.eta_basis(job.engine)
+            eta = services.estimate_eta(job, bases[job.engine])
             position = services.queue_position(job)
         audio_url = None
         if job.status == SynthesisJob.Status.SUCCEEDED and job.audio_path:
