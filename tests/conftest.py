@@ -68,15 +68,5 @@ def builtin_voices(db: None) -> list[str]:
     from webapp.speech.services import sync_builtin_voices
 
     voices = list_voices()
-    sync_builtin_voices(
-        {
-            "id": v.id,
-            "name": v.name,
-            "engine": v.engine,
-            "language": v.language,
-            "sample_rate": v.sample_rate,
-            "capabilities": v.capabilities,
-        }
-        for v in voices
-    )
+    sync_builtin_voices(voices)
     return [v.id for v in voices]

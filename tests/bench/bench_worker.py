@@ -57,17 +57,7 @@ def _voices() -> None:
     from synth.registry import list_voices
     from webapp.speech.services import sync_builtin_voices
 
-    sync_builtin_voices(
-        {
-            "id": v.id,
-            "name": v.name,
-            "engine": v.engine,
-            "language": v.language,
-            "sample_rate": v.sample_rate,
-            "capabilities": v.capabilities,
-        }
-        for v in list_voices()
-    )
+    sync_builtin_voices(list_voices())
 
 
 def _worker_rss_mb(service: Any) -> float:

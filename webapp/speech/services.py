@@ -20,7 +20,7 @@ import os
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -32,6 +32,9 @@ from webapp.problems import Problem
 from webapp.speech import heartbeat
 from webapp.speech.models import IdempotencyKey, SynthesisJob, UsageEvent, UsagePeriod, Voice
 from webapp.tenants.models import ApiKey, Organization
+
+if TYPE_CHECKING:
+    from synth.registry import VoiceInfo
 
 log = logging.getLogger(__name__)
 
@@ -580,19 +583,19 @@ def storage_used(organization: Organization) -> int:
 # --------------------------------------------------------------------- voices
 
 
-def sync_builtin_voices(voices: Iterable[dict[str, Any]]) -> int:
+def sync_builtin_voices(voices: Iterable[VoiceInfo]) -> int:
     """Upsert the built-in voices a worker serves (they carry no tenant)."""
     count = 0
     for info in voices:
         Voice.objects.update_or_create(
-            voice_id=info["id"],
+            voice_id=info.id,
             defaults={
                 "organization": None,
-                "name": info["name"],
-                "engine": info["engine"],
-                "language": info["language"],
-                "sample_rate": info["sample_rate"],
-                "capabilities": info.get("capabilities", {}),
+                "name": info.name,
+                "engine": info.engine,
+                "language": info.language,
+                "sample_rate": info.sample_rate,
+                "capabilities": info.capabilities,
                 "status": Voice.Status.READY,
             },
         )

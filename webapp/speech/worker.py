@@ -182,17 +182,7 @@ def load_models(state: WorkerState) -> None:
     )
     missing = voices if first_of_node else [v for v in voices if v.id not in known]
     if missing:
-        services.sync_builtin_voices(
-            {
-                "id": v.id,
-                "name": v.name,
-                "engine": v.engine,
-                "language": v.language,
-                "sample_rate": v.sample_rate,
-                "capabilities": v.capabilities,
-            }
-            for v in missing
-        )
+        services.sync_builtin_voices(missing)
     with contextlib.suppress(Exception):
         heartbeat.client().hset(synced_key, "voices_synced", 1)
         heartbeat.client().expire(synced_key, recycling.NODE_KEY_TTL)
