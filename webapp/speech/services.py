@@ -239,6 +239,17 @@ def submit_job(
     return job, True
 
 
+def _check_same_request(row: IdempotencyKey, fingerprint: str) -> None:
+    """One Idempotency-Key, one request body: a different body under it is a 422."""
+    if row.request_hash != fingerprint:
+        raise Problem(
+            422,
+            "idempotency_key_reused",
+            "This Idempotency-Key was already used with a different request body.",
+            field="Idempotency-Key",
+        )
+
+
 def _claim_idempotency_key(
     org: Organization, key: str, fingerprint: str, now: dt.datetime
 ) -> SynthesisJob | None:
@@ -250,12 +261,7 @@ def _claim_idempotency_key(
     if row is None:
         IdempotencyKey.objects.create(organization=org, key=key, request_hash=fingerprint, created_at=now)
         return None
-    if row.request_hash != fingerprint:
-        raise Problem(
-            422,
-            "idempotency_key_reused",
-            "This Idempotency-Key was already used with a different request body.",
-        )
+    _check_same_request(row, fingerprint)
     if row.job is None:
         raise Problem(409, "idempotency_key_in_use", "A request with this Idempotency-Key is in progress.")
     return row.job
@@ -628,13 +634,7 @@ def idempotent_replay(organization: Organization, key: str, fingerprint: str) ->
     )
     if row is None:
         return None
-    if row.request_hash != fingerprint:
-        raise Problem(
-            422,
-            "idempotency_key_reused",
-            "This Idempotency-Key was already used with a different request body.",
-            field="Idempotency-Key",
-        )
+    _check_same_request(row, fingerprint)
     return row.job
 
 
