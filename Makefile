@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 
-.PHONY: run test bootstrap stop clean lint typecheck bench test-fast
+.PHONY: run test bootstrap stop clean lint typecheck bench test-fast gpu-check-prepare
 
 bootstrap:
 	@deploy/bootstrap.sh
@@ -23,10 +23,16 @@ typecheck: bootstrap
 
 test: bootstrap lint typecheck
 	.venv/bin/pytest $(PYTEST_ARGS)
+	tests/gpu/check.sh --device cpu
 
-# Everything but the slow end-to-end and reliability suites, for quick iterations.
+# The unit tests without those marked slow (long-text memory checks), for quick
+# iterations: well under two minutes. `make test` runs everything.
 test-fast: bootstrap
-	.venv/bin/pytest tests/unit $(PYTEST_ARGS)
+	.venv/bin/pytest tests/unit -m "not slow" $(PYTEST_ARGS)
+
+# Files a GPU machine needs for tests/gpu/check.sh --prepared var/gpu-check (fp16 weights, phoneme ids).
+gpu-check-prepare: bootstrap
+	$(PY) -m tests.gpu.prepare --out var/gpu-check
 
 bench: bootstrap
 	$(PY) -m tests.bench $(BENCH_ARGS)

@@ -5,11 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # TTS_BOOTSTRAP_PACKAGES overrides the list (tests use it).
-read -r -a PACKAGES <<< "${TTS_BOOTSTRAP_PACKAGES:-postgresql redis-server nginx-light openssl iproute2 procps}"
+read -r -a PACKAGES <<< "${TTS_BOOTSTRAP_PACKAGES:-postgresql redis-server nginx-light openssl iproute2 procps flite chromium}"
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
+# npm fetches axe-core below; Node from another source may already bring it.
+[ -n "${TTS_BOOTSTRAP_PACKAGES:-}" ] || command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "Missing system packages. Run this, then run make again:"
@@ -20,6 +22,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The browser tests' accessibility checker (tests/e2e/assets/, not committed).
+AXE=tests/e2e/assets/axe.min.js
+if [ ! -s "$AXE" ] && command -v npm >/dev/null 2>&1; then
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack -q axe-core@4.10.3 >/dev/null && tar -xzf axe-core-4.10.3.tgz package/axe.min.js)
+  mkdir -p "$(dirname "$AXE")" && mv "$tmp/package/axe.min.js" "$AXE" && rm -rf "$tmp"
 fi
 # Debian starts the packaged services; the project runs its own instances.
 for svc in postgresql redis-server nginx; do

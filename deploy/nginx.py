@@ -6,7 +6,7 @@ documented in docs/nginx.md; the body, upload, timeout and X-Accel-Redirect
 values come from the same variables Django reads (webapp/settings.py), so the
 two never disagree.
 
-Standard library only, like deploy/stack.py.
+Standard library only, like deploy/stack.py; settings are read through webapp/env.py.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from webapp.env import EnvError, env_int
+
 if TYPE_CHECKING:
-    from deploy.stack import StackConfig
+    from deploy.provision import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = ROOT / "nginx"
@@ -62,18 +64,15 @@ _TIME_RE = re.compile(r"^[1-9][0-9]*(ms|s|m)?$")
 _HEADER_RE = re.compile(r"^[A-Za-z0-9-]+$")
 
 
-class NginxConfigError(ValueError):
+class NginxConfigError(EnvError):
     """A setting Nginx cannot use; the message names the variable."""
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "")
-    if raw == "":
-        return default
     try:
-        return int(raw)
-    except ValueError:
-        raise NginxConfigError(f"{name}={raw!r} is not a whole number") from None
+        return env_int(name, default, env)
+    except EnvError as exc:
+        raise NginxConfigError(str(exc)) from None
 
 
 def _check(name: str, value: str, pattern: re.Pattern[str], what: str) -> str:
@@ -137,13 +136,8 @@ def ensure_dhparam(path: Path) -> Path:
     return path
 
 
-def nginx_values(
-    cfg: StackConfig, env: Mapping[str, str] | None = None, name: str = "nginx"
-) -> dict[str, str]:
-    """Every placeholder's value for the instance ``name`` (its files live in var/<name>/)."""
-    from deploy.stack import ensure_certificate
-
-    env = os.environ if env is None else env
+def _checked_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """The TTS_NGINX_* values (without the prefix), each checked against what Nginx accepts."""
     raw = {key: env.get(f"TTS_NGINX_{key}", default) for key, default in DEFAULTS.items()}
     for key in ("RATE_GENERAL", "RATE_WRITE", "RATE_LOGIN"):
         _check(key, raw[key], _RATE_RE, "a rate like 5r/s or 10r/m")
@@ -155,8 +149,11 @@ def nginx_values(
     # It lands inside "..." of add_header, where $ would be read as a variable.
     if re.search(r'["\\$\n{}]', raw["CSP"]) or not raw["CSP"].strip():
         raise NginxConfigError("TTS_NGINX_CSP must be a policy without quotes, backslashes, $ or braces")
+    return raw
 
-    # One source for each limit Django also enforces (webapp/settings.py).
+
+def _shared_limits(env: Mapping[str, str]) -> dict[str, str]:
+    """Body sizes, timeouts and the X-Accel prefix: from the variables Django reads (webapp/settings.py)."""
     body = _env_int(env, "TTS_MAX_BODY_BYTES", 1024 * 1024)
     upload = _env_int(env, "TTS_MAX_UPLOAD_BYTES", 20 * 1024 * 1024)
     client_max_body = env.get("TTS_NGINX_CLIENT_MAX_BODY") or str(body)
@@ -167,40 +164,49 @@ def nginx_values(
     openai_timeout = env.get("TTS_NGINX_OPENAI_READ_TIMEOUT") or f"{openai_wait + TIMEOUT_MARGIN_SECONDS}s"
     _check("PROXY_READ_TIMEOUT", read_timeout, _TIME_RE, "a duration like 45s")
     _check("OPENAI_READ_TIMEOUT", openai_timeout, _TIME_RE, "a duration like 135s")
-
     accel = env.get("TTS_ACCEL_REDIRECT_PREFIX") or "/_protected/media/"
     if not re.match(r"^/[A-Za-z0-9_/.-]*/$", accel) or ".." in accel:
         raise NginxConfigError(f"TTS_ACCEL_REDIRECT_PREFIX={accel!r} must be a path like /_protected/media/")
+    return {
+        "CLIENT_MAX_BODY": client_max_body,
+        "UPLOAD_MAX_BODY": str(upload + MULTIPART_SLACK_BYTES),
+        "PROXY_READ_TIMEOUT": read_timeout,
+        "OPENAI_READ_TIMEOUT": openai_timeout,
+        "ACCEL_PREFIX": accel,
+    }
 
-    listen = raw["LISTEN"].strip()
-    if listen and not listen.endswith(":"):
-        listen += ":"  # "127.0.0.1" -> "127.0.0.1:" in front of the port
+
+def _tls_values(cfg: StackConfig, env: Mapping[str, str]) -> dict[str, str]:
+    from deploy.provision import ensure_certificate
 
     if env.get("TTS_TLS_CERT") and env.get("TTS_TLS_KEY"):
         cert, tls_key = Path(env["TTS_TLS_CERT"]), Path(env["TTS_TLS_KEY"])
     else:
         cert, tls_key = ensure_certificate(cfg)
     dhparam = ensure_dhparam(Path(env.get("TTS_TLS_DHPARAM") or str(cfg.path("tls", "dhparam.pem"))))
+    return {"TLS_CERT": str(cert), "TLS_KEY": str(tls_key), "TLS_DHPARAM": str(dhparam)}
 
+
+def nginx_values(
+    cfg: StackConfig, env: Mapping[str, str] | None = None, name: str = "nginx"
+) -> dict[str, str]:
+    """Every placeholder's value for the instance ``name`` (its files live in var/<name>/)."""
+    env = os.environ if env is None else env
+    raw = _checked_settings(env)
+    listen = raw["LISTEN"].strip()
+    if listen and not listen.endswith(":"):
+        listen += ":"  # "127.0.0.1" -> "127.0.0.1:" in front of the port
     out_dir = cfg.path(name)
+    limits = {key: raw[key] for key in ("CONN_PER_IP", "CSP", "WORKER_PROCESSES")}
+    for zone in ("GENERAL", "WRITE", "LOGIN"):
+        limits[f"RATE_{zone}"] = raw[f"RATE_{zone}"]
+        limits[f"BURST_{zone}"] = raw[f"BURST_{zone}"]
+        limits[f"RETRY_{zone}"] = str(retry_after_seconds(raw[f"RATE_{zone}"]))
     return {
-        "RATE_GENERAL": raw["RATE_GENERAL"],
-        "BURST_GENERAL": raw["BURST_GENERAL"],
-        "RATE_WRITE": raw["RATE_WRITE"],
-        "BURST_WRITE": raw["BURST_WRITE"],
-        "RATE_LOGIN": raw["RATE_LOGIN"],
-        "BURST_LOGIN": raw["BURST_LOGIN"],
-        "RETRY_GENERAL": str(retry_after_seconds(raw["RATE_GENERAL"])),
-        "RETRY_WRITE": str(retry_after_seconds(raw["RATE_WRITE"])),
-        "RETRY_LOGIN": str(retry_after_seconds(raw["RATE_LOGIN"])),
-        "CONN_PER_IP": raw["CONN_PER_IP"],
-        "CLIENT_MAX_BODY": client_max_body,
-        "UPLOAD_MAX_BODY": str(upload + MULTIPART_SLACK_BYTES),
-        "PROXY_READ_TIMEOUT": read_timeout,
-        "OPENAI_READ_TIMEOUT": openai_timeout,
-        "CSP": raw["CSP"],
+        **limits,
+        **_shared_limits(env),
+        **_tls_values(cfg, env),
         "HSTS_VALUE": f"max-age={raw['HSTS_MAX_AGE']}; includeSubDomains",
-        "WORKER_PROCESSES": raw["WORKER_PROCESSES"],
         "USER_LINE": "user nobody nogroup;" if os.geteuid() == 0 else "",
         "REAL_IP_BLOCK": _real_ip_block(raw["REAL_IP_FROM"], raw["REAL_IP_HEADER"]),
         "HTTP_PORT": str(cfg.http_port),
@@ -211,14 +217,10 @@ def nginx_values(
         # Both go to the supervisor, which writes var/log/<name>.log rotated by size
         # like every other process (Nginx cannot rotate its own files by size).
         "ACCESS_LOG": "/dev/stdout",
-        # The same folders deploy.stack.StackConfig.django_env() gives Django.
+        # The same folders deploy.provision.StackConfig.django_env() gives Django.
         "STATIC_ROOT": str(cfg.path("static")),
         "MEDIA_ROOT": str(cfg.path("media")),
-        "ACCEL_PREFIX": accel,
         "GUNICORN_SOCKET": str(cfg.gunicorn_socket),
-        "TLS_CERT": str(cert),
-        "TLS_KEY": str(tls_key),
-        "TLS_DHPARAM": str(dhparam),
         "SNIPPETS": str(out_dir / "snippets"),
         "PROBLEM_BASE": PROBLEM_BASE,
     }

@@ -19,7 +19,7 @@ def _progress_bar(done: int, total: int) -> None:
     sys.stderr.flush()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m synth", description="Text to speech, offline.")
     parser.add_argument("text", nargs="?", help="text to speak ('-' reads standard input)")
     parser.add_argument("-o", "--output", help="output file (default: out.<format>)")
@@ -38,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--voices-dir", default=None, help="folder of extra Piper voices (TTS_VOICES_DIR)")
     parser.add_argument("--list-voices", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
 
     from synth.synthesizer import SynthesisRequest, Synthesizer

@@ -1,4 +1,4 @@
-"""Audio I/O: streaming encoders, resampling, two-pass loudness, guarded decoding.
+"""Audio I/O: content types, streaming encoders, resampling, two-pass loudness, guarded decoding.
 
 Module import is light (numpy/soundfile/soxr/av load on first use), so the web
 tier can read :data:`FORMATS` and :data:`CONTENT_TYPES`.
@@ -6,7 +6,9 @@ tier can read :data:`FORMATS` and :data:`CONTENT_TYPES`.
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from synth.errors import AudioRejected, UnsupportedFormat, UnsupportedSampleRate
@@ -15,21 +17,32 @@ from synth.registry import FORMATS, OPUS_RATES, RATES_BY_FORMAT
 if TYPE_CHECKING:
     import numpy as np
 
+# The one table of MIME types per output format (the API, the OpenAI route and
+# downloads all read it through content_type()). ``pcm`` is headerless 16-bit
+# little-endian, as OpenAI defines it; ``audio/L16`` (RFC 2586) would promise
+# big-endian samples, so the de-facto ``audio/pcm`` is used instead.
 CONTENT_TYPES = {
     "wav": "audio/wav",
     "flac": "audio/flac",
     "ogg": "audio/ogg",
     "mp3": "audio/mpeg",
-    "pcm": "audio/L16",
+    "pcm": "audio/pcm",
     "aac": "audio/aac",
 }
-EXTENSIONS = {"wav": "wav", "flac": "flac", "ogg": "ogg", "mp3": "mp3", "pcm": "pcm", "aac": "aac"}
 _SOUNDFILE = {
     "wav": ("WAV", "PCM_16"),
     "flac": ("FLAC", "PCM_16"),
     "ogg": ("OGG", "OPUS"),
     "mp3": ("MP3", "MPEG_LAYER_III"),
 }
+
+
+def content_type(fmt: str) -> str:
+    """The MIME type of audio in ``fmt`` (one of :data:`FORMATS`)."""
+    try:
+        return CONTENT_TYPES[fmt]
+    except KeyError:
+        raise UnsupportedFormat(f"unsupported format {fmt!r}; use one of {', '.join(FORMATS)}") from None
 
 
 def output_rate(fmt: str, requested: int | None, native: int) -> int:
@@ -144,80 +157,126 @@ class StreamResampler:
         return out
 
 
-def resample(audio: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
-    """One-shot resampling of a whole array."""
-    import numpy as np
-    import soxr
-
-    if in_rate == out_rate:
-        return audio
-    out: np.ndarray = soxr.resample(np.asarray(audio, dtype=np.float32), in_rate, out_rate)
-    return out
-
-
 class LoudnessMeter:
-    """ITU-R BS.1770 integrated loudness measured incrementally.
+    """ITU-R BS.1770 integrated loudness of a stream, in bounded memory.
 
-    pyloudnorm's K-weighting filters run with carried state; per 100 ms step we
-    keep one energy sum, so memory is 10 floats per second of audio whatever
-    the length. Blocks are 400 ms with 75 % overlap, gated at -70 LUFS and
-    -10 LU relative, as in pyloudnorm.Meter.integrated_loudness.
+    Audio is buffered into windows of ``window_seconds``; each full window is
+    measured with pyloudnorm's public ``Meter.integrated_loudness`` (400 ms
+    blocks, 75 % overlap, -70 LUFS absolute and -10 LU relative gates within
+    the window) and only its loudness and length are kept. :meth:`integrated`
+    combines the windows as the standard combines blocks: the energy mean of
+    the windows above the absolute gate, then again of those within 10 LU of
+    that mean. Memory is one window plus the largest chunk added; a window is
+    long enough (10 s) that its gating matches a whole-file measurement to a
+    fraction of a LU on speech (tests/unit/synth/test_audio.py).
     """
 
-    def __init__(self, rate: int) -> None:
-        import numpy as np
+    def __init__(self, rate: int, window_seconds: float = 10.0) -> None:
         import pyloudnorm
 
-        meter = pyloudnorm.Meter(rate)
         self.rate = rate
-        self._stages: list[list[Any]] = []
-        for stage in meter._filters.values():
-            b, a = np.asarray(stage.b, dtype=np.float64), np.asarray(stage.a, dtype=np.float64)
-            self._stages.append([b, a, float(stage.passband_gain), np.zeros(max(len(a), len(b)) - 1)])
-        self._step = max(1, int(round(0.1 * rate)))
-        self._partial = 0.0
-        self._partial_n = 0
-        self.steps: list[float] = []
+        self._meter = pyloudnorm.Meter(rate)
+        self._window = max(int(window_seconds * rate), self._min_frames)
+        self._pending: list[np.ndarray] = []
+        self._pending_frames = 0
+        self.windows: list[tuple[float, int]] = []  # (loudness LUFS, frames)
+
+    @property
+    def _min_frames(self) -> int:
+        return int(self._meter.block_size * self.rate) + 1
 
     def add(self, audio: np.ndarray) -> None:
         import numpy as np
-        from scipy.signal import lfilter
 
-        x = np.asarray(audio, dtype=np.float64)
-        for stage in self._stages:
-            b, a, gain, zi = stage
-            y, stage[3] = lfilter(b, a, x, zi=zi)
-            x = gain * y
-        sq = x * x
-        i = 0
-        n = sq.size
-        while i < n:
-            take = min(self._step - self._partial_n, n - i)
-            self._partial += float(sq[i : i + take].sum())
-            self._partial_n += take
-            i += take
-            if self._partial_n == self._step:
-                self.steps.append(self._partial)
-                self._partial, self._partial_n = 0.0, 0
+        if audio.size == 0:
+            return
+        self._pending.append(np.asarray(audio, dtype=np.float64).reshape(-1))
+        self._pending_frames += int(audio.size)
+        if self._pending_frames >= self._window:
+            self._measure_pending()
 
-    def integrated(self) -> float:
+    def _measure_pending(self) -> None:
         import numpy as np
 
-        steps = np.asarray(self.steps, dtype=np.float64)
-        if steps.size < 4:
+        window = np.concatenate(self._pending)
+        self._pending, self._pending_frames = [], 0
+        if window.size < self._min_frames:
+            if self.windows:
+                return  # under one gating block at the end of a long stream: no weight worth keeping
+            window = np.concatenate([window, np.zeros(self._min_frames - window.size)])
+        self.windows.append((float(self._meter.integrated_loudness(window)), int(window.size)))
+
+    def integrated(self) -> float:
+        """Integrated loudness (LUFS) of everything added; -inf for silence."""
+        if self._pending_frames:
+            self._measure_pending()
+        audible = [(lk, n) for lk, n in self.windows if math.isfinite(lk) and lk >= ABSOLUTE_GATE_LUFS]
+        if not audible:
             return float("-inf")
-        block = steps[:-3] + steps[1:-2] + steps[2:-1] + steps[3:]
-        z = block / (4 * self._step)
-        with np.errstate(divide="ignore"):
-            lk = -0.691 + 10.0 * np.log10(z)
-        gated = z[lk >= -70.0]
-        if gated.size == 0:
-            return float("-inf")
-        rel = -0.691 + 10.0 * np.log10(gated.mean()) - 10.0
-        final = z[(lk >= -70.0) & (lk > rel)]
-        if final.size == 0:
-            return float("-inf")
-        return float(-0.691 + 10.0 * np.log10(final.mean()))
+        relative_gate = _energy_mean(audible) - 10.0
+        return _energy_mean([(lk, n) for lk, n in audible if lk > relative_gate])
+
+
+ABSOLUTE_GATE_LUFS = -70.0
+
+
+def _energy_mean(windows: list[tuple[float, int]]) -> float:
+    """The loudness of windows played one after another, weighted by length."""
+    total = sum(n for _, n in windows)
+    energy = sum(n * 10 ** ((lk + 0.691) / 10.0) for lk, n in windows) / total
+    return -0.691 + 10.0 * math.log10(energy)
+
+
+def write_normalized(
+    blocks: Iterable[np.ndarray],
+    write: Callable[[np.ndarray], None],
+    rate: int,
+    target: float,
+    spool_path: str,
+    before_block: Callable[[], None] | None = None,
+) -> float:
+    """Write ``blocks`` to ``write`` with one gain that brings them to ``target`` LUFS.
+
+    Integrated loudness is a property of the whole programme, so the gain is
+    known only at the end: pass 1 spools the float32 audio to ``spool_path``
+    (disk, not memory) while a :class:`LoudnessMeter` measures it; pass 2
+    reads it back a few seconds at a time and applies the gain with
+    ``pyloudnorm.normalize.loudness``. A constant gain keeps the dynamics as
+    synthesised (a running gain would pump between sentences). Memory stays
+    bounded whatever the length; the spool is removed here. ``before_block``
+    runs before each pass-2 block (a cancel check). Returns the measured
+    loudness (-inf for silence, which is written unchanged).
+    """
+    import warnings
+
+    import numpy as np
+    import pyloudnorm
+
+    meter = LoudnessMeter(rate)
+    try:
+        with open(spool_path, "wb") as fh:
+            for block in blocks:
+                meter.add(block)
+                fh.write(np.asarray(block, dtype=np.float32).tobytes())
+        measured = meter.integrated()
+        with open(spool_path, "rb") as fh:
+            while True:
+                if before_block is not None:
+                    before_block()
+                block = np.frombuffer(fh.read(rate * 4 * 4), dtype=np.float32)
+                if block.size == 0:
+                    break
+                if math.isfinite(measured):
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # "possible clipped samples": the encoder clips
+                        block = pyloudnorm.normalize.loudness(block, measured, target).astype(np.float32)
+                write(block)
+    finally:
+        try:
+            os.remove(spool_path)
+        except FileNotFoundError:
+            pass
+    return measured
 
 
 def loudness_of(audio: np.ndarray, rate: int) -> float:
@@ -230,68 +289,87 @@ def loudness_of(audio: np.ndarray, rate: int) -> float:
 # --------------------------------------------------------------------------- decoding uploads
 
 
-def decode_upload(path: str, max_seconds: float, max_bytes: int) -> tuple[np.ndarray, int]:
+def decode_upload(path: str, max_seconds: float, max_bytes: int, min_rate: int = 0) -> tuple[np.ndarray, int]:
     """Decode an uploaded audio file to mono float32, refusing oversize input.
 
     The file size is checked first, then the duration the header declares
     (so a tiny file that would decode to hours is refused without decoding),
-    then the decoded length while reading (headers can lie).
+    then the decoded length while reading (headers can lie). Each refusal
+    carries its own code (synth.prompt lists them) so the API can answer
+    413/415/400 without reading messages.
     """
     import numpy as np
 
     try:
         size = os.path.getsize(path)
     except OSError as exc:
-        raise AudioRejected(f"cannot read the uploaded file: {exc}") from exc
+        raise _rejected(f"cannot read the uploaded file: {exc}", "invalid_audio") from exc
     if size > max_bytes:
-        raise AudioRejected(f"the file is {size} bytes; the limit is {max_bytes}")
+        raise _rejected(f"the file is {size} bytes; the limit is {max_bytes}", "upload_too_large")
     if size == 0:
-        raise AudioRejected("the file is empty")
+        raise _rejected("the file is empty", "invalid_audio")
     import soundfile as sf
 
     try:
         handle = sf.SoundFile(path)
     except Exception:
-        return _decode_with_av(path, max_seconds)
+        return _decode_with_av(path, max_seconds, min_rate)
     with handle:
-        sr = int(handle.samplerate)
-        if sr <= 0:
-            raise AudioRejected("the file declares no sample rate")
+        sr = _checked_rate(int(handle.samplerate), min_rate)
         cap = int(max_seconds * sr)
         if handle.frames > cap:
-            raise AudioRejected(f"the audio lasts {handle.frames / sr:.1f} s; the limit is {max_seconds:g} s")
+            raise _rejected(
+                f"the audio lasts {handle.frames / sr:.1f} s; the limit is {max_seconds:g} s",
+                "audio_too_long",
+            )
         blocks: list[np.ndarray] = []
         total = 0
         for block in handle.blocks(blocksize=sr, dtype="float32", always_2d=True):
             total += block.shape[0]
             if total > cap:
-                raise AudioRejected(f"the audio lasts more than {max_seconds:g} s")
+                raise _rejected(f"the audio lasts more than {max_seconds:g} s", "audio_too_long")
             blocks.append(block.mean(axis=1).astype(np.float32))
     if not blocks:
-        raise AudioRejected("the file holds no audio")
+        raise _rejected("the file holds no audio", "invalid_audio")
     return np.concatenate(blocks), sr
 
 
-def _decode_with_av(path: str, max_seconds: float) -> tuple[np.ndarray, int]:
+def _rejected(message: str, reason: str) -> AudioRejected:
+    """An AudioRejected (code ``audio_rejected``) that names which limit it was, for synth.prompt."""
+    error = AudioRejected(message)
+    error.reason = reason
+    return error
+
+
+def _checked_rate(rate: int, min_rate: int) -> int:
+    if rate <= 0:
+        raise _rejected("the file declares no sample rate", "invalid_audio")
+    if rate < min_rate:
+        raise _rejected(
+            f"the sample rate is {rate} Hz; at least {min_rate} Hz is needed", "sample_rate_too_low"
+        )
+    return rate
+
+
+def _decode_with_av(path: str, max_seconds: float, min_rate: int = 0) -> tuple[np.ndarray, int]:
     import av
     import numpy as np
 
     try:
         container = av.open(path)
     except Exception as exc:
-        raise AudioRejected(f"not a readable audio file: {exc}") from exc
+        raise _rejected(f"not a readable audio file: {exc}", "unsupported_media_type") from exc
     with container:
         streams = container.streams.audio
         if not streams:
-            raise AudioRejected("the file holds no audio stream")
+            raise _rejected("the file holds no audio stream", "unsupported_media_type")
         stream = streams[0]
         if container.duration is not None and container.duration / 1_000_000 > max_seconds:
-            raise AudioRejected(
-                f"the audio lasts {container.duration / 1_000_000:.1f} s; the limit is {max_seconds:g} s"
+            raise _rejected(
+                f"the audio lasts {container.duration / 1_000_000:.1f} s; the limit is {max_seconds:g} s",
+                "audio_too_long",
             )
-        sr = int(stream.rate or stream.codec_context.sample_rate or 0)
-        if sr <= 0:
-            raise AudioRejected("the file declares no sample rate")
+        sr = _checked_rate(int(stream.rate or stream.codec_context.sample_rate or 0), min_rate)
         cap = int(max_seconds * sr)
         resampler = av.AudioResampler(format="flt", layout="mono", rate=sr)
         out: list[np.ndarray] = []
@@ -302,14 +380,14 @@ def _decode_with_av(path: str, max_seconds: float) -> tuple[np.ndarray, int]:
                     arr = rf.to_ndarray().reshape(-1).astype(np.float32)
                     total += arr.size
                     if total > cap:
-                        raise AudioRejected(f"the audio lasts more than {max_seconds:g} s")
+                        raise _rejected(f"the audio lasts more than {max_seconds:g} s", "audio_too_long")
                     out.append(arr)
         except AudioRejected:
             raise
         except Exception as exc:
-            raise AudioRejected(f"the audio could not be decoded: {exc}") from exc
+            raise _rejected(f"the audio could not be decoded: {exc}", "invalid_audio") from exc
     if not out:
-        raise AudioRejected("the file holds no audio")
+        raise _rejected("the file holds no audio", "invalid_audio")
     return np.concatenate(out), sr
 
 
@@ -319,8 +397,9 @@ __all__ = [
     "Encoder",
     "LoudnessMeter",
     "StreamResampler",
+    "content_type",
     "decode_upload",
     "loudness_of",
+    "write_normalized",
     "output_rate",
-    "resample",
 ]

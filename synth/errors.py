@@ -65,6 +65,7 @@ class Cancelled(SynthError):
 
 class AudioRejected(SynthError):
     code = "audio_rejected"
+    reason: str = ""  # which limit: upload_too_large, audio_too_long, ... (synth.prompt.UPLOAD_CODES)
 
 
 __all__ = [

@@ -35,6 +35,10 @@ RATES_BY_FORMAT: dict[str, tuple[int, ...]] = {
 SPEED_RANGE = (0.25, 4.0)
 PITCH_RANGE = (-12.0, 12.0)
 VOLUME_RANGE = (-20.0, 6.0)
+# Integrated loudness targets (LUFS): -16 is the podcast norm, -23 broadcast (EBU R128).
+LOUDNESS_RANGE = (-60.0, -5.0)
+SENTENCE_SILENCE_RANGE = (0.0, 10.0)
+NOISE_RANGE = (0.0, 2.0)
 
 
 @dataclass(frozen=True)
@@ -155,11 +159,6 @@ def list_voices(voices_dir: str | None = None, engines: list[str] | None = None)
     with _CACHE_LOCK:
         _CACHE[key] = voices
     return list(voices)
-
-
-def clear_cache() -> None:
-    with _CACHE_LOCK:
-        _CACHE.clear()
 
 
 def get_voice(voice_id: str, voices_dir: str | None = None, engines: list[str] | None = None) -> VoiceInfo:

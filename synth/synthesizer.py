@@ -5,119 +5,32 @@ Imports no engine at module level; engines load on ``load()`` or on first use.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from synth.errors import InvalidText, SynthError, UnknownVoice, UnsupportedControl, UnsupportedFormat
-from synth.instructions import parse_instructions
-from synth.registry import (
-    DEFAULT_VOICE,
-    ENGINES,
-    FORMATS,
-    PITCH_RANGE,
-    SPEED_RANGE,
-    VOLUME_RANGE,
-    VoiceInfo,
-    espeak_voice_for_language,
-    get_voice,
-    list_voices,
-)
-from synth.text import detect_language, is_chinese_language, split_sentences, validate_text
+from synth.engines.base import CancelFn, Engine, ProgressFn
+from synth.errors import InvalidText, SynthError, UnknownVoice
+from synth.normalize import detect_language, is_chinese_language, split_sentences
+from synth.registry import DEFAULT_VOICE, ENGINES, VoiceInfo, get_voice, list_voices
+from synth.request import Plan, SynthesisRequest, SynthesisResult, plan_controls, validate_request
 
-DEFAULT_SENTENCE_SILENCE = 0.2  # seconds between sentence chunks
+if TYPE_CHECKING:
+    import numpy as np
+
 MAX_CHUNK_CHARS = 300  # bounds memory per inference step whatever the text length
-MAX_INSTRUCTIONS_CHARS = 500
+PIPER_RUNTIMES = ("onnxruntime", "torch")
 
 
-@dataclass
-class SynthesisRequest:
-    text: str
-    voice: str = DEFAULT_VOICE
-    format: str = "wav"
-    sample_rate: int | None = None
-    speed: float = 1.0
-    pitch: float = 0.0
-    volume: float = 0.0
-    language: str | None = None
-    instructions: str | None = None
-    loudness_lufs: float | None = None
-    sentence_silence: float | None = None
-    noise_scale: float | None = None
-    noise_w: float | None = None
+def _make_engine(name: str, voices_dir: str | None, threads: int | None, piper_runtime: str) -> Engine:
+    if name == "piper" and piper_runtime == "torch":
+        from synth.engines.piper_torch import PiperTorchEngine
 
-
-@dataclass
-class SynthesisResult:
-    path: str
-    format: str
-    sample_rate: int
-    duration_seconds: float
-    bytes: int
-    chunks: int
-    synth_ms: int
-    rtf: float
-    peak_rss_mb: float
-    peak_gpu_mb: float | None
-    engine: str
-    device: str
-    voice: str
-    applied: list[str] = field(default_factory=list)
-    not_applied: list[str] = field(default_factory=list)
-
-
-def _number(name: str, value: Any, lo: float, hi: float, unit: str = "") -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise UnsupportedControl(f"{name} must be a number")
-    if not lo <= value <= hi:
-        raise UnsupportedControl(f"{name} {value:g}{unit} is out of range ({lo:g}..{hi:g}{unit})")
-    return float(value)
-
-
-def _language_ok(language: str, voice: VoiceInfo) -> bool:
-    lang = language.lower().replace("_", "-")
-    if lang in [x.lower().replace("_", "-") for x in voice.capabilities.get("languages", [])]:
-        return True
-    if voice.engine == "espeak":
-        return espeak_voice_for_language(lang) is not None
-    return False
-
-
-def validate_request(request: SynthesisRequest, voice: VoiceInfo) -> None:
-    """Refuse what ``voice`` cannot serve, without loading any engine."""
-    from synth.audio import output_rate
-
-    if request.format not in FORMATS:
-        raise UnsupportedFormat(f"unsupported format {request.format!r}; use one of {', '.join(FORMATS)}")
-    output_rate(request.format, request.sample_rate, voice.sample_rate)
-    _number("speed", request.speed, *SPEED_RANGE)
-    _number("pitch", request.pitch, *PITCH_RANGE, unit=" semitones")
-    _number("volume", request.volume, *VOLUME_RANGE, unit=" dB")
-    if request.loudness_lufs is not None:
-        _number("loudness_lufs", request.loudness_lufs, -60.0, -5.0, " LUFS")
-    if request.sentence_silence is not None:
-        _number("sentence_silence", request.sentence_silence, 0.0, 10.0, " s")
-    for name in ("noise_scale", "noise_w"):
-        value = getattr(request, name)
-        if value is not None:
-            _number(name, value, 0.0, 2.0)
-    if request.language is not None:
-        if not isinstance(request.language, str) or not _language_ok(request.language, voice):
-            raise UnsupportedControl(f"voice {voice.id} cannot speak language {request.language!r}")
-    if request.instructions is not None:
-        if not isinstance(request.instructions, str):
-            raise InvalidText("instructions must be a string")
-        if len(request.instructions) > MAX_INSTRUCTIONS_CHARS:
-            raise InvalidText(f"instructions are limited to {MAX_INSTRUCTIONS_CHARS} characters")
-    validate_text(request.text)
-
-
-def _make_engine(name: str, voices_dir: str | None, threads: int | None) -> Any:
+        return PiperTorchEngine(voices_dir=voices_dir, threads=threads)
     if name == "piper":
         from synth.engines.piper import PiperEngine
 
@@ -137,8 +50,28 @@ def _remove(path: str | None) -> None:
             pass
 
 
+@dataclass
+class _Job:
+    """One request, planned and bound to its engine."""
+
+    request: SynthesisRequest
+    plan: Plan
+    engine: Engine
+    split_language: str
+    sentences: int
+    native_rate: int
+    out_rate: int
+
+    def chunks(self) -> Iterator[str]:
+        return split_sentences(self.request.text, self.split_language, MAX_CHUNK_CHARS)
+
+
 class Synthesizer:
-    """Loads engines on a device and turns requests into audio files."""
+    """Loads engines on a device and turns requests into audio files.
+
+    ``piper_runtime`` runs Piper voices on ``onnxruntime`` (default) or
+    ``torch`` (fp16 and batching on CUDA; docs/decisions.md says which to use where).
+    """
 
     def __init__(
         self,
@@ -146,6 +79,7 @@ class Synthesizer:
         voices_dir: str | None = None,
         engines: list[str] | None = None,
         threads: int | None = None,
+        piper_runtime: str = "onnxruntime",
     ) -> None:
         self.device = device
         self.voices_dir = voices_dir
@@ -153,19 +87,28 @@ class Synthesizer:
         for e in self.engine_names:
             if e not in ENGINES:
                 raise ValueError(f"unknown engine {e!r}; known: {', '.join(ENGINES)}")
+        if piper_runtime not in PIPER_RUNTIMES:
+            raise ValueError(f"unknown Piper runtime {piper_runtime!r}; known: {', '.join(PIPER_RUNTIMES)}")
+        self.piper_runtime = piper_runtime
         self.threads = threads
-        self._engines: dict[str, Any] = {}
+        self._engines: dict[str, Engine] = {}
         self._lock = threading.Lock()
 
     # -- engines ---------------------------------------------------------------------------
-    def engine(self, name: str) -> Any:
+    def _new_engine(self, name: str) -> Engine:
+        return _make_engine(name, self.voices_dir, self.threads, self.piper_runtime)
+
+    def _engine_device(self, name: str) -> str:
+        return self.device if name == "piper" else "cpu"
+
+    def engine(self, name: str) -> Engine:
         with self._lock:
             eng = self._engines.get(name)
             if eng is None:
                 if name not in self.engine_names:
                     raise UnknownVoice(f"engine {name!r} is not served here")
-                eng = _make_engine(name, self.voices_dir, self.threads)
-                eng.load(self.device if name == "piper" else "cpu", [])
+                eng = self._new_engine(name)
+                eng.load(self._engine_device(name), [])
                 self._engines[name] = eng
             return eng
 
@@ -180,8 +123,8 @@ class Synthesizer:
                 for v in wanted:
                     self.voice(v)  # raises UnknownVoice
             with self._lock:
-                eng = self._engines.get(name) or _make_engine(name, self.voices_dir, self.threads)
-                eng.load(self.device if name == "piper" else "cpu", wanted)
+                eng = self._engines.get(name) or self._new_engine(name)
+                eng.load(self._engine_device(name), wanted)
                 self._engines[name] = eng
 
     @staticmethod
@@ -192,17 +135,12 @@ class Synthesizer:
         """One short synthesis per loaded engine, so the first request is not the slow one."""
         from synth.engines.base import VoiceParams
 
+        preferred = {"piper": DEFAULT_VOICE, "espeak": "espeak-en-us"}
         for name, eng in list(self._engines.items()):
-            voices = eng.voices()
-            if not voices:
+            ids = [v.id for v in eng.voices()]
+            if not ids:
                 continue
-            vid = (
-                DEFAULT_VOICE
-                if name == "piper" and any(v.id == DEFAULT_VOICE for v in voices)
-                else voices[0].id
-            )
-            if name == "espeak":
-                vid = "espeak-en-us" if any(v.id == "espeak-en-us" for v in voices) else vid
+            vid = preferred[name] if preferred.get(name) in ids else ids[0]
             for _ in eng.synthesize(["Hello."], VoiceParams(voice=vid)):
                 pass
 
@@ -212,176 +150,119 @@ class Synthesizer:
     def voice(self, voice_id: str) -> VoiceInfo:
         return get_voice(voice_id, self.voices_dir, self.engine_names)
 
+    def _served_voice(self, voice_id: str) -> VoiceInfo | None:
+        return next((v for v in self.voices() if v.id == voice_id), None)
+
     # -- synthesis -------------------------------------------------------------------------------
-    def plan(self, request: SynthesisRequest) -> tuple[VoiceInfo, Any, list[str], list[str], float]:
-        """Resolve voice and controls: ``(voice, VoiceParams, applied, not_applied, silence)``."""
-        from synth.engines.base import VoiceParams
+    def plan(self, request: SynthesisRequest) -> Plan:
+        """Resolve the voice and the controls (raises on a request the voice cannot serve)."""
+        return plan_controls(request, self.voice(request.voice), self._served_voice)
 
-        voice = self.voice(request.voice)
-        validate_request(request, voice)
-        instr = parse_instructions(request.instructions)
-        applied: list[str] = []
-        not_applied: list[str] = list(instr.unsupported)
-        not_applied.extend(f"unrecognised instruction: {c!r}" for c in instr.unrecognised)
+    def _prepare(self, request: SynthesisRequest) -> _Job:
+        from synth.audio import output_rate
 
-        speed = min(max(request.speed * instr.speed, SPEED_RANGE[0]), SPEED_RANGE[1])
-        pitch = min(max(request.pitch + instr.pitch, PITCH_RANGE[0]), PITCH_RANGE[1])
-        volume = min(max(request.volume + instr.volume, VOLUME_RANGE[0]), VOLUME_RANGE[1])
-        base_silence = (
-            DEFAULT_SENTENCE_SILENCE if request.sentence_silence is None else request.sentence_silence
+        plan = self.plan(request)
+        eng = self.engine(plan.voice.engine)
+        plan.not_applied.extend(eng.notes(plan.params))
+        chinese = is_chinese_language(plan.voice.language) or detect_language(request.text) == "zh"
+        split_language = "zh" if chinese else "en"
+        sentences = sum(1 for _ in split_sentences(request.text, split_language, MAX_CHUNK_CHARS))
+        if sentences == 0:
+            raise InvalidText("text has nothing speakable")
+        native = int(eng.sample_rate(plan.voice.id))
+        out_rate = output_rate(request.format, request.sample_rate, native)
+        return _Job(request, plan, eng, split_language, sentences, native, out_rate)
+
+    @staticmethod
+    def _audio_with_gaps(
+        job: _Job, progress: ProgressFn | None, should_cancel: CancelFn | None
+    ) -> Iterator[np.ndarray]:
+        """The engine's audio, sentence by sentence, with the silence between sentences."""
+        import numpy as np
+
+        gap = np.zeros(int(round(job.plan.silence * job.native_rate)), dtype=np.float32)
+        audio = job.engine.synthesize(
+            job.chunks(), job.plan.params, progress=progress, should_cancel=should_cancel, total=job.sentences
         )
-        silence = min(base_silence * instr.pause, 10.0)
-        language = request.language
-        target = voice
-        wanted_lang = instr.language or request.language
-        if wanted_lang:
-            if voice.engine == "espeak":
-                langs = [x.lower() for x in voice.capabilities["languages"]]
-                if wanted_lang.lower() not in langs:
-                    vid = espeak_voice_for_language(wanted_lang)
-                    if vid is None or vid not in {v.id for v in self.voices()}:
-                        not_applied.append(f"language: {wanted_lang} (no eSpeak voice for it)")
-                    else:
-                        target = self.voice(vid)
-                        language = None
-                        applied.append(f"language: {wanted_lang} (voice {vid})")
-                elif instr.language:
-                    applied.append(f"language: {wanted_lang}")
-            elif instr.language:
-                not_applied.append(
-                    f"language: {instr.language} (Piper voice {voice.id} speaks only {voice.language})"
+        for i, sentence in enumerate(audio):
+            if i and gap.size:
+                yield gap
+            yield sentence
+
+    def _encode(
+        self, job: _Job, path: str, progress: ProgressFn | None, should_cancel: CancelFn | None
+    ) -> int:
+        """Synthesise and encode into ``path``; the number of frames written."""
+        import numpy as np
+
+        from synth.audio import Encoder, StreamResampler, write_normalized
+        from synth.engines.base import check_cancel
+
+        resampler = StreamResampler(job.native_rate, job.out_rate)
+        encoder = Encoder(path, job.request.format, job.out_rate)
+        try:
+            blocks = self._audio_with_gaps(job, progress, should_cancel)
+            target = job.request.loudness_lufs
+            if target is None:
+                for block in blocks:
+                    encoder.write(resampler.process(block))
+            else:
+                write_normalized(
+                    blocks,
+                    lambda block: encoder.write(resampler.process(block)),
+                    job.native_rate,
+                    target,
+                    path + ".f32",
+                    before_block=lambda: check_cancel(should_cancel),
                 )
-        if abs(speed - 1.0) > 1e-9:
-            applied.append(f"speed: x{speed:.2f}")
-        if pitch:
-            applied.append(f"pitch: {pitch:+.1f} semitones")
-        if volume:
-            applied.append(f"volume: {volume:+.1f} dB")
-        if request.sentence_silence is not None or instr.pause != 1.0:
-            applied.append(f"sentence silence: {silence:.2f} s")
-        if request.loudness_lufs is not None:
-            applied.append(f"loudness: {request.loudness_lufs:g} LUFS")
-        noise_scale, noise_w = request.noise_scale, request.noise_w
-        if target.engine != "piper":
-            for name in ("noise_scale", "noise_w"):
-                if getattr(request, name) is not None:
-                    not_applied.append(f"{name}: eSpeak is not a neural voice")
-            noise_scale = noise_w = None
-        else:
-            if noise_scale is not None:
-                applied.append(f"noise_scale: {noise_scale:g}")
-            if noise_w is not None:
-                applied.append(f"noise_w: {noise_w:g}")
-        params = VoiceParams(
-            voice=target.id,
-            speed=speed,
-            pitch=pitch,
-            volume=volume,
-            language=language,
-            noise_scale=noise_scale,
-            noise_w=noise_w,
-        )
-        return target, params, applied, not_applied, silence
+            encoder.write(resampler.process(np.zeros(0, dtype=np.float32), last=True))
+            encoder.close()
+        except BaseException:
+            encoder.abort()
+            raise
+        return encoder.frames
 
     def synthesize(
         self,
         request: SynthesisRequest,
         out_path: str,
-        progress: Callable[[int, int], None] | None = None,
-        should_cancel: Callable[[], bool] | None = None,
+        progress: ProgressFn | None = None,
+        should_cancel: CancelFn | None = None,
     ) -> SynthesisResult:
-        import numpy as np
-
-        from synth.audio import Encoder, LoudnessMeter, StreamResampler, output_rate
-        from synth.engines.base import check_cancel
         from synth.telemetry import PeakMemory
 
         started = time.monotonic()
-        voice, params, applied, not_applied, silence = self.plan(request)
-        eng = self.engine(voice.engine)
-        notes = getattr(eng, "notes", None)
-        if notes is not None:
-            not_applied.extend(notes(params))
-        chinese = is_chinese_language(voice.language) or detect_language(request.text) == "zh"
-        split_lang = "zh" if chinese else "en"
-        total = sum(1 for _ in split_sentences(request.text, split_lang, MAX_CHUNK_CHARS))
-        if total == 0:
-            raise InvalidText("text has nothing speakable")
-        native = int(eng.sample_rate(voice.id))
-        out_rate = output_rate(request.format, request.sample_rate, native)
-
+        job = self._prepare(request)
         out_path = os.path.abspath(out_path)
         directory, base = os.path.split(out_path)
         tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.part")
-        raw_tmp: str | None = None
-        encoder: Encoder | None = None
-        gap = np.zeros(int(round(silence * native)), dtype=np.float32)
-        with PeakMemory(eng.device) as mem:
+        with PeakMemory(job.engine.device) as mem:
             try:
-                chunks = split_sentences(request.text, split_lang, MAX_CHUNK_CHARS)
-                audio_iter = eng.synthesize(
-                    chunks, params, progress=progress, should_cancel=should_cancel, total=total
-                )
-                resampler = StreamResampler(native, out_rate)
-                encoder = Encoder(tmp, request.format, out_rate)
-                if request.loudness_lufs is None:
-                    for i, audio in enumerate(audio_iter):
-                        if i and gap.size:
-                            encoder.write(resampler.process(gap))
-                        encoder.write(resampler.process(audio))
-                else:
-                    # Pass 1: float32 to a temp file while measuring; pass 2: gain while encoding.
-                    raw_tmp = tmp + ".f32"
-                    meter = LoudnessMeter(native)
-                    with open(raw_tmp, "wb") as fh:
-                        for i, audio in enumerate(audio_iter):
-                            for piece in (gap, audio) if i and gap.size else (audio,):
-                                meter.add(piece)
-                                fh.write(np.asarray(piece, dtype=np.float32).tobytes())
-                    measured = meter.integrated()
-                    gain = (
-                        1.0
-                        if not math.isfinite(measured)
-                        else 10 ** ((request.loudness_lufs - measured) / 20.0)
-                    )
-                    with open(raw_tmp, "rb") as fh:
-                        while True:
-                            check_cancel(should_cancel)
-                            block = np.frombuffer(fh.read(native * 4 * 4), dtype=np.float32)
-                            if block.size == 0:
-                                break
-                            encoder.write(resampler.process(block * gain))
-                encoder.write(resampler.process(np.zeros(0, dtype=np.float32), last=True))
-                frames = encoder.frames
-                encoder.close()
+                frames = self._encode(job, tmp, progress, should_cancel)
                 if frames == 0:
                     raise InvalidText("the text produced no audio")
                 os.replace(tmp, out_path)
             except BaseException:
-                if encoder is not None:
-                    encoder.abort()
                 _remove(tmp)
                 raise
-            finally:
-                _remove(raw_tmp)
         elapsed = time.monotonic() - started
-        duration = frames / out_rate
+        duration = frames / job.out_rate
         return SynthesisResult(
             path=out_path,
             format=request.format,
-            sample_rate=out_rate,
+            sample_rate=job.out_rate,
             duration_seconds=duration,
             bytes=os.path.getsize(out_path),
-            chunks=total,
+            chunks=job.sentences,
             synth_ms=int(elapsed * 1000),
             rtf=elapsed / duration if duration else 0.0,
             peak_rss_mb=round(mem.peak_rss_mb, 1),
             peak_gpu_mb=mem.peak_gpu_mb,
-            engine=voice.engine,
-            device=eng.device,
-            voice=voice.id,
-            applied=applied,
-            not_applied=not_applied,
+            engine=job.plan.voice.engine,
+            device=job.engine.device,
+            voice=job.plan.voice.id,
+            applied=job.plan.applied,
+            not_applied=job.plan.not_applied,
         )
 
 

@@ -12,6 +12,8 @@ os.environ.update(TEST_STACK.django_env())
 os.environ["TTS_FAST_PASSWORD_HASHER"] = "1"
 os.environ.setdefault("TTS_LOG_TO_FILE", "0")
 os.environ.setdefault("TTS_CACHE_PREFIX", "tts-test")
+# The admin's second factor is off in tests; tests/integration/test_operator_login.py turns it on.
+os.environ.setdefault("TTS_ADMIN_REQUIRE_OTP", "0")
 # Nginx serves hashed static names in tests as in production.
 os.environ.setdefault("TTS_MANIFEST_STATIC", "1")
 # The shared test Nginx must not rate-limit tests that submit many jobs from
@@ -23,4 +25,6 @@ os.environ.setdefault("TTS_NGINX_BURST_GENERAL", "400")
 
 from webapp.settings import *  # noqa: E402,F403
 
-EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+# In-process tests get Django's locmem backend from pytest-django anyway; the
+# gunicorn of the test stack writes files (var/test/mail) the browser tests read.
+EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"

@@ -8,71 +8,35 @@ for the local stack that `make run` starts (everything under ``var/``).
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+
+import dj_database_url
+
+from webapp.env import (
+    HOUSEKEEPING_CONCURRENCY_DEFAULT,
+    WORKER_CONCURRENCY_DEFAULT,
+    WORKER_ENGINES_DEFAULT,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_map,
+    env_str,
+    secret_file,
+    worker_queues,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-
-
-def env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    return default if raw in (None, "") else int(raw)
-
-
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    return default if raw in (None, "") else float(raw)
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
-    return raw.strip().lower() in ("1", "true", "yes", "on")
-
-
-def env_list(name: str, default: str) -> list[str]:
-    return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
-
-
-def env_map(name: str, default: str) -> dict[str, str]:
-    """``a=b,c=d`` -> {"a": "b", "c": "d"}."""
-    result: dict[str, str] = {}
-    for item in env_list(name, default):
-        key, _, value = item.partition("=")
-        result[key.strip()] = value.strip()
-    return result
-
-
-def _secret_from_file(path: Path) -> str:
-    """Read a secret from a file, creating it (mode 0600) on first use.
-
-    Secrets never live in the repository; the local stack keeps them under var/.
-    """
-    if path.exists():
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    value = secrets.token_urlsafe(50)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(value)
-    return value
-
 
 VAR_DIR = Path(env_str("TTS_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DJANGO_DEBUG", True)
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or _secret_from_file(
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or secret_file(
     Path(env_str("DJANGO_SECRET_KEY_FILE", str(VAR_DIR / "secrets" / "django_secret_key")))
 )
 # API keys are hashed with their own secret, so rotating SECRET_KEY (sessions)
 # does not invalidate every key, and vice versa.
-API_KEY_HMAC_SECRET = os.environ.get("TTS_API_KEY_SECRET") or _secret_from_file(
+API_KEY_HMAC_SECRET = os.environ.get("TTS_API_KEY_SECRET") or secret_file(
     Path(env_str("TTS_API_KEY_SECRET_FILE", str(VAR_DIR / "secrets" / "api_key_secret")))
 )
 
@@ -82,7 +46,8 @@ CSRF_TRUSTED_ORIGINS = env_list(
 )
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # Django's admin with our site as the default (second factor, pages of our own).
+    "webapp.admin_config.OperatorAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -90,9 +55,15 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "webapp.tenants",
     "webapp.speech",
     "webapp.housekeeping",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "django_otp.plugins.otp_static",
+    "axes",
+    "webapp.dashboard",
 ]
 
 MIDDLEWARE = [
@@ -102,8 +73,11 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -126,26 +100,18 @@ TEMPLATES = [
 
 
 def _database_from_url(url: str) -> dict[str, object]:
-    parsed = urlparse(url)
-    if parsed.scheme not in ("postgres", "postgresql"):
-        raise ValueError(f"DATABASE_URL must be a postgres:// URL, got {parsed.scheme!r}")
-    options: dict[str, object] = {}
-    host = parsed.hostname or ""
+    config: dict[str, object] = dict(
+        dj_database_url.parse(
+            url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60), conn_health_checks=True
+        )
+    )
+    if config["ENGINE"] != "django.db.backends.postgresql":
+        raise ValueError(f"DATABASE_URL must be a postgres:// URL, got {url.split(':', 1)[0]!r}")
     # postgres://user@/db?host=/path/to/socket-dir is the socket form.
-    for part in parsed.query.split("&"):
-        if part.startswith("host="):
-            host = unquote(part[5:])
-    return {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": unquote(parsed.path.lstrip("/")),
-        "USER": unquote(parsed.username or ""),
-        "PASSWORD": unquote(parsed.password or ""),
-        "HOST": host,
-        "PORT": str(parsed.port or ""),
-        "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60),
-        "CONN_HEALTH_CHECKS": True,
-        "OPTIONS": options,
-    }
+    options = config.get("OPTIONS")
+    if isinstance(options, dict) and "host" in options:
+        config["HOST"] = options.pop("host")
+    return config
 
 
 DATABASES = {
@@ -214,6 +180,23 @@ X_FRAME_OPTIONS = "DENY"
 # or the real_ip result behind a load balancer), never from what a client sent.
 TTS_CLIENT_IP_HEADER = env_str("TTS_CLIENT_IP_HEADER", "HTTP_X_REAL_IP")
 
+# Operator login (webapp/admin_site.py). django-axes counts failed logins per
+# client address and per user name; past the limit both are locked out for the
+# cool-off time (`manage.py axes_reset` lifts it early).
+AUTHENTICATION_BACKENDS = [
+    "webapp.admin_site.LockoutBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("TTS_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = env_int("TTS_LOGIN_LOCKOUT_MINUTES", 15) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "webapp.admin_site.client_ip"
+AXES_HTTP_RESPONSE_CODE = 429
+# Staff need a TOTP code (django-otp) to enter the admin; on unless DEBUG.
+TTS_ADMIN_REQUIRE_OTP = env_bool("TTS_ADMIN_REQUIRE_OTP", not DEBUG)
+OTP_TOTP_ISSUER = "TTS service"
+
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("TTS_MAX_BODY_BYTES", 1024 * 1024)
 TTS_MAX_UPLOAD_BYTES = env_int("TTS_MAX_UPLOAD_BYTES", 20 * 1024 * 1024)
 
@@ -231,6 +214,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Multi-tenant text-to-speech. Authenticate with `Authorization: Bearer <api key>`.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The docs page's Redoc bundle comes from our static files, never a CDN.
+    "REDOC_DIST": "SIDECAR",
 }
 
 # Celery: configured from here with the CELERY_ namespace (webapp/celery.py).
@@ -265,17 +250,34 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")
 # Worker behaviour (webapp/speech/worker.py, webapp/speech/recycling.py, docs/workers.md).
 # synth: loads models and serves synth.<engine> queues; housekeeping: cleanup only.
 TTS_WORKER_ROLE = env_str("TTS_WORKER_ROLE", "synth")
-TTS_WORKER_ENGINES = env_list("TTS_WORKER_ENGINES", "piper,espeak")
+TTS_WORKER_ENGINES = env_list("TTS_WORKER_ENGINES", WORKER_ENGINES_DEFAULT)
+# The queues this worker consumes; the local stack passes the same list as -Q
+# and the systemd units follow the same rule (webapp/env.py, worker_queues).
+TTS_WORKER_QUEUES = worker_queues(TTS_WORKER_ROLE, TTS_WORKER_ENGINES)
 TTS_WORKER_DEVICE = env_str("TTS_WORKER_DEVICE", "cpu")  # cpu | cuda | cuda:N | auto
 # Children per worker and inference threads per child. On 2 CPU cores two
 # single-threaded children serve more audio per second than one child with two
 # threads (docs/performance.md, "workers"); on a GPU run one worker per GPU with 1 child.
-TTS_WORKER_CONCURRENCY = env_int("TTS_WORKER_CONCURRENCY", 2)
+TTS_WORKER_CONCURRENCY = env_int("TTS_WORKER_CONCURRENCY", WORKER_CONCURRENCY_DEFAULT)
 TTS_WORKER_THREADS = env_int("TTS_WORKER_THREADS", 1)
-CELERY_WORKER_CONCURRENCY = TTS_WORKER_CONCURRENCY  # deploy/stack.py passes the same as --concurrency
+# Two housekeeping children: a long orphan sweep must not hold up the 30-second lease reaper.
+TTS_HOUSEKEEPING_CONCURRENCY = env_int("TTS_HOUSEKEEPING_CONCURRENCY", HOUSEKEEPING_CONCURRENCY_DEFAULT)
+# Neither the local stack nor the systemd units pass --concurrency: this is the one value.
+CELERY_WORKER_CONCURRENCY = (
+    TTS_HOUSEKEEPING_CONCURRENCY if TTS_WORKER_ROLE == "housekeeping" else TTS_WORKER_CONCURRENCY
+)
+if TTS_WORKER_ROLE == "analysis":
+    CELERY_WORKER_CONCURRENCY = 1  # one speaker encoder per node is plenty: prompts are 3-15 s
+# On stop (Ctrl-C, `make stop`, systemctl stop) only the Celery parent is signalled;
+# running jobs get this long to finish before the stack (or systemd, whose
+# TimeoutStopSec is longer) kills what is left.
+TTS_WORKER_STOP_GRACE = env_int("TTS_WORKER_STOP_GRACE", 60)
 TTS_WORKER_MAX_RSS_MB = env_int("TTS_WORKER_MAX_RSS_MB", 1500)
 TTS_WORKER_MAX_GPU_MB = env_int("TTS_WORKER_MAX_GPU_MB", 0)  # 0 = no limit
 TTS_WORKER_MAX_AGE_SECONDS = env_int("TTS_WORKER_MAX_AGE_SECONDS", 6 * 3600)
+# A recycle decided before this many tasks is held back and logged as an error
+# (replacing such a child would loop); out-of-memory and the task count excepted.
+TTS_WORKER_MIN_TASKS_BEFORE_RECYCLE = env_int("TTS_WORKER_MIN_TASKS_BEFORE_RECYCLE", 10)
 # Recycle when the rolling median RTF exceeds the child's own baseline by this factor (0 = off).
 TTS_WORKER_RTF_DRIFT_FACTOR = env_float("TTS_WORKER_RTF_DRIFT_FACTOR", 2.0)
 TTS_WORKER_RTF_BASELINE_TASKS = env_int("TTS_WORKER_RTF_BASELINE_TASKS", 5)
@@ -298,11 +300,24 @@ TTS_JOB_MAX_ATTEMPTS = env_int("TTS_JOB_MAX_ATTEMPTS", 3)
 TTS_JOB_BASE_SECONDS = env_float("TTS_JOB_BASE_SECONDS", 30.0)
 TTS_JOB_SECONDS_PER_CHAR = env_float("TTS_JOB_SECONDS_PER_CHAR", 0.02)
 TTS_DISPATCH_GRACE_SECONDS = env_int("TTS_DISPATCH_GRACE_SECONDS", 10)
+# Time limits follow the row (docs/workers.md): hard ceiling = soft limit + this grace (the row's
+# deadline); a run whose progress stalls this long ends `timeout`.
+TTS_JOB_HARD_GRACE_SECONDS = env_int("TTS_JOB_HARD_GRACE_SECONDS", 30)
+TTS_JOB_STALL_SECONDS = env_int("TTS_JOB_STALL_SECONDS", 120)
+# A queued job's message is re-sent once per this period (a lost delivery costs at most this);
+# a job queued longer than the maximum ends `queue_timeout`.
+TTS_JOB_REDELIVER_SECONDS = env_int("TTS_JOB_REDELIVER_SECONDS", 300)
+TTS_JOB_MAX_QUEUE_SECONDS = env_int("TTS_JOB_MAX_QUEUE_SECONDS", 6 * 3600)
+# Submissions to an engine with this many queued jobs answer 503 queue_full (0 = no limit).
+TTS_MAX_QUEUED_JOBS_PER_ENGINE = env_int("TTS_MAX_QUEUED_JOBS_PER_ENGINE", 10000)
 # Test-only fault injection (tests/reliability): a job whose text contains the
 # marker kills its worker child (os._exit) / raises MemoryError. Empty = off;
 # never set these in production.
 TTS_FAULT_CRASH_MARKER = env_str("TTS_FAULT_CRASH_MARKER", "")
 TTS_FAULT_OOM_MARKER = env_str("TTS_FAULT_OOM_MARKER", "")
+TTS_FAULT_HANG_MARKER = env_str("TTS_FAULT_HANG_MARKER", "")
+TTS_FAULT_PAUSE_BEFORE_COMMIT_MARKER = env_str("TTS_FAULT_PAUSE_BEFORE_COMMIT_MARKER", "")
+TTS_FAULT_CRASH_BEFORE_COMMIT_MARKER = env_str("TTS_FAULT_CRASH_BEFORE_COMMIT_MARKER", "")
 
 # API behaviour.
 TTS_LONG_POLL_MAX_SECONDS = env_int("TTS_LONG_POLL_MAX_SECONDS", 30)
@@ -314,6 +329,14 @@ TTS_OPENAI_VOICE_MAP = env_map(
     "sage=en_US-joe-medium,ballad=en_US-joe-medium,verse=en_US-joe-medium",
 )
 TTS_DEFAULT_VOICE = env_str("TTS_DEFAULT_VOICE", "en_US-joe-medium")
+# Voice prompts (issue 18, docs/voices.md). Uploads are probed and converted in a
+# child process with these limits; the analysis runs on the `analysis` queue.
+TTS_PROMPT_DECODE_TIMEOUT_SECONDS = env_float("TTS_PROMPT_DECODE_TIMEOUT_SECONDS", 20.0)
+TTS_PROMPT_DECODE_MEMORY_MB = env_int("TTS_PROMPT_DECODE_MEMORY_MB", 1024)
+TTS_KEEP_VOICE_ORIGINALS = env_bool("TTS_KEEP_VOICE_ORIGINALS", False)
+TTS_VOICE_RETENTION_DAYS = env_int("TTS_VOICE_RETENTION_DAYS", 180)  # unused this long: listed in the admin
+TTS_ANALYSIS_TIME_LIMIT_SECONDS = env_int("TTS_ANALYSIS_TIME_LIMIT_SECONDS", 300)
+TTS_ANALYSIS_MAX_ATTEMPTS = env_int("TTS_ANALYSIS_MAX_ATTEMPTS", 3)
 TTS_IDEMPOTENCY_TTL_HOURS = env_int("TTS_IDEMPOTENCY_TTL_HOURS", 24)
 TTS_RATELIMIT_ENABLED = env_bool("TTS_RATELIMIT_ENABLED", True)
 
@@ -334,6 +357,7 @@ TTS_HOUSEKEEPING_EVERY = {
     for job, seconds in {
         "reap_stuck_jobs": 30,
         "redispatch_jobs": 30,
+        "sweep_lost_deliveries": 60,
         "expire_audio": 600,
         "reject_stale_voices": 300,
         "delete_voice_files": 600,
@@ -373,6 +397,22 @@ LOGGING = {
 }
 
 EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+# The file backend (the local stack's choice) writes one file per message here.
+EMAIL_FILE_PATH = env_str("TTS_MAIL_DIR", str(VAR_DIR / "mail"))
+EMAIL_HOST = env_str("DJANGO_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("DJANGO_EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("DJANGO_EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("DJANGO_EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("DJANGO_EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("DJANGO_DEFAULT_FROM_EMAIL", "tts@localhost")
+
+# Dashboard (webapp/dashboard, docs/dashboard.md). Anyone may sign up in the
+# local stack (DEBUG); a production site signs people up by invitation only.
+TTS_SIGNUP = env_str("TTS_SIGNUP", "open" if DEBUG else "invite")
+TTS_SIGNUP_PER_IP_HOURLY = env_int("TTS_SIGNUP_PER_IP_HOURLY", 5)
+LOGIN_URL = "dashboard:login"
+LOGIN_REDIRECT_URL = "dashboard:synthesize"
+LOGOUT_REDIRECT_URL = "dashboard:home"
 
 # Celery beat: one entry per housekeeping job, on the housekeeping queue. A
 # message not picked up before the next tick expires, so a stopped

@@ -7,4 +7,6 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("", include("webapp.speech.api.urls")),
+    path("", include("webapp.tenants.api.urls")),
+    path("", include("webapp.dashboard.urls")),
 ]

@@ -17,6 +17,20 @@ CancelFn = Callable[[], bool]
 DEVICES_HELP = "cpu, cuda, cuda:N or auto"
 
 
+@dataclass(frozen=True)
+class VoicePrompt:
+    """What an engine with the ``cloning`` capability clones from (an uploaded voice).
+
+    ``audio_path`` is the canonical prompt (mono WAV, synth.prompt); engines
+    without the capability never receive one (the service refuses ``zero_shot``).
+    """
+
+    audio_path: str
+    sample_rate: int
+    transcript: str = ""
+    embedding: tuple[float, ...] = ()
+
+
 @dataclass
 class VoiceParams:
     """Absolute controls for one request, already merged with any instructions."""
@@ -28,6 +42,8 @@ class VoiceParams:
     language: str | None = None  # text language override (for normalisation / eSpeak voice)
     noise_scale: float | None = None
     noise_w: float | None = None
+    seed: int | None = None  # noise seed (the torch runtime; onnxruntime draws its own)
+    prompt: VoicePrompt | None = None  # zero-shot cloning, for engines that can
 
 
 @runtime_checkable
@@ -53,6 +69,10 @@ class Engine(Protocol):
     def sample_rate(self, voice: str) -> int: ...
 
     def phonemes(self, text: str, params: VoiceParams) -> list[str]: ...
+
+    def notes(self, params: VoiceParams) -> list[str]:
+        """Controls this engine can only approximate for ``params`` (reported as not applied)."""
+        ...
 
     def synthesize(
         self,

@@ -19,8 +19,9 @@ from synth.engines.base import (
     resolve_device,
 )
 from synth.errors import EngineUnavailable, UnknownVoice
+from synth.normalize import escape_markup, is_chinese_language, normalize
 from synth.registry import ESPEAK_PREFIX, VoiceInfo, _capabilities, list_voices
-from synth.text import escape_markup, is_chinese_language, iter_segments, normalize
+from synth.text import iter_segments
 
 if TYPE_CHECKING:
     import numpy as np

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from synth.engines.base import (
@@ -23,8 +24,9 @@ from synth.engines.base import (
     resolve_device,
 )
 from synth.errors import EngineUnavailable, UnknownVoice
+from synth.normalize import escape_markup, is_chinese_language, normalize
 from synth.registry import VoiceInfo, _capabilities, list_voices
-from synth.text import escape_markup, is_chinese_language, iter_segments, normalize
+from synth.text import iter_segments
 
 if TYPE_CHECKING:
     import numpy as np
@@ -115,47 +117,39 @@ class PiperEngine:
             if info is None or info.model_path is None:
                 raise UnknownVoice(f"unknown Piper voice {vid!r}")
             try:
-                import json
-
-                import onnxruntime
-                from piper import PiperVoice
-                from piper.config import PiperConfig
-
-                opts = onnxruntime.SessionOptions()
-                # Sentence lengths vary; an arena sized by the largest one is kept for the life
-                # of the worker, so RSS would creep with text length. Plain allocations stay flat.
-                opts.enable_cpu_mem_arena = False
-                opts.enable_mem_pattern = False
-                if self.threads:
-                    opts.intra_op_num_threads = self.threads
-                    opts.inter_op_num_threads = 1
-                providers: list[Any]
-                if self.device.startswith("cuda"):
-                    providers = [
-                        (
-                            "CUDAExecutionProvider",
-                            {
-                                "device_id": int(self.device.split(":")[1]),
-                                "cudnn_conv_algo_search": "HEURISTIC",
-                            },
-                        )
-                    ]
-                else:
-                    providers = ["CPUExecutionProvider"]
-                session = onnxruntime.InferenceSession(
-                    info.model_path, sess_options=opts, providers=providers
-                )
-                if self.device.startswith("cuda") and "CUDAExecutionProvider" not in session.get_providers():
-                    raise EngineUnavailable(f"onnxruntime could not start the CUDA provider on {self.device}")
-                with open(info.model_path + ".json", encoding="utf-8") as fh:
-                    config = PiperConfig.from_dict(json.load(fh))
-                voice = PiperVoice(session=session, config=config)
+                voice = self._open(info.model_path)
             except EngineUnavailable:
                 raise
             except Exception as exc:  # a broken model file must not look like a bad request
                 raise EngineUnavailable(f"Piper voice {vid!r} failed to load: {exc}") from exc
             self._loaded[vid] = voice
             return voice
+
+    def _session(self, model_path: str) -> Any:
+        import onnxruntime
+
+        opts = onnxruntime.SessionOptions()
+        # Sentence lengths vary; an arena sized by the largest one is kept for the life
+        # of the worker, so RSS would creep with text length. Plain allocations stay flat.
+        opts.enable_cpu_mem_arena = False
+        opts.enable_mem_pattern = False
+        if self.threads:
+            opts.intra_op_num_threads = self.threads
+            opts.inter_op_num_threads = 1
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if self.device.startswith("cuda"):
+            cuda = {"device_id": int(self.device.split(":")[1]), "cudnn_conv_algo_search": "HEURISTIC"}
+            providers = [("CUDAExecutionProvider", cuda)]
+        session = onnxruntime.InferenceSession(model_path, sess_options=opts, providers=providers)
+        if self.device.startswith("cuda") and "CUDAExecutionProvider" not in session.get_providers():
+            raise EngineUnavailable(f"onnxruntime could not start the CUDA provider on {self.device}")
+        return session
+
+    def _open(self, model_path: str) -> Any:
+        """The loaded voice: piper's PiperVoice (phonemizer, config and its onnxruntime session)."""
+        from piper import PiperVoice
+
+        return PiperVoice(session=self._session(model_path), config=read_config(model_path))
 
     def notes(self, params: VoiceParams) -> list[str]:
         """Controls Piper can only approximate for these parameters."""
@@ -193,6 +187,32 @@ class PiperEngine:
         return [p for sentence in voice.phonemize(self.render(text, params)) for p in sentence]
 
     # -- synthesis -----------------------------------------------------------------------------
+    def scales(self, voice: Any, params: VoiceParams) -> tuple[float, float, float]:
+        """``(noise_scale, length_scale, noise_w)`` for these controls (pitch also stretches time)."""
+        factor = 2 ** (params.pitch / 12.0)
+        config = voice.config
+        return (
+            config.noise_scale if params.noise_scale is None else params.noise_scale,
+            float(config.length_scale) * length_scale_for(params.speed) * factor,
+            config.noise_w_scale if params.noise_w is None else params.noise_w,
+        )
+
+    def _chunk_audio(self, voice: Any, text: str, params: VoiceParams) -> np.ndarray:
+        """One chunk's audio at the voice's rate, each Piper sentence peak-normalised."""
+        import numpy as np
+        from piper.config import SynthesisConfig
+
+        noise_scale, length_scale, noise_w = self.scales(voice, params)
+        config = SynthesisConfig(
+            length_scale=length_scale, noise_scale=noise_scale, noise_w_scale=noise_w, normalize_audio=True
+        )
+        pieces = [c.audio_float_array for c in voice.synthesize(text, syn_config=config)]
+        return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
+
+    def finish(self, audio: np.ndarray, params: VoiceParams, sample_rate: int) -> np.ndarray:
+        """Pitch and volume, applied after synthesis."""
+        return apply_gain_db(pitch_shift_resample(audio, params.pitch, sample_rate), params.volume)
+
     def synthesize(
         self,
         chunks: Iterable[str],
@@ -201,27 +221,30 @@ class PiperEngine:
         should_cancel: CancelFn | None = None,
         total: int | None = None,
     ) -> Iterator[np.ndarray]:
-        import numpy as np
-        from piper.config import SynthesisConfig
-
         voice = self._voice(params.voice)
         sr = int(voice.config.sample_rate)
-        factor = 2 ** (params.pitch / 12.0)
-        config = SynthesisConfig(
-            length_scale=float(voice.config.length_scale) * length_scale_for(params.speed) * factor,
-            noise_scale=params.noise_scale,
-            noise_w_scale=params.noise_w,
-            normalize_audio=True,
-        )
         done = 0
-        for chunk in chunks:
-            check_cancel(should_cancel)
-            text = self.render(chunk, params)
-            pieces = [c.audio_float_array for c in voice.synthesize(text, syn_config=config)]
-            audio = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
-            release_free_heap()
-            audio = pitch_shift_resample(audio, params.pitch, sr)
-            yield apply_gain_db(audio, params.volume)
-            done += 1
-            if progress is not None:
-                progress(done, total if total is not None else done)
+        with self._job(params) as chunk_audio:
+            for chunk in chunks:
+                check_cancel(should_cancel)
+                audio = chunk_audio(voice, self.render(chunk, params), params)
+                release_free_heap()
+                yield self.finish(audio, params, sr)
+                done += 1
+                if progress is not None:
+                    progress(done, total if total is not None else done)
+
+    @contextmanager
+    def _job(self, params: VoiceParams) -> Iterator[Callable[[Any, str, VoiceParams], np.ndarray]]:
+        """What one job's chunks are synthesised with (a runtime may keep per-job state)."""
+        yield self._chunk_audio
+
+
+def read_config(model_path: str) -> Any:
+    """piper's PiperConfig from the ``.onnx.json`` beside a model."""
+    import json
+
+    from piper.config import PiperConfig
+
+    with open(model_path + ".json", encoding="utf-8") as fh:
+        return PiperConfig.from_dict(json.load(fh))

@@ -9,7 +9,7 @@ Runs real Celery workers against the test stack (PostgreSQL + Redis under
    recycling on (max 50 tasks per child) and off; with recycling on it must
    stay within 10% of the 20-job figure.
 3. Recycle cost: seconds from a child's exit to the next child ready.
-4. ETA accuracy: ``eta_seconds`` (``speech.services.estimate_eta``, as the API
+4. ETA accuracy: ``eta_seconds`` (``speech.eta.estimate_eta``, as the API
    computes it) right after each submit against the actual finish, on a Piper
    worker of 2 children: a burst with no history (cold), the same burst's
    queued jobs re-estimated once a few have finished, a burst with history
@@ -55,7 +55,7 @@ def _setup() -> tuple[Any, Any]:
 
 def _voices() -> None:
     from synth.registry import list_voices
-    from webapp.speech.services import sync_builtin_voices
+    from webapp.speech.services.voices import sync_builtin_voices
 
     sync_builtin_voices(list_voices())
 
@@ -166,10 +166,10 @@ def _eta_line(label: str, samples: list[tuple[float, float]]) -> str:
 
 def _estimate_now(job: Any) -> tuple[float, float]:
     """(eta, when): what a GET would answer at this moment (the row re-read, as the API does)."""
-    from webapp.speech import services
+    from webapp.speech.services import eta
 
     job.refresh_from_db()
-    return float(services.estimate_eta(job) or 0.0), time.time()
+    return float(eta.estimate_eta(job) or 0.0), time.time()
 
 
 def _actuals(estimates: dict[str, tuple[float, float]]) -> list[tuple[float, float]]:
@@ -182,14 +182,14 @@ def _actuals(estimates: dict[str, tuple[float, float]]) -> list[tuple[float, flo
 
 def _eta_accuracy(stack: Any, org: Any, jobs: int) -> list[str]:
     from tests.reliability.helpers import PIPER, flush_queues, start_worker, submit, wait_until
-    from webapp.speech import services
     from webapp.speech.models import SynthesisJob
+    from webapp.speech.services import eta
 
     flush_queues(stack, "synth.piper")
     worker = start_worker(stack, "bench-eta", engines="piper", concurrency=2, TTS_WORKER_THREADS="1")
     lines: list[str] = []
     try:
-        wait_until(lambda: sum(services.serving_children("piper").values()) == 2, 60, "2 piper children")
+        wait_until(lambda: sum(eta.serving_children("piper").values()) == 2, 60, "2 piper children")
         _run_jobs(org, 2, "Warm up.", PIPER)
         # Cold start: no Piper history in this (test) database, so the first
         # ETAs use DEFAULT_SECONDS_PER_CHAR.

@@ -40,10 +40,10 @@ def _write_wav(path: Path, seconds: float = 0.5, rate: int = 22050) -> bytes:
 @pytest.fixture
 def finished_job() -> dict[str, Any]:
     from webapp.speech.models import SynthesisJob
-    from webapp.tenants.services import create_api_key, create_organization
+    from webapp.tenants.services import OPERATOR, create_api_key, create_organization
 
     org = create_organization("Edge Audio")
-    _key, secret = create_api_key(org, "edge")
+    _key, secret = create_api_key(org, "edge", created_by=OPERATOR)
     now = timezone.now()
     job = SynthesisJob.objects.create(
         organization=org,

@@ -30,8 +30,7 @@ FAULT_CFG = dataclasses.replace(CFG, var_dir=CFG.path("gunicorn-faults"))
 def pair(stack: Stack, django_db_setup: None) -> Iterator[tuple[Service, NginxInstance]]:
     FAULT_CFG.path("run").mkdir(parents=True, exist_ok=True)
     FAULT_CFG.gunicorn_socket.unlink(missing_ok=True)
-    command = deploy_stack.gunicorn_command(FAULT_CFG)
-    command[command.index("--workers") + 1] = "1"
+    command = deploy_stack.gunicorn_command(FAULT_CFG, workers=1)
     gunicorn = stack.start_service(Service("gunicorn-faults", command, env=django_env("gunicorn-faults")))
     deadline = time.monotonic() + 30
     while not FAULT_CFG.gunicorn_socket.exists():

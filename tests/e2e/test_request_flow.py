@@ -19,10 +19,10 @@ BASE = f"https://127.0.0.1:{CFG.https_port}"
 
 @pytest.fixture
 def api_key(transactional_db: None, builtin_voices: list[str]) -> str:
-    from webapp.tenants.services import create_api_key, create_organization
+    from webapp.tenants.services import OPERATOR, create_api_key, create_organization
 
     org = create_organization("E2E tenant")
-    _, raw = create_api_key(org, "e2e")
+    _, raw = create_api_key(org, "e2e", created_by=OPERATOR)
     return raw
 
 

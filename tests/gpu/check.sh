@@ -1,29 +1,56 @@
 #!/usr/bin/env bash
-# GPU check for the worker's GPU-memory reading (webapp/speech/recycling.py), on a machine
-# with an NVIDIA GPU. CI has none and tests that path with an injected reading
-# (tests/reliability/test_recycling.py); this script checks the real readers.
+# GPU checks: the worker's GPU-memory reading and the PyTorch Piper engine.
 #
-#   tests/gpu/check.sh            # from the repository root; under 6 minutes
+#   tests/gpu/check.sh --device cpu   # in `make test`: the engine checks on the CPU, from the
+#                                     # source tree with the project's venv, installing nothing
+#   make gpu-check-prepare            # on a CPU machine: var/gpu-check/ (30 MiB, see tests/gpu/prepare.py)
+#   tests/gpu/check.sh --prepared var/gpu-check [--device cuda:N]   # on a GPU machine; under 6 minutes
 #
-# It uses the machine's own CUDA torch if one is importable (never installs torch:
-# an unpinned torch is a multi-GB download) and installs only nvidia-ml-py (pynvml)
-# when missing. Checks, each printed as PASS/FAIL:
+# A GPU machine needs only a copy of the working tree, the prepared folder and a Python
+# with CUDA torch (piper-tts, onnx and the voice package are not needed there). It never
+# installs torch (a multi-GB download); it installs nvidia-ml-py, Django, celery and psutil
+# when missing (the memory readers need them). Checks, each printed as PASS/FAIL/SKIP:
+#   engine (tests/gpu/engine_check.py): prepared fp16 weights load; fp32 durations equal
+#      onnxruntime's; fp16 vs fp32 parity (CUDA); throughput at batch 1, 8, 32 and the
+#      batch-8/batch-1 ratio; peak memory per job (torch.cuda.max_memory_allocated).
 #   1. NVML per-process reading: allocate ~256 MiB on the GPU in this process; the
 #      reader's figure rises by at least 200 MiB (NVML path: torch not imported yet).
 #   2. torch path: with torch imported and CUDA initialised, the reader returns
 #      torch.cuda.memory_reserved (within 1 MiB), and follows a 512 MiB allocation.
-#   3. the recycle decision: ChildHealth with TTS_WORKER_MAX_GPU_MB just under the
-#      current reading asks for a recycle with reason "gpu_memory".
+#   3. the recycle decision: with the engine's model loaded and a batch run, ChildHealth
+#      with TTS_WORKER_MAX_GPU_MB just under the current reading asks for a recycle with
+#      reason "gpu_memory".
 #   4. reading never initialises CUDA: in a fresh process the reader on device "cuda"
 #      leaves torch.cuda.is_initialized() False (the parent-process rule).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+
+DEVICE=cuda:0
+PREPARED=
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --device) DEVICE=$2; shift 2 ;;
+    --prepared) PREPARED=$(cd "$2" && pwd); shift 2 ;;
+    *) echo "usage: tests/gpu/check.sh [--device cpu|cuda|cuda:N] [--prepared DIR]"; exit 2 ;;
+  esac
+done
+[[ $DEVICE == cuda ]] && DEVICE=cuda:0
 
 PY=${PY:-}
 if [[ -z "$PY" ]]; then
   if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 deadline=$((SECONDS + 330))
+engine_args=(--device "$DEVICE")
+[[ -n $PREPARED ]] && engine_args+=(--prepared "$PREPARED")
+
+if [[ $DEVICE == cpu ]]; then
+  # The CUDA sections (memory readers, fp16, recycle) need a GPU; on the CPU the engine
+  # checks prove the script and the prepared-files path.
+  echo "SKIP: NVML and CUDA memory readers, recycle on GPU memory (--device cpu)"
+  timeout 300 "$PY" tests/gpu/engine_check.py "${engine_args[@]}"
+  exit $?
+fi
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || {
   echo "FAIL: nvidia-smi not found: this script needs an NVIDIA GPU"; exit 1; }
@@ -47,8 +74,8 @@ fi
 
 # The reader module needs Django settings only for defaults; run it standalone.
 export DJANGO_SETTINGS_MODULE=webapp.settings TTS_LOG_TO_FILE=0 TTS_VAR_DIR="${TMPDIR:-/tmp}/tts-gpu-check"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export TTS_WORKER_DEVICE=cuda:0
+export PYTHONPATH="$PWD${PREPARED:+:$PREPARED/pysrc}${PYTHONPATH:+:$PYTHONPATH}"
+export TTS_WORKER_DEVICE=$DEVICE TTS_GPU_PREPARED=$PREPARED
 
 if ! "$TORCH_PY" -c "import django, celery, psutil" 2>/dev/null; then
   timeout 120 "$TORCH_PY" -m pip install --quiet "Django>=5.2,<5.3" "celery[redis]>=5.6,<5.7" psutil || {
@@ -61,6 +88,14 @@ run_check() {
   if (( SECONDS > deadline )); then echo "SKIP: $name (time budget spent)"; status=1; return; fi
   if timeout 120 "$TORCH_PY" - "$@"; then echo "PASS: $name"; else echo "FAIL: $name"; status=1; fi
 }
+
+if [[ -z $PREPARED ]]; then
+  echo "FAIL: engine checks need --prepared DIR (make gpu-check-prepare on a CPU machine)"; status=1
+elif (( SECONDS > deadline )); then
+  echo "SKIP: engine checks (time budget spent)"; status=1
+else
+  timeout 240 "$TORCH_PY" tests/gpu/engine_check.py "${engine_args[@]}" || status=1
+fi
 
 run_check "NVML per-process reading follows an allocation" <<'EOF'
 import ctypes, sys
@@ -78,7 +113,9 @@ if cudart is None:
     x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda:0")
     torch.cuda.synchronize()
     before = None
-    after = recycling._nvml_process_mb(0, __import__("os").getpid())
+    import pynvml
+    from synth import telemetry
+    after = telemetry.nvml_process_mb(0, __import__("os").getpid(), pynvml)
     print("nvml (torch allocation):", after)
     sys.exit(0 if after is not None and after >= 200 else 1)
 ptr = ctypes.c_void_p()
@@ -105,11 +142,22 @@ sys.exit(0 if b is not None and abs(b - reserved) < 1 and b - (a or 0) >= 500 el
 EOF
 
 run_check "recycle decision on a real GPU reading" <<'EOF'
-import sys
+import os, sys
+from pathlib import Path
 import django; django.setup()
 import torch
 from webapp.speech import recycling
-x = torch.empty(300 * 2**20, dtype=torch.uint8, device="cuda:0")
+prepared = os.environ.get("TTS_GPU_PREPARED")
+if prepared:  # the engine's own model and one batch hold the memory that trips the limit
+    from synth.engines import vits_torch as vt
+    import json
+    model, _ = vt.load_prepared(str(Path(prepared) / "weights.pt"))
+    vt.place(model, "cuda:0", torch.float16)
+    ids = json.loads((Path(prepared) / "utterances.json").read_text())["phoneme_ids"]
+    with torch.inference_mode():
+        vt.infer(model, [vt.Utterance(row, 0.667, 1.0, 0.8) for row in ids], "cuda:0", torch.float16)
+else:
+    x = torch.empty(300 * 2**20, dtype=torch.uint8, device="cuda:0")
 reader = lambda: recycling.read_gpu_memory_mb("cuda:0")
 now = reader()
 health = recycling.ChildHealth(recycling.RecyclePolicy(max_gpu_mb=max(1.0, now - 50)), gpu_reader=reader)

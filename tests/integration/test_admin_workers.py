@@ -186,3 +186,64 @@ def test_staff_need_the_view_permission(db: None, private_redis: Any) -> None:
     client = _client_for(User.objects.get(pk=staff.pk))  # a fresh permission cache
     assert client.get(URL).status_code == 200
     assert f'href="{URL}"' in client.get("/admin/").content.decode()
+
+
+# ------------------------------------------------------------------ jobs and the ledger are read-only
+
+
+def test_jobs_and_ledger_rows_are_read_only_and_paths_are_never_form_fields(admin_client: Client) -> None:
+    import datetime as dt
+
+    from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod, Voice
+    from webapp.tenants.services import create_organization
+
+    org = create_organization("readonly-admin")
+    job = SynthesisJob.objects.create(
+        organization=org,
+        voice_name="espeak-en-us",
+        engine="espeak",
+        text="Read me only.",
+        text_chars=13,
+        format="wav",
+        status="succeeded",
+        audio_path=f"audio/{org.id}/x.wav",
+    )
+    period = UsagePeriod.objects.create(organization=org, period=dt.date(2026, 1, 1), characters_used=13)
+    event = UsageEvent.objects.create(
+        organization=org, job_key=job.id, kind="charge", characters=13, period=dt.date(2026, 1, 1)
+    )
+    voice = Voice.objects.create(
+        voice_id="readonly-admin-v",
+        organization=org,
+        name="v",
+        engine="piper",
+        language="en_US",
+        sample_rate=22050,
+        prompt_path="voices/p.wav",
+    )
+    for model, obj in (("synthesisjob", job), ("usageperiod", period), ("usageevent", event)):
+        base = f"/admin/speech/{model}/"
+        assert admin_client.get(base).status_code == 200
+        assert admin_client.get(base + "add/").status_code == 403
+        change = admin_client.get(f"{base}{obj.pk}/change/")
+        assert change.status_code == 200 and b'type="submit"' not in change.content.split(b"content-main")[1]
+        assert admin_client.post(f"{base}{obj.pk}/change/", {"status": "failed"}).status_code == 403
+        assert admin_client.post(f"{base}{obj.pk}/delete/", {"post": "yes"}).status_code == 403
+        assert admin_client.post(
+            base, {"action": "delete_selected", "_selected_action": [obj.pk]}
+        ).status_code in (
+            200,
+            302,
+        )
+    job.refresh_from_db()
+    assert (job.status, job.audio_path) == ("succeeded", f"audio/{org.id}/x.wav")
+    assert (
+        UsageEvent.objects.filter(pk=event.pk).exists() and UsagePeriod.objects.filter(pk=period.pk).exists()
+    )
+    # Found by id and by text; a search term that is no UUID is no error.
+    for term in (str(job.id), "Read me"):
+        assert admin_client.get("/admin/speech/synthesisjob/", {"q": term}).context["cl"].result_count == 1
+    assert admin_client.get("/admin/speech/synthesisjob/", {"q": "no-such-id"}).status_code == 200
+
+    form = admin_client.get(f"/admin/speech/voice/{voice.pk}/change/").context["adminform"].form
+    assert "prompt_path" not in form.fields and "name" in form.fields

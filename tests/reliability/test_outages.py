@@ -73,9 +73,9 @@ def _db_answers() -> bool:
 
 
 def _api_key(org: object) -> str:
-    from webapp.tenants.services import create_api_key
+    from webapp.tenants.services import OPERATOR, create_api_key
 
-    return create_api_key(org, "outage")[1]  # type: ignore[arg-type]
+    return create_api_key(org, "outage", created_by=OPERATOR)[1]  # type: ignore[arg-type]
 
 
 def _submit_problem(client: Client, key: str) -> tuple[int, str, str | None]:
@@ -90,7 +90,7 @@ def _submit_problem(client: Client, key: str) -> tuple[int, str, str | None]:
 
 
 def test_redis_stopped_with_jobs_queued_then_started(stack: TestStack, builtin_voices: list[str]) -> None:
-    from webapp.speech import services
+    from webapp.speech.services import dispatch
 
     flush_queues(stack, "synth.piper")
     org = make_org("redis-out")
@@ -110,7 +110,7 @@ def test_redis_stopped_with_jobs_queued_then_started(stack: TestStack, builtin_v
         late = submit(org, f"{SHORT} Submitted during the outage.", voice=PIPER)
         assert job(late.id).dispatched_at is None
     # Beat's re-dispatch (called directly here) sends what could not be sent.
-    assert services.redispatch_undispatched(older_than_seconds=0) == 1
+    assert dispatch.redispatch_undispatched(older_than_seconds=0) == 1
     assert stack.redis_client().llen("synth.piper") == 4  # the three from before the restart survived
     worker = start_worker(stack, "w-redis", engines="piper")
     try:

@@ -105,6 +105,8 @@ def test_gpu_memory_over_limit_recycles_the_child(
         TTS_WORKER_GPU_MEMORY_READER="tests.reliability.fakes:gpu_mb_from_file",
         TTS_FAKE_GPU_MB_FILE=str(reading),
         TTS_WORKER_MAX_GPU_MB="1000",
+        # The "leak" shows after two tasks; the loop guard would otherwise keep the child for ten.
+        TTS_WORKER_MIN_TASKS_BEFORE_RECYCLE="1",
     )
     try:
         org = make_org("gpu")
@@ -134,5 +136,46 @@ def test_gpu_memory_over_limit_recycles_the_child(
             "the new child's heartbeat to count the recycle",
         )[0]
         assert new_beat["recycle_reasons"] == {"gpu_memory": 1}
+    finally:
+        stack.stop_service(worker)
+
+
+def test_children_born_over_the_memory_limit_serve_on_and_age_out_at_different_times(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    """Memory counts from each child's own baseline; age limits are jittered per child."""
+    from webapp.speech import recycling
+
+    flush_queues(stack, "synth.espeak")
+    worker = start_worker(
+        stack,
+        "w-born-big",
+        concurrency=3,
+        TTS_WORKER_MAX_RSS_MB="20",  # every child is over this right after loading
+        TTS_WORKER_MIN_TASKS_BEFORE_RECYCLE="1",  # the loop guard off: the baseline alone must hold
+    )
+    try:
+        pids = {p.pid for p in children(worker)}
+
+        def ready_beats() -> list[dict] | None:
+            found = [h for h in stack.heartbeats() if h.get("pid") in pids and h.get("state") == "ready"]
+            return found if len(found) == 3 else None
+
+        beats = wait_until(
+            ready_beats,
+            30,
+            "three ready children",
+        )
+        assert all(b["baseline_rss_mb"] > 20 for b in beats), beats
+        # Started together, they must not all reach their age limit within the same minute.
+        deadlines = sorted(b["recycle_at"] for b in beats)
+        assert deadlines[-1] - deadlines[0] > 60, deadlines
+
+        org = make_org("born-big")
+        rows = wait_status([submit(org, f"Job {i}. {SHORT}").id for i in range(15)], timeout=90)
+        assert [r.status for r in rows] == ["succeeded"] * 15
+        assert {r.metrics["pid"] for r in rows} <= pids  # no child was replaced
+        assert {p.pid for p in children(worker)} == pids
+        assert recycling.node_stats(stack.redis_client(), beats[0]["node"])["recycles"] == 0
     finally:
         stack.stop_service(worker)

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,9 +20,12 @@ import pytest
 from deploy import stack as deploy_stack
 from deploy.stack import Service
 from tests.reliability.helpers import (
+    LONG,
+    PIPER,
     SHORT,
     children,
     flush_queues,
+    job,
     make_org,
     media_root,
     submit,
@@ -155,3 +159,98 @@ def test_worker_in_a_network_namespace_serves_the_same_queue(
             assert "espeak-en-us" in beat["voices"]
         finally:
             stack.stop_service(node)
+
+
+def _node_heartbeats(stack: TestStack, host: str) -> list[dict[str, object]]:
+    return [b for b in stack.heartbeats() if b.get("host") == host]
+
+
+def _lease_expired(job_id: object) -> bool:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT lease_until < now() FROM speech_synthesisjob WHERE id = %s", [str(job_id)])
+        return bool(cursor.fetchone()[0])
+
+
+def test_a_node_whose_heartbeat_stops_keeps_its_job_until_its_lease_expires(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    """Its own host name and pid namespace: only the heartbeat and the lease can say it is gone."""
+    from webapp.speech.tasks import synthesize_job
+
+    host_queue = "synth.host-only"
+    flush_queues(stack, "synth.piper", host_queue)
+    # The node's own pids may equal ours: only "host:...:pid" ids that differ by host keep them apart.
+    here = start_worker_on(stack, "w-here", host_queue)
+    with network_namespace() as ns, data_services_on(HOST_IP, stack):
+        env = django_env(
+            "node2",
+            DJANGO_SETTINGS_MODULE="webapp.settings",
+            DATABASE_URL=f"postgres://tts:{CFG.pg_password}@{HOST_IP}:{CFG.pg_port}/tts",
+            REDIS_URL=f"redis://:{CFG.redis_password}@{HOST_IP}:{CFG.redis_port}/0",
+            TTS_WORKER_ENGINES="piper",
+            TTS_HEARTBEAT_INTERVAL="0.5",
+            TTS_HEARTBEAT_TTL="2",
+            TTS_JOB_LEASE_SECONDS="10",
+        )
+        command = deploy_stack.worker_command(CFG, queues="synth.piper", concurrency="1", name="node2")
+        isolated = [
+            "unshare",
+            "--uts",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "sh",
+            "-c",
+            'hostname tts-node2 && exec "$@"',
+            "sh",
+        ]
+        node = stack.start_service(
+            Service("node2", ["ip", "netns", "exec", ns, *isolated, *command], env=env)
+        )
+        try:
+            wait_until(
+                lambda: [b for b in _node_heartbeats(stack, "tts-node2") if b.get("state") == "ready"],
+                120,
+                "the node's child to be ready",
+            )
+            org = make_org("node2-lease")
+            j = submit(org, " ".join([LONG] * 2), voice=PIPER)
+            wait_until(lambda: job(j.id).progress >= 0.2, 60, "the node to be mid-job", 0.02)
+            owner = job(j.id).worker
+            assert owner.startswith("tts-node2:")
+            os.killpg(node.process.pid, signal.SIGSTOP)  # the whole node freezes: no beat, no progress
+            frozen = time.monotonic()
+            wait_until(lambda: not _node_heartbeats(stack, "tts-node2"), 10, "the node's heartbeat to expire")
+            assert not _lease_expired(j.id)
+            # A message for the job reaches a worker here while the lease is still valid: it is not stolen.
+            synthesize_job.apply_async(args=(str(j.id),), queue=host_queue)
+            wait_until(lambda: stack.redis_client().llen(host_queue) == 0, 10, "the message to be taken")
+            time.sleep(1.0)
+            row = job(j.id)
+            assert (row.status, row.worker, row.attempts) == ("running", owner, 1)
+            assert not _lease_expired(j.id) and time.monotonic() - frozen < 10
+            # Once the lease has run out as well, the next message takes it over.
+            wait_until(lambda: _lease_expired(j.id), 20, "the lease to expire")
+            synthesize_job.apply_async(args=(str(j.id),), queue=host_queue)
+            (row,) = wait_status([j.id], timeout=90)
+            assert row.status == "succeeded" and row.attempts == 2, (row.error_code, row.error_message)
+            assert not row.worker.startswith("tts-node2:")
+            assert usage_events(j.id) == ["charge", "reserve"]
+        finally:
+            if node.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.process.pid, signal.SIGCONT)
+            stack.stop_service(node)
+            stack.stop_service(here)
+
+
+def start_worker_on(stack: TestStack, name: str, queue: str) -> Service:
+    env = {
+        "DJANGO_SETTINGS_MODULE": "webapp.settings",
+        "TTS_WORKER_ENGINES": "piper",
+        "TTS_HEARTBEAT_INTERVAL": "0.5",
+        "TTS_HEARTBEAT_TTL": "2",
+    }
+    return stack.start_worker(name, queues=queue, concurrency="1", env=env)

@@ -51,7 +51,9 @@ def _setting_names() -> set[str]:
     names |= set(re.findall(r'env_(?:str|int|float|bool|list|map)\(\s*"([A-Z0-9_]+)"', settings_src))
     names |= set(re.findall(r'os\.environ\.get\("([A-Z0-9_]+)"', settings_src))
     for path in (ROOT / "deploy").glob("*.py"):
-        names |= set(re.findall(r'(?:environ\.get|_env_int|env\.get)\(\s*"([A-Z0-9_]+)"', path.read_text()))
+        names |= set(
+            re.findall(r'(?:environ\.get|env_(?:str|int|float|bool|list|map)|env\.get)\(\s*"([A-Z0-9_]+)"', path.read_text())
+        )
     from deploy.nginx import DEFAULTS
 
     names |= {f"TTS_NGINX_{name}" for name in DEFAULTS}

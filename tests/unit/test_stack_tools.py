@@ -1,11 +1,16 @@
-"""The stack's own tools: log rotation, bootstrap without root, make clean's guard."""
+"""The stack's own tools: log rotation, restarts, warm stop, stop after a lost supervisor, bootstrap, make clean."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -62,3 +67,119 @@ def test_make_clean_without_confirm_removes_nothing() -> None:
         assert marker.exists()
     finally:
         marker.unlink()
+
+
+def _unit_cfg(tmp_path: Path) -> StackConfig:
+    return StackConfig(var_dir=tmp_path, pg_port=1, redis_port=2, http_port=3, https_port=4, name="unit")
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_service_that_dies_is_restarted(tmp_path: Path) -> None:
+    sup = Supervisor(_unit_cfg(tmp_path), echo=False)
+    service = sup.start(Service("sleeper", ["sleep", "300"]))
+    assert service.process is not None
+    first = service.process.pid
+    watcher = threading.Thread(target=sup.watch, daemon=True)
+    watcher.start()
+    try:
+        os.kill(first, signal.SIGKILL)
+        _wait(
+            lambda: (
+                service.process is not None
+                and service.process.pid != first
+                and service.process.poll() is None
+            ),
+            10,
+            "the restart",
+        )
+        record = json.loads((tmp_path / "run" / "sleeper.pid").read_text())
+        assert record["pid"] == service.process.pid  # the pid file follows the new process
+    finally:
+        sup.stopping.set()
+        watcher.join(5)
+        sup.stop_all(timeout=5)
+    assert not (tmp_path / "run" / "sleeper.pid").exists()
+
+
+def test_a_service_that_keeps_crashing_is_given_up_with_a_clear_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sup = Supervisor(_unit_cfg(tmp_path), echo=False)
+    sup.backoff_base = 0.05
+    sup.max_crashes = 4
+    runs = tmp_path / "runs"
+    sup.start(Service("crasher", ["sh", "-c", f"echo run >> {runs}; exit 3"]))
+    started = time.monotonic()
+    assert sup.watch() == 1
+    # Backoff doubles: 0.05 + 0.1 + 0.2 s between the four runs.
+    assert time.monotonic() - started >= 0.35
+    assert runs.read_text().count("run") == 4
+    out = capsys.readouterr().out
+    assert "crasher exited with status 3; restarting in 0.05 s" in out
+    assert "crasher exited 4 times within 120 s (last status 3); giving up." in out
+
+
+# A parent that, on SIGTERM, waits for its child's job to finish: a Celery worker's warm shutdown.
+WARM_PARENT = """
+import signal, subprocess, sys, time
+child = subprocess.Popen(["sh", "-c", "sleep 1.5; echo finished > " + sys.argv[1]])
+asked = []
+signal.signal(signal.SIGTERM, lambda *_: asked.append(True))
+print("ready", flush=True)
+while not asked:
+    time.sleep(0.05)
+sys.exit(child.wait())
+"""
+
+
+@pytest.mark.parametrize(("group", "finished"), [(False, True), (True, False)])
+def test_a_warm_stop_signals_only_the_parent(tmp_path: Path, group: bool, finished: bool) -> None:
+    sup = Supervisor(_unit_cfg(tmp_path), echo=False)
+    marker = tmp_path / "job"
+    service = sup.start(Service("worker", [sys.executable, "-c", WARM_PARENT, str(marker)], stop_group=group))
+    _wait(
+        lambda: (
+            (tmp_path / "log" / "worker.log").exists()
+            and "ready" in (tmp_path / "log" / "worker.log").read_text()
+        ),
+        10,
+        "ready",
+    )
+    sup.stop_all(timeout=10)
+    assert service.process is not None and service.process.poll() is not None
+    # Only the parent signalled: the running "job" finished. The whole group: it was cut off.
+    assert marker.exists() is finished
+
+
+SUPERVISOR_ALONE = """
+import sys, time
+from pathlib import Path
+from deploy.stack import Service, StackConfig, Supervisor
+cfg = StackConfig(var_dir=Path(sys.argv[1]), pg_port=1, redis_port=2, http_port=3, https_port=4, name="unit")
+sup = Supervisor(cfg, echo=False)
+service = sup.start(Service("sleeper", ["sleep", "300"]))
+print(service.process.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_stop_finds_the_services_of_a_killed_supervisor(tmp_path: Path) -> None:
+    from deploy.stack import cmd_stop
+
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR_ALONE, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert supervisor.stdout is not None
+    sleeper = int(supervisor.stdout.readline())
+    supervisor.kill()
+    supervisor.wait(10)
+    assert Path(f"/proc/{sleeper}").exists()  # orphaned, still running
+    assert cmd_stop(_unit_cfg(tmp_path)) == 0
+    _wait(lambda: not Path(f"/proc/{sleeper}").exists(), 10, "the orphan to be stopped")
+    assert not (tmp_path / "run" / "sleeper.pid").exists()

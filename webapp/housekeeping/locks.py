@@ -1,48 +1,48 @@
 """A Redis lock with expiry, so two runs of one housekeeping job never overlap.
 
-``SET key token NX EX ttl`` takes it; a Lua check-and-delete releases it only
-while it still holds our token, so a run that outlived its TTL cannot release
-the lock a later run took. The TTL outlasts the Celery hard time limit, so a
-killed run frees the lock by itself shortly after it died.
+redis-py's :class:`redis.lock.Lock` does the work (``SET NX PX`` with a random
+token; release and extend only while the token is still ours). The TTL
+outlasts the Celery hard time limit, so a killed run frees the lock by itself
+shortly after it died; a run that outlived its TTL finds the lock gone (or
+another run's) and releases nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import secrets
 from collections.abc import Iterator
 
 import redis
+from redis.exceptions import LockError
 
 from webapp.speech import heartbeat
 
 KEY_PREFIX = "tts:housekeeping:lock:"
 
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-    return redis.call('del', KEYS[1])
-end
-return 0
-"""
-
 
 class RedisLock:
+    """One named housekeeping lock: never waits, and a release after expiry is harmless."""
+
     def __init__(self, name: str, ttl_seconds: int, client: redis.Redis | None = None) -> None:
         self.key = KEY_PREFIX + name
-        self.ttl = max(1, int(ttl_seconds))
-        self.token = secrets.token_hex(16)
-        self.client = client if client is not None else heartbeat.client()
+        redis_client = client if client is not None else heartbeat.client()
+        self._lock = redis_client.lock(self.key, timeout=max(1, int(ttl_seconds)), blocking=False)
         self.held = False
 
     def acquire(self) -> bool:
-        self.held = bool(self.client.set(self.key, self.token, nx=True, ex=self.ttl))
+        self.held = bool(self._lock.acquire())
         return self.held
 
     def release(self) -> bool:
+        """True when our lock was released; False when it was not ours (any more)."""
         if not self.held:
             return False
         self.held = False
-        return bool(self.client.eval(_RELEASE, 1, self.key, self.token))  # type: ignore[no-untyped-call]
+        try:
+            self._lock.release()
+        except LockError:  # expired, or taken by a later run meanwhile: nothing of ours to free
+            return False
+        return True
 
 
 @contextlib.contextmanager
@@ -53,5 +53,4 @@ def hold(name: str, ttl_seconds: int) -> Iterator[bool]:
     try:
         yield acquired
     finally:
-        if acquired:
-            lock.release()
+        lock.release()

@@ -1,70 +1,96 @@
+"""The speech models in the admin: voices editable (their files are not), jobs and the ledger read-only.
+
+Jobs and ledger rows change only through the services (``webapp.speech.services``),
+which keep the reservation, the charge and the files in step; the admin's own
+save and delete would bypass them. Actions that change jobs (retry, cancel,
+expire) belong to the admin console and call the services outside the admin's
+transaction. Paths under MEDIA_ROOT are never typed in a form.
+"""
+
+from __future__ import annotations
+
 from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
-from django.urls import URLPattern, URLResolver, path, reverse
 
+from webapp.admin_site import site
 from webapp.speech import admin_views
 from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod, Voice
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Viewing only: no add, change or delete (a view permission still shows the rows)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class UnusedVoiceFilter(admin.SimpleListFilter):
+    """Tenant voices unused for TTS_VOICE_RETENTION_DAYS: reported for the operator, never deleted here."""
+
+    title = "use"
+    parameter_name = "unused"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Unused past the retention period")]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        from webapp.speech.services.prompts import unused_voices
+
+        return queryset & unused_voices() if self.value() == "yes" else queryset
+
+
 @admin.register(Voice)
 class VoiceAdmin(admin.ModelAdmin):
-    list_display = ("voice_id", "engine", "language", "organization", "status")
+    list_display = (
+        "voice_id", "engine", "language", "organization", "status", "cloning_mode", "pitch_median_hz", "last_used_at"
+    )  # fmt: skip
+    list_filter = ("status", "cloning_mode", UnusedVoiceFilter)
     search_fields = ("voice_id", "name")
+    # Stored paths (prompt_path, original_path, ...) point into MEDIA_ROOT: never typed in a form;
+    # the analysis (embedding, pitch, closest voice) and the consent record are facts, not settings.
+    readonly_fields = (
+        *(f.name for f in Voice._meta.fields if f.name.endswith("_path")),
+        "prompt_bytes", "embedding", "pitch_median_hz", "pitch_low_hz", "pitch_high_hz", "closest_voice",
+        "closest_similarity", "pitch_shift", "consent_by", "consent_by_label", "consent_at", "rejected_code",
+        "prompt_stats", "last_used_at",
+    )  # fmt: skip
 
 
 @admin.register(SynthesisJob)
-class SynthesisJobAdmin(admin.ModelAdmin):
+class SynthesisJobAdmin(ReadOnlyAdmin):
     list_display = ("id", "organization", "status", "voice_name", "text_chars", "created_at")
     list_filter = ("status", "engine")
-    readonly_fields = ("text", "metrics")
+    list_select_related = ("organization",)
+    search_fields = ("=id", "text")
 
 
 @admin.register(UsagePeriod)
-class UsagePeriodAdmin(admin.ModelAdmin):
+class UsagePeriodAdmin(ReadOnlyAdmin):
     list_display = ("organization", "period", "characters_used", "characters_reserved")
+    list_select_related = ("organization",)
 
 
 @admin.register(UsageEvent)
-class UsageEventAdmin(admin.ModelAdmin):
+class UsageEventAdmin(ReadOnlyAdmin):
     list_display = ("organization", "job_key", "kind", "characters", "period", "created_at")
+    list_select_related = ("organization",)
 
 
-# ----------------------------------------------------------------------------- the Workers page
-# Not a model: a read-only view of the worker heartbeats in Redis. It is added to
-# the default site's URLs and listed under the "Speech" app on the index and in
-# the sidebar, for users who may view synthesis jobs (admin_views.can_view).
-
-_site_get_urls = admin.site.get_urls
-_site_get_app_list = admin.site.get_app_list
-
-
-def _get_urls() -> list[URLPattern | URLResolver]:
-    # Before the site's own patterns: its final catch-all would answer 404 otherwise.
-    own = [path("speech/workers/", admin.site.admin_view(admin_views.workers_view), name="speech_workers")]
-    return [*own, *_site_get_urls()]
-
-
-def _get_app_list(request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
-    app_list = _site_get_app_list(request, app_label)
-    if not admin_views.can_view(request):
-        return app_list
-    for app in app_list:
-        if app["app_label"] == "speech":
-            app["models"].append(
-                {
-                    "name": "Workers",
-                    "object_name": "Workers",
-                    "perms": {"add": False, "change": False, "delete": False, "view": True},
-                    "admin_url": reverse("admin:speech_workers", current_app=admin.site.name),
-                    "add_url": None,
-                    "view_only": True,
-                }
-            )
-            app["models"].sort(key=lambda m: str(m["name"]))
-    return app_list
-
-
-admin.site.get_urls = _get_urls  # type: ignore[method-assign]
-admin.site.get_app_list = _get_app_list  # type: ignore[method-assign]
+# Not a model: a read-only view of the worker heartbeats in Redis, listed under
+# "Speech" for users who may view synthesis jobs (admin_views.can_view).
+site.add_page(
+    "speech",
+    "speech/workers/",
+    admin_views.workers_view,
+    name="speech_workers",
+    title="Workers",
+    visible=admin_views.can_view,
+)

@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.views.decorators.cache import never_cache
 
+from webapp.admin_site import site
 from webapp.speech import heartbeat, recycling
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,13 @@ def duration(seconds: float) -> str:
 def _age(at: Any, now: float) -> str:
     value = _num(at)
     return "-" if value is None else duration(now - value) + " ago"
+
+
+def _until(at: Any, now: float) -> str:
+    value = _num(at)
+    if value is None:
+        return ""
+    return "in " + duration(value - now) if value > now else "due"
 
 
 def _timestamp(at: Any) -> str:
@@ -128,11 +135,7 @@ def worker_row(beat: dict[str, Any], now: float) -> dict[str, Any]:
         "pid": str(beat.get("pid", "")),
         "state": state,
         "healthy": state == "ready",
-        "next_retry": (
-            ("in " + duration(next_retry - now) if next_retry > now else "due")
-            if next_retry is not None
-            else ""
-        ),
+        "next_retry": _until(next_retry, now),
         "next_retry_at": _timestamp(next_retry),
         "load_failures": str(beat.get("load_failures", "")),
         "load_attempts": str(beat.get("load_attempts", "")),
@@ -148,8 +151,13 @@ def worker_row(beat: dict[str, Any], now: float) -> dict[str, Any]:
         "recycles": str(beat.get("recycles", 0)),
         "last_recycle_reason": str(beat.get("last_recycle_reason") or ""),
         "recycle_reason": str(beat.get("recycle_reason") or ""),
+        "recycle_in": _until(beat.get("recycle_at"), now),
+        "recycle_at": _timestamp(beat.get("recycle_at")),
+        "held_back": str(beat.get("recycle_held_back") or ""),
         "rss_mb": _mb(beat.get("rss_mb")),
         "gpu_mb": _mb(beat.get("gpu_mb")),
+        "baseline_rss_mb": _mb(beat.get("baseline_rss_mb")),
+        "baseline_gpu_mb": _mb(beat.get("baseline_gpu_mb")),
         "rtf": _rtf(beat.get("rtf")),
         "beat_age": _age(beat.get("at"), now),
         "beat_at": _timestamp(beat.get("at")),
@@ -209,11 +217,11 @@ def collect(now: float | None = None) -> dict[str, Any]:
 
 @never_cache
 def workers_view(request: HttpRequest) -> TemplateResponse:
-    """Wrapped in ``admin.site.admin_view``: anyone not staff is sent to the login page first."""
+    """Served through ``site.add_page`` (admin_view): anyone not staff is sent to the login page first."""
     if not can_view(request):
         raise PermissionDenied
     context: dict[str, Any] = {
-        **admin.site.each_context(request),
+        **site.each_context(request),
         "title": "Workers",
         "now": _timestamp(time.time()),
         "redis_error": "",
@@ -226,5 +234,5 @@ def workers_view(request: HttpRequest) -> TemplateResponse:
         # The page exists to diagnose trouble; Redis being down is trouble to show, not a 500.
         log.warning("admin workers page: cannot read heartbeats: %s", exc)
         context["redis_error"] = type(exc).__name__
-    request.current_app = admin.site.name
+    request.current_app = site.name
     return TemplateResponse(request, "admin/speech/workers.html", context)

@@ -49,10 +49,6 @@ def live_workers() -> list[dict[str, Any]]:
     return out
 
 
-def live_worker_ids() -> set[str]:
-    return {w.get("worker_id", "") for w in live_workers()}
-
-
 # "recycling": a child that is being replaced after its task; its node serves
 # again within a second or two, so a submit then must not be a 503 no_worker.
 SERVING_STATES = ("ready", "recycling")

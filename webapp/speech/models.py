@@ -39,6 +39,28 @@ class Voice(models.Model):
     status_reason = models.CharField(max_length=500, blank=True)
     prompt_path = models.CharField(max_length=500, blank=True)
     prompt_bytes = models.PositiveBigIntegerField(default=0)
+    # Uploaded voices (issue 18; docs/voices.md). The prompt is biometric data:
+    # deleting the voice clears every field below and removes the files at once.
+    original_path = models.CharField(max_length=500, blank=True)  # kept only with TTS_KEEP_VOICE_ORIGINALS
+    transcript = models.TextField(blank=True)
+    consent_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    consent_by_label = models.CharField(max_length=300, blank=True)  # user or API key, kept if that goes
+    consent_at = models.DateTimeField(null=True, blank=True)
+    cloning_mode = models.CharField(max_length=12, blank=True)  # zero_shot | approximate; "" for built-ins
+    rejected_code = models.CharField(max_length=50, blank=True)
+    prompt_stats = models.JSONField(default=dict, blank=True)  # levels measured on the upload
+    embedding = models.JSONField(null=True, blank=True)  # speaker embedding (256 floats)
+    pitch_median_hz = models.FloatField(null=True, blank=True)
+    pitch_low_hz = models.FloatField(null=True, blank=True)
+    pitch_high_hz = models.FloatField(null=True, blank=True)
+    closest_voice = models.CharField(max_length=200, blank=True)  # approximate: the built-in voice that speaks
+    closest_similarity = models.FloatField(null=True, blank=True)
+    pitch_shift = models.FloatField(default=0.0)  # approximate: semitones applied to closest_voice
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    analysis_attempts = models.PositiveIntegerField(default=0)
+    analysis_lease_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -75,6 +97,7 @@ class SynthesisJob(models.Model):
     format = models.CharField(max_length=10)
     sample_rate = models.PositiveIntegerField(null=True, blank=True)
     params = models.JSONField(default=dict)  # speed, pitch, volume, language, instructions
+    cloning_mode = models.CharField(max_length=12, blank=True)  # uploaded voices: zero_shot | approximate
     source = models.CharField(max_length=20, default="api")  # api | openai | dashboard
 
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
@@ -85,6 +108,12 @@ class SynthesisJob(models.Model):
     oom_retries = models.PositiveIntegerField(default=0)
     worker = models.CharField(max_length=200, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
+    # The fencing token: +1 at every claim. Every write of a running attempt
+    # carries it and matches only while it is current (docs/workers.md).
+    claim_token = models.PositiveBigIntegerField(default=0)
+    deadline = models.DateTimeField(null=True, blank=True)  # claim + hard limit, database clock
+    progress_at = models.DateTimeField(null=True, blank=True)  # last advance, for the stall timeout
+    queued_at = models.DateTimeField(null=True, blank=True)  # last entry into the queue
 
     created_at = models.DateTimeField(default=timezone.now)
     dispatched_at = models.DateTimeField(null=True, blank=True)
@@ -112,6 +141,19 @@ class SynthesisJob(models.Model):
                 condition=models.Q(status="succeeded"),
                 name="speech_job_engine_done_idx",
             ),
+            # Fair claims pick among an engine's queued jobs, oldest first.
+            models.Index(
+                fields=["engine", "created_at"],
+                condition=models.Q(status="queued"),
+                name="speech_job_engine_queued_idx",
+            ),
+        ]
+        constraints = [
+            # A worker from before the fencing token (attempts + 1, no token) cannot claim.
+            models.CheckConstraint(
+                condition=~models.Q(status="running") | models.Q(claim_token__gte=models.F("attempts")),
+                name="speech_job_running_has_token",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -120,6 +162,15 @@ class SynthesisJob(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in self.FINISHED
+
+
+class ClaimProtocol(models.Model):
+    """The claim protocol the schema speaks; a worker whose code speaks an older one refuses to claim."""
+
+    version = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return f"claim protocol {self.version}"
 
 
 class UsagePeriod(models.Model):

@@ -1,17 +1,25 @@
 """When a worker child should be replaced, and how it leaves cleanly.
 
-Celery's own ``worker_max_tasks_per_child`` / ``worker_max_memory_per_child``
-cover task count and RSS as billiard sees it. This module adds the checks an
-operator of a model server cares about, evaluated after every task:
+Celery's own ``worker_max_tasks_per_child`` covers the task count. This
+module adds the checks an operator of a model server cares about, evaluated
+after every task:
 
-- RSS over ``TTS_WORKER_MAX_RSS_MB``;
-- GPU memory over ``TTS_WORKER_MAX_GPU_MB`` (read through an injectable reader:
-  torch's current reservation when torch is loaded with CUDA, else NVML's
-  per-process figure, else nothing);
+- RSS over ``TTS_WORKER_MAX_RSS_MB`` (or Celery's ``worker_max_memory_per_child``
+  when that is lower);
+- GPU memory over ``TTS_WORKER_MAX_GPU_MB`` (read through an injectable reader,
+  by default ``synth.telemetry.read_gpu_memory_mb``'s current figure);
 - age over ``TTS_WORKER_MAX_AGE_SECONDS``;
-- degradation: the rolling median real-time factor of an engine above the
-  child's own baseline for that engine by ``TTS_WORKER_RTF_DRIFT_FACTOR``;
+- degradation: the rolling median seconds of synthesis per character of an
+  engine above the child's own baseline for that engine by
+  ``TTS_WORKER_RTF_DRIFT_FACTOR``;
 - an out-of-memory error during the task.
+
+Memory limits count from the child's own baseline (its reading after warm-up,
+:meth:`ChildHealth.set_baseline`): memory a child was born with would be in
+its replacement too. Age limits are jittered per child (+-15 %), so children
+started together leave at different times. A recycle decided before
+``TTS_WORKER_MIN_TASKS_BEFORE_RECYCLE`` tasks is held back and logged as an
+error instead of looping (out-of-memory and the task count excepted).
 
 How the child leaves: billiard's worker loop checks ``mem_rss()`` against
 ``max_memory_per_child`` right after it has handed the task's result to the
@@ -31,15 +39,17 @@ import importlib
 import json
 import logging
 import os
-import statistics
-import sys
+import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+
+from synth import telemetry
+from synth.telemetry import read_rss_mb
 
 log = logging.getLogger(__name__)
 
@@ -54,57 +64,10 @@ EVENTS_KEPT = 200
 # ----------------------------------------------------------------------------- readings
 
 
-def read_rss_mb() -> float:
-    import psutil
-
-    return float(psutil.Process().memory_info().rss) / 2**20
-
-
-def _device_index(device: str) -> int:
-    return int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
-
-
 def read_gpu_memory_mb(device: str | None = None) -> float | None:
-    """This process's GPU memory in MiB now, or None on CPU or when nothing can tell.
-
-    torch first (``memory_reserved``: what the caching allocator holds, which
-    is what grows), but only when torch is already imported and CUDA already
-    initialised, so reading never initialises CUDA. Otherwise NVML's
-    per-process usage (onnxruntime's CUDA provider shows up there).
-    """
+    """What this child holds on its GPU now (MiB), or None on CPU: the default recycle reader."""
     device = device if device is not None else str(getattr(settings, "TTS_WORKER_DEVICE", "cpu"))
-    if device == "cpu":
-        return None
-    index = _device_index(device)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                return float(torch.cuda.memory_reserved(index)) / 2**20
-        except Exception:  # noqa: S110 - a broken CUDA runtime: try NVML
-            pass
-    return _nvml_process_mb(index, os.getpid())
-
-
-def _nvml_process_mb(index: int, pid: int) -> float | None:
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        used = 0.0
-        seen = False
-        for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-            for proc in getattr(pynvml, getter)(handle):
-                if proc.pid == pid and proc.usedGpuMemory is not None:
-                    used += float(proc.usedGpuMemory) / 2**20
-                    seen = True
-        # Not listed: this process holds no context on that GPU (yet).
-        return used if seen else 0.0
-    except Exception:
-        return None
+    return telemetry.read_gpu_memory_mb(device, peak=False)
 
 
 def load_gpu_reader(path: str | None = None) -> GpuMemoryReader:
@@ -117,6 +80,14 @@ def load_gpu_reader(path: str | None = None) -> GpuMemoryReader:
 
 # ----------------------------------------------------------------------------- policy
 
+# Memory a child was born with is no reason to replace it (a fresh child would
+# have it too): a memory limit counts only once the child has grown this much
+# over its own baseline, the reading after its warm-up.
+MEMORY_GROWTH = 0.10
+# Children started together must not all leave together: each child's age
+# limit is drawn from limit x (1 +- AGE_JITTER).
+AGE_JITTER = 0.15
+
 
 @dataclass
 class RecyclePolicy:
@@ -126,46 +97,77 @@ class RecyclePolicy:
     rtf_drift_factor: float = 0.0
     rtf_baseline_tasks: int = 5
     rtf_window: int = 10
+    # A recycle decided before this many tasks is held back (logged as an error):
+    # replacing the child would not help, and doing it anyway is a restart loop.
+    min_tasks: int = 0
+    # Age limit jitter, a fraction of the limit (the worker uses AGE_JITTER).
+    age_jitter: float = 0.0
 
     @classmethod
     def from_settings(cls) -> RecyclePolicy:
+        celery_mb = settings.CELERY_WORKER_MAX_MEMORY_PER_CHILD / 1024
+        rss_limits = [x for x in (settings.TTS_WORKER_MAX_RSS_MB, celery_mb) if x > 0]
         return cls(
-            max_rss_mb=settings.TTS_WORKER_MAX_RSS_MB,
+            max_rss_mb=min(rss_limits, default=0.0),
             max_gpu_mb=settings.TTS_WORKER_MAX_GPU_MB,
             max_age_seconds=settings.TTS_WORKER_MAX_AGE_SECONDS,
             rtf_drift_factor=settings.TTS_WORKER_RTF_DRIFT_FACTOR,
             rtf_baseline_tasks=max(1, settings.TTS_WORKER_RTF_BASELINE_TASKS),
             rtf_window=max(1, settings.TTS_WORKER_RTF_WINDOW),
+            min_tasks=max(0, settings.TTS_WORKER_MIN_TASKS_BEFORE_RECYCLE),
+            age_jitter=AGE_JITTER,
         )
+
+
+def weighted_median(samples: Iterable[tuple[float, float]]) -> float | None:
+    """The value at the middle of the total weight of ``(value, weight)`` pairs."""
+    ordered = sorted((v, w) for v, w in samples if w > 0)
+    total = sum(w for _, w in ordered)
+    if not ordered:
+        return None
+    # Equal weights give the plain median, the mean of the two middle values included.
+    below = 0.0
+    for i, (value, weight) in enumerate(ordered):
+        below += weight
+        if below > total / 2:
+            return value
+        if below == total / 2:
+            return (value + ordered[i + 1][0]) / 2
+    return ordered[-1][0]
+
+
+Sample = tuple[float, float]  # (seconds of synthesis per character, characters)
 
 
 @dataclass
 class RtfTracker:
-    """Per engine: a baseline (median RTF of the child's first tasks) and a rolling window."""
+    """Per engine: seconds of synthesis per character, a baseline and a rolling window.
+
+    Each figure is a median over characters, not over jobs: a job of 2,000
+    characters weighs 2,000 times one of a single character, so a run of short
+    jobs (whose fixed costs dominate) neither sets the baseline nor looks like drift.
+    """
 
     baseline_tasks: int
     window: int
     baselines: dict[str, float] = field(default_factory=dict)
-    _first: dict[str, list[float]] = field(default_factory=dict)
-    _recent: dict[str, deque[float]] = field(default_factory=dict)
+    _first: dict[str, list[Sample]] = field(default_factory=dict)
+    _recent: dict[str, deque[Sample]] = field(default_factory=dict)
 
-    def add(self, engine: str, rtf: float) -> None:
-        if not rtf or rtf <= 0:
+    def add(self, engine: str, seconds_per_char: float, characters: float = 1.0) -> None:
+        if not seconds_per_char or seconds_per_char <= 0 or characters <= 0:
             return
+        sample = (seconds_per_char, float(characters))
         if engine not in self.baselines:
             first = self._first.setdefault(engine, [])
-            first.append(rtf)
+            first.append(sample)
             if len(first) >= self.baseline_tasks:
-                self.baselines[engine] = statistics.median(first)
+                self.baselines[engine] = weighted_median(first) or 0.0
             return
-        self._recent.setdefault(engine, deque(maxlen=self.window)).append(rtf)
+        self._recent.setdefault(engine, deque(maxlen=self.window)).append(sample)
 
     def rolling(self, engine: str) -> float | None:
-        recent = self._recent.get(engine)
-        if recent:
-            return statistics.median(recent)
-        first = self._first.get(engine)
-        return statistics.median(first) if first else None
+        return weighted_median(self._recent.get(engine) or self._first.get(engine) or [])
 
     def drifted(self, factor: float) -> str | None:
         """The engine whose full rolling window is ``factor`` x slower than its baseline."""
@@ -175,7 +177,7 @@ class RtfTracker:
             recent = self._recent.get(engine)
             if recent is None or len(recent) < self.window or base <= 0:
                 continue
-            if statistics.median(recent) > factor * base:
+            if (weighted_median(recent) or 0.0) > factor * base:
                 return engine
         return None
 
@@ -188,7 +190,14 @@ class RtfTracker:
 
 
 def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
+    return None if value is None else round(value, 6)
+
+
+def jittered(limit: float, jitter: float, rng: random.Random | None = None) -> float:
+    """``limit`` moved by up to +-``jitter`` of itself, drawn once per child."""
+    if limit <= 0 or jitter <= 0:
+        return max(0.0, limit)
+    return limit * (1 + (rng or random.SystemRandom()).uniform(-jitter, jitter))
 
 
 @dataclass
@@ -198,13 +207,24 @@ class ChildHealth:
     policy: RecyclePolicy
     gpu_reader: GpuMemoryReader | None = None
     started_at: float = field(default_factory=time.time)
+    rng: random.Random | None = None
     rtf: RtfTracker = field(init=False)
+    max_age_seconds: float = field(init=False)
     recycle_reason: str | None = None
+    held_back: str = ""
     last_rss_mb: float = 0.0
     last_gpu_mb: float | None = None
+    baseline_rss_mb: float | None = None
+    baseline_gpu_mb: float | None = None
 
     def __post_init__(self) -> None:
         self.rtf = RtfTracker(self.policy.rtf_baseline_tasks, self.policy.rtf_window)
+        self.max_age_seconds = jittered(self.policy.max_age_seconds, self.policy.age_jitter, self.rng)
+
+    @property
+    def age_deadline(self) -> float | None:
+        """When this child's age limit is reached (epoch seconds), or None without one."""
+        return self.started_at + self.max_age_seconds if self.max_age_seconds else None
 
     def read_gpu(self) -> float | None:
         if self.gpu_reader is None:
@@ -216,29 +236,80 @@ class ChildHealth:
             return None
         return None if value is None else float(value)
 
-    def check(self, now: float | None = None, rss_mb: float | None = None) -> str | None:
-        """After a task: the reason to recycle now, or None. Remembers the readings."""
-        now = time.time() if now is None else now
+    def set_baseline(self, rss_mb: float | None = None) -> None:
+        """Remember the memory the child holds after its warm-up: limits count growth from here."""
+        self.baseline_rss_mb = read_rss_mb() if rss_mb is None else rss_mb
+        self.baseline_gpu_mb = self.read_gpu()
+        for what, value, limit in (
+            ("rss", self.baseline_rss_mb, self.policy.max_rss_mb),
+            ("gpu_memory", self.baseline_gpu_mb, self.policy.max_gpu_mb),
+        ):
+            if limit and value is not None and value > limit:
+                log.error(
+                    "worker child %d starts at %s %.0f MiB, over its limit of %.0f MiB: it is replaced "
+                    "only once it grows %.0f %% over that; raise the limit",
+                    os.getpid(),
+                    what,
+                    value,
+                    limit,
+                    MEMORY_GROWTH * 100,
+                )
+
+    def _memory_reason(
+        self, what: str, value: float | None, limit: float, baseline: float | None
+    ) -> str | None:
+        if not limit or value is None:
+            return None
+        if baseline is not None and value <= baseline * (1 + MEMORY_GROWTH):
+            return None  # not grown since warm-up: a fresh child would be just as big
+        if value <= limit:
+            return None
+        since = "" if baseline is None else f" (baseline {baseline:.0f} MiB after warm-up)"
+        return f"{what} {value:.0f} MiB over {limit:.0f} MiB{since}"
+
+    def _reason(self, now: float) -> str | None:
         p = self.policy
+        reason = self._memory_reason("rss", self.last_rss_mb, p.max_rss_mb, self.baseline_rss_mb)
+        reason = reason or self._memory_reason(
+            "gpu_memory", self.last_gpu_mb, p.max_gpu_mb, self.baseline_gpu_mb
+        )
+        if reason:
+            return reason
+        if self.max_age_seconds and now - self.started_at > self.max_age_seconds:
+            return f"age {now - self.started_at:.0f} s over {self.max_age_seconds:.0f} s"
+        engine = self.rtf.drifted(p.rtf_drift_factor)
+        if engine is None:
+            return None
+        return (
+            f"rtf_drift {engine} rolling {self.rtf.rolling(engine):.6f} s/char over "
+            f"{p.rtf_drift_factor:g} x baseline {self.rtf.baselines[engine]:.6f}"
+        )
+
+    def check(
+        self, now: float | None = None, rss_mb: float | None = None, tasks_done: int | None = None
+    ) -> str | None:
+        """After a task: the reason to recycle now, or None. Remembers the readings.
+
+        With ``tasks_done`` under the policy's ``min_tasks`` a reason is held
+        back: logged once as an error, shown in ``held_back``, and the child serves on.
+        """
+        now = time.time() if now is None else now
         self.last_rss_mb = read_rss_mb() if rss_mb is None else rss_mb
         self.last_gpu_mb = self.read_gpu()
         if self.recycle_reason:
             return self.recycle_reason
-        reason: str | None = None
-        if p.max_rss_mb and self.last_rss_mb > p.max_rss_mb:
-            reason = f"rss {self.last_rss_mb:.0f} MiB over {p.max_rss_mb:.0f} MiB"
-        elif p.max_gpu_mb and self.last_gpu_mb is not None and self.last_gpu_mb > p.max_gpu_mb:
-            reason = f"gpu_memory {self.last_gpu_mb:.0f} MiB over {p.max_gpu_mb:.0f} MiB"
-        elif p.max_age_seconds and now - self.started_at > p.max_age_seconds:
-            reason = f"age {now - self.started_at:.0f} s over {p.max_age_seconds:.0f} s"
-        else:
-            engine = self.rtf.drifted(p.rtf_drift_factor)
-            if engine is not None:
-                base = self.rtf.baselines[engine]
-                reason = (
-                    f"rtf_drift {engine} rolling {self.rtf.rolling(engine):.4f} over "
-                    f"{p.rtf_drift_factor:g} x baseline {base:.4f}"
+        reason = self._reason(now)
+        if reason and tasks_done is not None and tasks_done < self.policy.min_tasks:
+            if reason_kind(reason) != reason_kind(self.held_back):
+                log.error(
+                    "worker child %d would be recycled after only %d tasks (%s); it keeps serving, "
+                    "as replacing it would loop: check the limit",
+                    os.getpid(),
+                    tasks_done,
+                    reason,
                 )
+            self.held_back = reason
+            return None
         if reason:
             self.recycle_reason = reason
         return reason
@@ -266,7 +337,15 @@ def exit_requested() -> str | None:
 
 
 def install_exit_hook() -> bool:
-    """Wrap billiard's after-task memory reading in this child. Returns False if it cannot."""
+    """Make billiard's after-task memory probe report our decision. Returns False if it cannot.
+
+    Billiard compares ``mem_rss()`` with ``worker_max_memory_per_child`` after
+    every task. We answer "over any limit" once a recycle was requested and a
+    token 1 KiB otherwise (never 0, which billiard logs as an unreadable
+    figure): Celery's limit is applied by our check instead (it is folded into
+    the ``rss`` limit, with the child's baseline and the minimum task count),
+    so a child born over that limit does not restart after every task.
+    """
     try:
         import billiard.pool as pool
     except ImportError:
@@ -276,10 +355,8 @@ def install_exit_hook() -> bool:
         return original is not None
 
     def mem_rss() -> int:
-        if _exit_requested:
-            # Over any limit: billiard returns EX_RECYCLE and the parent forks a fresh child.
-            return 2**62
-        return int(original())
+        # Over any limit: billiard returns EX_RECYCLE and the parent forks a fresh child.
+        return 2**62 if _exit_requested else 1
 
     mem_rss._tts_hook = True  # type: ignore[attr-defined]
     pool.mem_rss = mem_rss  # type: ignore[attr-defined]

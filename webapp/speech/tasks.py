@@ -1,26 +1,34 @@
-"""Celery tasks: thin wrappers around ``speech.services`` and ``synth``.
+"""Celery tasks: thin wrappers around the worker-side job services and ``synth``.
 
 ``synthesize_job`` runs on the engine's queue (``synth.piper``, ``synth.espeak``).
-The job row is the truth: the task claims it with a conditional update (a
-redelivered or duplicate message finds nothing to claim), reports progress
-sentence by sentence (which renews the lease and reads the cancel flag),
-lets ``synth`` write the audio to a temporary name and rename it into place,
-and settles the job exactly once through the services. Whatever goes wrong,
-no partial file stays behind and the child decides afterwards whether it
-should be replaced (``worker.after_task``).
+Its message is a wake-up: the task re-claims the message's own job when that
+job's owner is dead, else claims the fairest queued job of its engines
+(``attempts.claim_next``). Each claim carries a fencing token; every write of
+the attempt carries it too, and the attempt writes only files named with it
+(``attempt_path``), so a stale attempt can neither change the row nor touch
+the live attempt's audio. Progress is written sentence by sentence (renewing
+the lease, reading the cancel flag); a write that comes back "lost" stops the
+run at once. The soft limit is checked at each sentence, the hard limit is an
+alarm in the child and the deadline on the row. Whatever goes wrong, the
+attempt removes its own files, and the child decides afterwards whether it
+should be replaced (``worker.after_task``). docs/workers.md tells the whole flow.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import logging
 import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from celery.exceptions import Reject, SoftTimeLimitExceeded
+import tenacity
+from celery.exceptions import Reject
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections
 from django.utils import timezone
@@ -28,8 +36,12 @@ from django.utils import timezone
 # The project's app, not shared_task: a web process that never imported
 # webapp.celery must still send to the configured broker.
 from webapp.celery import app
-from webapp.speech import recycling, services, worker
+from webapp.speech import faults, recycling, worker
 from webapp.speech.models import SynthesisJob
+from webapp.speech.services import attempts, prompts
+from webapp.speech.services.attempts import Verdict
+from webapp.speech.services.dispatch import job_time_limits
+from webapp.speech.services.files import media_path
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +55,45 @@ class JobLost(Exception):
     """The database stayed unreachable; the message goes back to the queue."""
 
 
+class AttemptLost(Exception):
+    """A write of this attempt matched no row: another attempt owns the job now, or it ended."""
+
+
+class SoftLimitReached(Exception):
+    """The job's soft time limit passed: stop before the next sentence."""
+
+
+class HardLimitReached(BaseException):
+    """The job's hard limit passed (an alarm in the child).
+
+    A BaseException, so that no library's ``except Exception`` swallows it.
+    """
+
+
+def _drop_connections(retry_state: Any = None) -> None:
+    """A dead connection must not be reused by the next attempt; it may fail to close, it is dropped anyway."""
+    for conn in connections.all(initialized_only=True):
+        with contextlib.suppress(Exception):
+            conn.close()
+    if retry_state is not None and retry_state.outcome is not None:
+        exc = retry_state.outcome.exception()
+        log.warning("database unreachable (%s); retrying", str(exc).strip()[:200])
+
+
 def db_retry(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call a service, riding out a PostgreSQL outage (growing pauses) up to TTS_WORKER_DB_RETRY_SECONDS."""
-    deadline = time.monotonic() + settings.TTS_WORKER_DB_RETRY_SECONDS
-    pause = 0.25
-    while True:
-        try:
-            return fn(*args, **kwargs)
-        except _DB_ERRORS as exc:
-            for conn in connections.all(initialized_only=True):
-                try:
-                    conn.close()
-                except Exception:  # noqa: S110 - a dead connection may fail to close; it is dropped anyway
-                    pass
-            if time.monotonic() + pause > deadline:
-                raise JobLost(f"database unreachable: {exc}") from exc
-            log.warning("database unreachable (%s); retrying in %.1f s", str(exc).strip()[:200], pause)
-            time.sleep(pause)
-            pause = min(pause * 2, 5.0)
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(_DB_ERRORS),
+        wait=tenacity.wait_exponential(multiplier=0.25, max=5.0),
+        stop=tenacity.stop_before_delay(settings.TTS_WORKER_DB_RETRY_SECONDS),
+        before_sleep=_drop_connections,
+        reraise=True,
+    )
+    try:
+        return retrying(fn, *args, **kwargs)
+    except _DB_ERRORS as exc:
+        _drop_connections()
+        raise JobLost(f"database unreachable: {exc}") from exc
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -90,8 +123,17 @@ def storage_error_code(exc: BaseException) -> str | None:
     return None
 
 
+# ----------------------------------------------------------------------------- files of one attempt
+
+
+def attempt_path(job: SynthesisJob, token: int | None = None) -> str:
+    """Where attempt ``token`` (default: the job's current claim) writes: ``audio/<org>/<job>.<token>.<fmt>``."""
+    token = job.claim_token if token is None else token
+    return os.path.join("audio", str(job.organization_id), f"{job.id}.{token}.{job.format}")
+
+
 def _remove_partials(out_path: str) -> None:
-    """synth writes ``.<name>.<random>.part`` beside the target; none may survive a failure."""
+    """synth writes ``.<name>.<random>.part`` (and ``.part.f32``) beside the target."""
     directory, base = os.path.split(out_path)
     for leftover in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(base)}.*.part*")):
         try:
@@ -102,83 +144,108 @@ def _remove_partials(out_path: str) -> None:
             log.warning("could not remove partial file %s: %s", leftover, exc)
 
 
-def _relative_path(organization_id: Any, job_id: Any, fmt: str) -> str:
-    return os.path.join("audio", str(organization_id), f"{job_id}.{fmt}")
+def discard_output(job_id: Any, token: int, relative: str) -> None:
+    """Remove attempt ``token``'s files, unless the job row names its file as the job's audio.
 
-
-def _clean_after_dead_owner(job_id: str) -> None:
-    """The job was just given up (``worker_lost``): remove what its killed runs left."""
-    try:
-        row = (
-            SynthesisJob.objects.filter(id=job_id).values_list("organization_id", "format", "status").first()
-        )
-    except _DB_ERRORS:
-        return  # the orphan sweep removes old temporary files
-    if row is not None and row[2] != SynthesisJob.Status.SUCCEEDED:
-        _remove_partials(services.audio_abspath(_relative_path(row[0], job_id, row[1])))
-
-
-def _discard_output(job_id: str, relative: str, out_path: str) -> None:
-    """Remove our file unless the job row says it is the job's audio."""
+    Only that attempt's files: a path not named with its token is refused, so
+    no run can delete another attempt's output.
+    """
+    if not os.path.basename(relative).startswith(f"{job_id}.{token}."):
+        log.error("job %s: %s is not a file of attempt %s; left alone", job_id, relative, token)
+        return
+    out_path = media_path(relative)
     _remove_partials(out_path)
     try:
         kept = SynthesisJob.objects.filter(
             id=job_id, status=SynthesisJob.Status.SUCCEEDED, audio_path=relative
         ).exists()
     except _DB_ERRORS:
-        return  # cannot tell: leave it to the orphan sweep rather than delete a delivered file
+        return  # cannot tell: the orphan sweep decides later rather than delete a delivered file
     if not kept:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(out_path)
-        except FileNotFoundError:
-            pass
 
 
-def _inject_faults(job: SynthesisJob) -> None:
-    """Test-only faults (tests/reliability): off unless the TTS_FAULT_* settings are set."""
-    crash = settings.TTS_FAULT_CRASH_MARKER
-    if crash and crash in job.text:
-        log.error("fault injection: job %s kills its worker child", job.id)
-        os._exit(70)
-    oom = settings.TTS_FAULT_OOM_MARKER
-    if oom and oom in job.text:
-        raise MemoryError("fault injection: simulated out-of-memory")
+def _discard_dead_attempt(job_id: Any) -> None:
+    """A claim found the job's owner dead and the job closed: remove that owner's files."""
+    try:
+        job = SynthesisJob.objects.filter(id=job_id).only("organization_id", "format", "claim_token").first()
+    except _DB_ERRORS:
+        return  # the orphan sweep removes them
+    if job is not None and job.claim_token:
+        discard_output(job.id, job.claim_token, attempt_path(job))
+
+
+def _fsync(path: str) -> None:
+    """The file and its folder on disk before the row says succeeded (a power cut keeps both)."""
+    for target, flags in ((path, os.O_RDONLY), (os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)):
+        fd = os.open(target, flags)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# ----------------------------------------------------------------------------- the task
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one delivery of a message ended, for the log and the child's recycle check."""
+
+    name: str  # succeeded, canceled, lost, skipped, failed:<code>, requeued:oom, requeued:shutdown
+    engine: str | None = None
+    synth_seconds: float | None = None  # with characters: the child's drift check (seconds per character)
+    characters: int = 0
+    out_of_memory: bool = False
+
+
+SKIPPED = Outcome("skipped")
+
+
+@dataclass
+class Attempt:
+    """One claim of a job by this child: its token, its own file and its limits."""
+
+    job: SynthesisJob
+    relative: str
+    out_path: str
+    soft: float
+    hard: float
+    started: float  # time.monotonic() at the claim
+    claimed_at: Any
+
+    @property
+    def token(self) -> int:
+        return int(self.job.claim_token)
 
 
 @app.task(
     bind=True, name="speech.synthesize_job", acks_late=True, reject_on_worker_lost=True, ignore_result=True
 )
-def synthesize_job(self: Any, job_id: str) -> str:
+def synthesize_job(self: Any, job_id: str, limits: list[float] | None = None) -> str:
+    """Wake-up for ``job_id``; ``limits`` = (soft, hard) seconds of that job, from dispatch."""
     state = worker.current()
     if not state.ready:
         # Should not happen (the child loads before taking work); never run without a model.
         recycling.request_exit("not_loaded child took a task without a model")
         raise Reject("worker child has no model", requeue=True)
-    engine: str | None = None
-    rtf: float | None = None
-    oom = False
-    outcome = "skipped"
+    outcome = SKIPPED
     try:
-        # (hard, soft) as sent with the message by services.dispatch_job.
-        limits = tuple(getattr(self.request, "timelimit", None) or (None, None))
-        outcome, engine, rtf, oom = _run(state, job_id, limits[1] if len(limits) > 1 else None)
+        outcome = _run(state, job_id, limits)
     except JobLost as exc:
         log.error("job %s: %s; message handed back", job_id, exc)
         raise Reject(str(exc), requeue=True) from exc
     finally:
         state.current_job = None
-        worker.after_task(state, engine, rtf, oom=oom)
-    return outcome
+        worker.after_task(
+            state, outcome.engine, outcome.synth_seconds, outcome.characters, oom=outcome.out_of_memory
+        )
+    return outcome.name
 
 
-def _run(
-    state: worker.WorkerState, job_id: str, soft_limit: float | None = None
-) -> tuple[str, str | None, float | None, bool]:
-    """(outcome, engine, rtf, out_of_memory) for one delivery of a job's message."""
-    from synth import SynthesisRequest
-    from synth.errors import Cancelled, SynthError
-
-    me = state.worker_id
+def _owner_gone(job_id: str, me: str) -> tuple[list[str], str]:
+    """(dead, suspect) owner of the message's job when it runs: dead here by its pid, suspect elsewhere."""
     owner = db_retry(
         lambda: (
             SynthesisJob.objects.filter(id=job_id, status=SynthesisJob.Status.RUNNING)
@@ -186,127 +253,219 @@ def _run(
             .first()
         )
     )
-    dead = [owner] if owner and worker.owner_is_dead(owner, me) else []
-    job = db_retry(services.claim_job, job_id, me, dead)
+    if not owner or not worker.owner_is_dead(owner, me):
+        return [], ""
+    # Elsewhere a missing heartbeat only makes the owner a suspect: its lease must have run out too.
+    local = owner == me or worker.owner_is_local(owner)
+    return ([owner], "") if local else ([], owner)
+
+
+def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> SynthesisJob | None:
+    """The message's job if its owner is gone, else the fairest queued job of this child's engines."""
+    me = state.worker_id
+    dead, suspect = _owner_gone(job_id, me)
+    if dead or suspect:
+        job = db_retry(attempts.claim_job, job_id, me, dead, suspect=suspect, hard_seconds=hard)
+        if job is not None and dead:
+            # The dead owner ran no cleanup: its files (token - 1) are ours to remove.
+            discard_output(job.id, job.claim_token - 1, attempt_path(job, job.claim_token - 1))
+        elif job is None and dead:
+            _discard_dead_attempt(job_id)
+        if job is not None:
+            return job
+    job = db_retry(attempts.claim_next, settings.TTS_WORKER_ENGINES, me, job_id, hard)
+    if job is None or str(job.id) != str(job_id):
+        # The message's job may be one no one can claim (spent, canceled): it must not stay open.
+        db_retry(attempts.close_unclaimable, job_id)
+    return job
+
+
+def _run(state: worker.WorkerState, job_id: str, limits: list[float] | None) -> Outcome:
+    """One delivery of a message: claim, synthesise, then settle the job exactly once."""
+    soft_hint, hard_hint = (limits or [None, None])[:2]
+    job = _claim(state, job_id, hard_hint)
     if job is None:
-        if dead:
-            _clean_after_dead_owner(job_id)
-        return "skipped", None, None, False
-    claimed = timezone.now()
+        return SKIPPED
+    own = str(job.id) == str(job_id) and soft_hint is not None and hard_hint is not None
+    soft, hard = (float(soft_hint), float(hard_hint)) if own else job_time_limits(job.text_chars)
+    relative = attempt_path(job)
+    attempt = Attempt(job, relative, media_path(relative), soft, hard, time.monotonic(), timezone.now())
     state.current_job = str(job.id)
-    relative = _relative_path(job.organization_id, job.id, job.format)
-    out_path = services.audio_abspath(relative)
-    # A killed earlier attempt ran no cleanup: its temporary file is ours to remove.
-    _remove_partials(out_path)
     rss_before = round(state.health.last_rss_mb or recycling.read_rss_mb(), 1)
-    params = job.params or {}
-    stop = {"flag": False}
-
-    def progress(done: int, total: int) -> None:
-        stage = "encoding" if done >= total else f"synthesising {done + 1}/{total}"
-        stop["flag"] = db_retry(services.report_progress, job_id, me, done, total, stage)
-
     try:
-        _inject_faults(job)
-        os.makedirs(os.path.dirname(out_path), exist_ok=True)
-        request = SynthesisRequest(
-            text=job.text,
-            voice=job.voice_name,
-            format=job.format,
-            sample_rate=job.sample_rate,
-            speed=float(params.get("speed", 1.0)),
-            pitch=float(params.get("pitch", 0.0)),
-            volume=float(params.get("volume", 0.0)),
-            language=params.get("language"),
-            instructions=params.get("instructions"),
-        )
-        result = state.synthesizer.synthesize(
-            request, out_path, progress=progress, should_cancel=lambda: stop["flag"]
-        )
-        metrics: dict[str, Any] = {
-            "queue_ms": max(0, int((claimed - job.created_at).total_seconds() * 1000)),
-            "synth_ms": result.synth_ms,
-            "audio_seconds": round(result.duration_seconds, 3),
-            "rtf": round(result.rtf, 4),
-            "peak_rss_mb": result.peak_rss_mb,
-            "peak_gpu_mb": result.peak_gpu_mb,
-            "engine": result.engine,
-            "device": result.device,
-            "worker": me,
-            "host": state.worker_id.rpartition(":")[0],
-            "pid": state.pid,
-            "node": state.node,
-            "attempt": job.attempts,
-            "child_task_no": state.tasks_done + 1,
-            "child_rss_before_mb": rss_before,
-            "chunks": result.chunks,
-        }
+        with _hard_limit(attempt):
+            faults.before_synthesis(job)
+            result = _synthesize(state, attempt)
+            _fsync(attempt.out_path)
+        faults.before_commit(job)
         done = db_retry(
-            services.complete_job,
-            job_id,
-            me,
+            attempts.complete_job,
+            job.id,
+            attempt.token,
             audio_path=relative,
             audio_bytes=result.bytes,
             duration_seconds=result.duration_seconds,
-            metrics=metrics,
+            metrics=_metrics(state, attempt, result, rss_before),
             applied_instructions={"applied": result.applied, "not_applied": result.not_applied},
         )
-        if not done:
-            # Canceled or re-claimed meanwhile: this file is not the job's audio.
-            _discard_output(job_id, relative, out_path)
-            return "lost", result.engine, result.rtf, False
-        return "succeeded", result.engine, result.rtf, False
-    except Cancelled:
-        _discard_output(job_id, relative, out_path)
-        canceled = db_retry(services.finish_canceled, job_id, me)
-        return ("canceled" if canceled else "lost"), None, None, False
-    except SoftTimeLimitExceeded:
-        _discard_output(job_id, relative, out_path)
-        soft = soft_limit or services.job_time_limits(job.text_chars)[0]
-        db_retry(
-            services.fail_job,
-            job_id,
-            "timeout",
-            f"Synthesis took longer than the {soft:g} s allowed for {job.text_chars} characters.",
-            worker_id=me,
-        )
-        return "timeout", None, None, False
-    except SynthError as exc:
-        _discard_output(job_id, relative, out_path)
-        db_retry(services.fail_job, job_id, exc.code, exc.message, worker_id=me)
-        return f"failed:{exc.code}", None, None, False
     except JobLost:
-        _discard_output(job_id, relative, out_path)
+        discard_output(job.id, attempt.token, relative)
         raise
+    except HardLimitReached:
+        discard_output(job.id, attempt.token, relative)
+        _drop_connections()  # the alarm may have cut a query short
+        return _failed(
+            attempt, "timeout", f"The job ran past its hard time limit of {hard:g} s and was stopped."
+        )
     except Exception as exc:
-        _discard_output(job_id, relative, out_path)
-        code = storage_error_code(exc)
-        if code is not None:
-            detail = "The audio storage is full." if code == "disk_full" else "The audio could not be stored."
-            log.error("job %s: %s (%s)", job_id, code, exc)
-            db_retry(services.fail_job, job_id, code, f"{detail} Try again later.", worker_id=me)
-            return f"failed:{code}", None, None, False
-        if is_out_of_memory(exc):
-            return _out_of_memory(job_id, me, exc), None, None, True
-        log.exception("job %s failed unexpectedly", job_id)
-        db_retry(services.fail_job, job_id, "synthesis_failed", f"{type(exc).__name__}: {exc}", worker_id=me)
-        return "failed:synthesis_failed", None, None, False
+        discard_output(job.id, attempt.token, relative)
+        return _settle_failure(attempt, exc)
+    if not done:
+        # Canceled or taken over meanwhile: this file is not the job's audio.
+        discard_output(job.id, attempt.token, relative)
+        return Outcome("lost", result.engine, result.synth_ms / 1000, job.text_chars)
+    return Outcome("succeeded", result.engine, result.synth_ms / 1000, job.text_chars)
 
 
-def _out_of_memory(job_id: str, me: str, exc: BaseException) -> str:
+@contextlib.contextmanager
+def _hard_limit(attempt: Attempt) -> Iterator[None]:
+    """Raise HardLimitReached in this (the task's) thread once the job's hard limit has passed.
+
+    Celery's own hard limit is one ceiling above every job's (dispatch.celery_time_limit);
+    it only kills a child stuck where Python cannot run this alarm's handler.
+    """
+
+    def expired(signum: int, frame: Any) -> None:
+        raise HardLimitReached()
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, max(0.01, attempt.hard - (time.monotonic() - attempt.started)))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
+    """Run synth on the job's text into this attempt's file.
+
+    After each sentence one fenced write records progress, renews the lease and
+    reads the cancel flag. Its answer is acted on at once, in the same call:
+    "lost" raises AttemptLost and the run stops before its next sentence; so
+    does the soft limit. A cancel is read at the next sentence's check.
+    """
+    from synth import SynthesisRequest
+
+    job = attempt.job
+    params = job.params or {}
+    cancel = {"requested": False}
+
+    def progress(done: int, total: int) -> None:
+        stage = "encoding" if done >= total else f"synthesising {done + 1}/{total}"
+        verdict = db_retry(attempts.report_progress, job.id, attempt.token, done, total, stage)
+        if verdict is Verdict.LOST:
+            raise AttemptLost()
+        cancel["requested"] = verdict is Verdict.CANCEL
+        if done < total and time.monotonic() - attempt.started > attempt.soft:
+            raise SoftLimitReached()
+
+    os.makedirs(os.path.dirname(attempt.out_path), exist_ok=True)
+    request = SynthesisRequest(
+        text=job.text,
+        voice=job.voice_name,
+        format=job.format,
+        sample_rate=job.sample_rate,
+        speed=float(params.get("speed", 1.0)),
+        pitch=float(params.get("pitch", 0.0)),
+        volume=float(params.get("volume", 0.0)),
+        language=params.get("language"),
+        instructions=params.get("instructions"),
+        loudness_lufs=params.get("loudness"),
+        # An uploaded voice cloned zero-shot: the engine gets its prompt (docs/voices.md).
+        prompt=prompts.voice_prompt(job.voice) if job.cloning_mode == prompts.ZERO_SHOT else None,
+    )
+    return state.synthesizer.synthesize(
+        request,
+        attempt.out_path,
+        progress=progress,
+        should_cancel=lambda: cancel["requested"] or worker.handing_back(),
+    )
+
+
+def _metrics(state: worker.WorkerState, attempt: Attempt, result: Any, rss_before: float) -> dict[str, Any]:
+    """What the job row keeps about its run (the API shows only the public part)."""
+    job = attempt.job
+    return {
+        "queue_ms": max(0, int((attempt.claimed_at - job.created_at).total_seconds() * 1000)),
+        "synth_ms": result.synth_ms,
+        "audio_seconds": round(result.duration_seconds, 3),
+        "rtf": round(result.rtf, 4),
+        "peak_rss_mb": result.peak_rss_mb,
+        "peak_gpu_mb": result.peak_gpu_mb,
+        "engine": result.engine,
+        "device": result.device,
+        "worker": state.worker_id,
+        "host": state.worker_id.partition(":")[0],
+        "pid": state.pid,
+        "node": state.node,
+        "attempt": job.attempts,
+        "claim_token": attempt.token,
+        "child_task_no": state.tasks_done + 1,
+        "child_rss_before_mb": rss_before,
+        "chunks": result.chunks,
+    }
+
+
+def _settle_failure(attempt: Attempt, exc: Exception) -> Outcome:
+    """End a run that raised: lost, canceled, timed out, refused by synth, out of storage or memory, a bug.
+
+    The message a tenant sees is ours, never the exception's text; that goes to the log.
+    """
+    from synth.errors import Cancelled, SynthError
+
+    job = attempt.job
+    if isinstance(exc, AttemptLost):
+        log.warning("job %s: attempt %s lost its claim; stopped", job.id, attempt.token)
+        return Outcome("lost")
+    if isinstance(exc, Cancelled) and worker.handing_back():
+        # The worker is stopping and its grace ran out: the job waits for another worker.
+        handed_back = db_retry(
+            attempts.requeue_job, job.id, attempt.token, reason="worker stopping", count_attempt=False
+        )
+        return Outcome("requeued:shutdown" if handed_back else "lost")
+    if isinstance(exc, Cancelled):
+        canceled = db_retry(attempts.finish_canceled, job.id, attempt.token)
+        return Outcome("canceled" if canceled else "lost")
+    if isinstance(exc, SoftLimitReached):
+        message = (
+            f"Synthesis took longer than the {attempt.soft:g} s allowed for {job.text_chars} characters."
+        )
+        return _failed(attempt, "timeout", message)
+    if isinstance(exc, SynthError):
+        return _failed(attempt, exc.code, exc.message)
+    code = storage_error_code(exc)
+    if code is not None:
+        log.error("job %s: %s (%s)", job.id, code, exc)
+        detail = "The audio storage is full." if code == "disk_full" else "The audio could not be stored."
+        return _failed(attempt, code, f"{detail} Try again later.")
+    if is_out_of_memory(exc):
+        return Outcome(_out_of_memory(attempt, exc), out_of_memory=True)
+    log.exception("job %s failed unexpectedly", job.id)
+    return _failed(attempt, "synthesis_failed", "Synthesis failed unexpectedly; try again later.")
+
+
+def _failed(attempt: Attempt, code: str, message: str) -> Outcome:
+    ended = db_retry(attempts.fail_job, attempt.job.id, code, message, token=attempt.token)
+    return Outcome(f"failed:{code}" if ended else "lost")
+
+
+def _out_of_memory(attempt: Attempt, exc: BaseException) -> str:
     """Re-queue once (a fresh child may well manage), then give up with ``resource_exhausted``."""
-    log.error("job %s ran out of memory: %s", job_id, exc)
-    retries = db_retry(
-        lambda: SynthesisJob.objects.filter(id=job_id).values_list("oom_retries", flat=True).first()
-    )
-    if retries is not None and retries < settings.TTS_JOB_OOM_RETRIES:
-        if db_retry(services.requeue_job, job_id, me, reason="out of memory", oom=True):
+    job = attempt.job
+    log.error("job %s ran out of memory: %s", job.id, exc)
+    if job.oom_retries < settings.TTS_JOB_OOM_RETRIES:
+        if db_retry(attempts.requeue_job, job.id, attempt.token, reason="out of memory", oom=True):
             return "requeued:oom"
-    db_retry(
-        services.fail_job,
-        job_id,
-        "resource_exhausted",
-        "The worker ran out of memory on this job, also after a retry on a fresh worker.",
-        worker_id=me,
-    )
-    return "failed:resource_exhausted"
+    message = "The worker ran out of memory on this job, also after a retry on a fresh worker."
+    return _failed(attempt, "resource_exhausted", message).name

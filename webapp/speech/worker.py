@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
+import signal
 import socket
 import threading
 import time
@@ -22,7 +24,7 @@ from typing import Any
 
 import psutil
 from celery import current_app
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import worker_process_init, worker_process_shutdown, worker_shutting_down
 from django.conf import settings
 
 from webapp.speech import heartbeat, recycling
@@ -30,8 +32,34 @@ from webapp.speech import heartbeat, recycling
 log = logging.getLogger(__name__)
 
 
+def _pid_namespace() -> str:
+    try:
+        return format(os.stat("/proc/self/ns/pid").st_ino, "x")
+    except OSError:
+        return "0"
+
+
+def _start_stamp(proc: psutil.Process) -> str:
+    return format(round(proc.create_time() * 100), "x")
+
+
 def make_worker_id(pid: int | None = None) -> str:
-    return f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
+    """``host:<pid namespace>-<process start>-<random>:pid``: unique per child start.
+
+    Host and pid alone collide between containers that share a host name and
+    after pid reuse; the pid stays the last part, as logs and tests read it.
+    """
+    pid = os.getpid() if pid is None else pid
+    nonce = f"{_pid_namespace()}-{_start_stamp(psutil.Process(pid))}-{secrets.token_hex(3)}"
+    return f"{socket.gethostname()}:{nonce}:{pid}"
+
+
+def owner_is_local(owner: str) -> bool:
+    """Whether ``owner`` runs on this host in this pid namespace, where its pid can be checked."""
+    host, _, rest = owner.partition(":")
+    nonce, _, pid_text = rest.rpartition(":")
+    namespace = nonce.split("-", 1)[0]
+    return host == socket.gethostname() and pid_text.isdigit() and namespace in ("", _pid_namespace())
 
 
 class WorkerState:
@@ -78,9 +106,13 @@ class WorkerState:
             "max_tasks_per_child": current_app.conf.worker_max_tasks_per_child,
             "current_job": self.current_job,
             "rss_mb": rss,
-            "gpu_mb": None if gpu is None else round(gpu, 1),
+            "gpu_mb": _round(gpu),
             "rtf": self.health.rtf.summary(),
+            "baseline_rss_mb": _round(self.health.baseline_rss_mb),
+            "baseline_gpu_mb": _round(self.health.baseline_gpu_mb),
+            "recycle_at": self.health.age_deadline,
             "recycle_reason": recycling.exit_requested() or "",
+            "recycle_held_back": self.health.held_back,
             **stats,
             "load_attempts": self.load_attempts,
             "next_retry_at": self.next_retry_at,
@@ -101,6 +133,10 @@ class WorkerState:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 STATE: WorkerState | None = None
@@ -125,26 +161,27 @@ def _gpu_reader() -> recycling.GpuMemoryReader | None:
 
 
 def owner_is_dead(owner: str, me: str | None = None) -> bool:
-    """Whether the worker child named ``owner`` (``host:pid``) is gone.
+    """Whether the worker child named ``owner`` is gone, or may be (see ``owner_is_local``).
 
-    Same host: the pid tells at once (a zombie counts as dead), so a killed
-    child's job is picked up within seconds. Other hosts: its heartbeat key has
-    expired. When in doubt (Redis unreachable), alive: the lease reaper is the
-    backstop.
+    Same host and pid namespace: the pid tells at once (a zombie, or another
+    process that reused the pid since, counts as dead), so a killed child's
+    job is picked up within seconds. Elsewhere: its heartbeat key has expired,
+    which only makes it a suspect: the claim also needs its lease expired by
+    the database clock. When in doubt (Redis unreachable), alive: the lease
+    reaper is the backstop.
     """
     if not owner:
         return False
     if me is not None and owner == me:
         return True  # we are running this very message, so that earlier run of "us" is gone
-    host, _, pid_text = owner.rpartition(":")
-    if host == socket.gethostname() and pid_text.isdigit():
+    if owner_is_local(owner):
+        nonce, _, pid_text = owner.partition(":")[2].rpartition(":")
+        stamp = nonce.split("-")[1] if nonce.count("-") >= 2 else ""
         try:
             proc = psutil.Process(int(pid_text))
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return True
+            return proc.status() == psutil.STATUS_ZOMBIE or bool(stamp and _start_stamp(proc) != stamp)
         except psutil.NoSuchProcess:
             return True
-        return False
     try:
         return not bool(heartbeat.client().exists(heartbeat.KEY_PREFIX + owner))
     except Exception:
@@ -156,8 +193,11 @@ def owner_is_dead(owner: str, me: str | None = None) -> bool:
 
 def load_models(state: WorkerState) -> None:
     from synth import Synthesizer
-    from webapp.speech import services
-    from webapp.speech.models import Voice
+    from webapp.speech.services import attempts
+
+    # Before any model: a worker from older code must not claim against a newer schema
+    # (it backs off and says why in its heartbeat, like a model that fails to load).
+    attempts.check_claim_protocol()
 
     synthesizer = Synthesizer(
         device=settings.TTS_WORKER_DEVICE,
@@ -168,9 +208,28 @@ def load_models(state: WorkerState) -> None:
     synthesizer.load()
     state.state = "warming_up"
     synthesizer.warm_up()
-    voices = synthesizer.voices()
-    # Upserting 100+ eSpeak voices on every recycle costs a second: the first child of a
-    # node writes them all (new capabilities after an upgrade), later ones only what is missing.
+    found = synthesizer.voices()
+    _sync_builtin_voices(state, found)
+    devices = {getattr(e, "device", "cpu") for e in getattr(synthesizer, "_engines", {}).values()}
+    devices.discard("cpu")
+    state.device = sorted(devices)[0] if devices else "cpu"
+    state.synthesizer = synthesizer
+    state.voices = [v.id for v in found]
+    state.loaded_at = time.time()
+    state.health.started_at = state.loaded_at
+    # Warmed up: what it holds now is what any fresh child holds, the baseline limits count from.
+    state.health.set_baseline()
+
+
+def _sync_builtin_voices(state: WorkerState, found: list[Any]) -> None:
+    """Upsert the voices this child serves into the database.
+
+    Upserting 100+ eSpeak voices on every recycle costs a second: the first child of a
+    node writes them all (new capabilities after an upgrade), later ones only what is missing.
+    """
+    from webapp.speech.models import Voice
+    from webapp.speech.services import voices
+
     synced_key = recycling.NODE_KEY_PREFIX + state.node
     first_of_node = True
     with contextlib.suppress(Exception):
@@ -180,19 +239,12 @@ def load_models(state: WorkerState) -> None:
             "voice_id", flat=True
         )
     )
-    missing = voices if first_of_node else [v for v in voices if v.id not in known]
+    missing = found if first_of_node else [v for v in found if v.id not in known]
     if missing:
-        services.sync_builtin_voices(missing)
+        voices.sync_builtin_voices(missing)
     with contextlib.suppress(Exception):
         heartbeat.client().hset(synced_key, "voices_synced", 1)
         heartbeat.client().expire(synced_key, recycling.NODE_KEY_TTL)
-    devices = {getattr(e, "device", "cpu") for e in getattr(synthesizer, "_engines", {}).values()}
-    devices.discard("cpu")
-    state.device = sorted(devices)[0] if devices else "cpu"
-    state.synthesizer = synthesizer
-    state.voices = [v.id for v in voices]
-    state.loaded_at = time.time()
-    state.health.started_at = state.loaded_at
 
 
 def load_with_backoff(state: WorkerState) -> bool:
@@ -263,6 +315,7 @@ def _on_process_init(**_: Any) -> None:
         return
     state = current()
     recycling.install_exit_hook()
+    signal.signal(HAND_BACK_SIGNAL, _on_hand_back_signal)
     threading.Thread(target=state.beat_forever, name="heartbeat", daemon=True).start()
     if not load_with_backoff(state):
         log.error(
@@ -315,21 +368,28 @@ def _on_process_shutdown(**_: Any) -> None:
 # ----------------------------------------------------------------------------- after each task
 
 
-def after_task(state: WorkerState, engine: str | None, rtf: float | None, oom: bool = False) -> str | None:
-    """Count the task, feed the health check, and ask to leave when the child should be replaced."""
+def after_task(
+    state: WorkerState,
+    engine: str | None,
+    synth_seconds: float | None,
+    characters: int,
+    oom: bool = False,
+) -> str | None:
+    """Count the task, feed the health check, and ask to leave when the child should be replaced.
+
+    ``synth_seconds`` and ``characters`` (of a succeeded synthesis; None/0
+    otherwise) feed the drift check, which compares seconds per character.
+    """
     state.tasks_done += 1
     state.current_job = None
-    if engine and rtf:
-        state.health.rtf.add(engine, rtf)
-    reason: str | None = "oom out-of-memory during a job" if oom else None
-    if reason:
-        state.health.recycle_reason = reason
-    reason = state.health.check() or reason
-    conf = current_app.conf
-    max_tasks = conf.worker_max_tasks_per_child
-    max_kb = conf.worker_max_memory_per_child
-    if not reason and max_kb and state.health.last_rss_mb * 1024 > max_kb:
-        reason = f"rss {state.health.last_rss_mb:.0f} MiB over worker_max_memory_per_child"
+    if engine and synth_seconds and characters > 0:
+        state.health.rtf.add(engine, synth_seconds / characters, characters)
+    if oom:
+        # Not held back by the minimum task count: after an out-of-memory error
+        # the runtime's state is suspect, and the job's retry wants a fresh child.
+        state.health.recycle_reason = "oom out-of-memory during a job"
+    reason = state.health.check(tasks_done=state.tasks_done)
+    max_tasks = current_app.conf.worker_max_tasks_per_child
     if not reason and max_tasks and state.tasks_done >= max_tasks:
         # billiard ends the child itself; counted here so the heartbeat shows it.
         reason = f"max_tasks {state.tasks_done} tasks"
@@ -341,3 +401,50 @@ def after_task(state: WorkerState, engine: str | None, rtf: float | None, oom: b
         except Exception as exc:
             log.warning("could not record recycle: %s", exc)
     return reason
+
+
+# ----------------------------------------------------------------------------- warm shutdown
+
+# Sent by the worker parent to its children when the stop grace has run out.
+HAND_BACK_SIGNAL = signal.SIGUSR2
+_hand_back = threading.Event()
+_grace_timer_started = threading.Event()
+
+
+def handing_back() -> bool:
+    """True once the worker's stop grace ran out: the running job goes back to the queue.
+
+    The task's cancel check reads this between sentences; the job is then
+    re-queued without counting the attempt (it did nothing wrong), its
+    partial output is removed and the child ends its task normally.
+    """
+    return _hand_back.is_set()
+
+
+def _on_hand_back_signal(signum: int, frame: Any) -> None:
+    _hand_back.set()
+
+
+@worker_shutting_down.connect
+def _on_shutting_down(how: str = "", **_: Any) -> None:
+    """Warm shutdown of the Celery parent (SIGTERM, Ctrl-C, ``make stop``, systemd stop).
+
+    Celery stops taking messages and waits for the running tasks. They get
+    ``TTS_WORKER_STOP_GRACE`` seconds; then each child is told to hand its job
+    back, which it does before its next sentence, so the worker exits well
+    before the supervisor's (or systemd's) kill, which comes later still.
+    """
+    if settings.TTS_WORKER_ROLE != "synth" or how != "Warm" or _grace_timer_started.is_set():
+        return
+    _grace_timer_started.set()
+    grace = float(settings.TTS_WORKER_STOP_GRACE)
+    threading.Thread(target=_hand_back_after, args=(grace,), name="stop-grace", daemon=True).start()
+
+
+def _hand_back_after(grace: float) -> None:
+    time.sleep(grace)
+    pids = [child.pid for child in psutil.Process().children()]
+    log.warning("stop grace of %g s over: %d worker children hand their jobs back", grace, len(pids))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, HAND_BACK_SIGNAL)

@@ -9,11 +9,11 @@ from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from webapp.tenants.models import ApiKey
-from webapp.tenants.services import find_api_key, touch_api_key
+from webapp.tenants.services import find_api_key, key_role, touch_api_key
 
 
 class ApiKeyUser:
-    """The principal of an API request: the key and its tenant (not a Django user)."""
+    """The principal of an API request: the key, its tenant and the role it acts with (not a Django user)."""
 
     is_authenticated = True
     is_anonymous = False
@@ -21,6 +21,9 @@ class ApiKeyUser:
     def __init__(self, key: ApiKey) -> None:
         self.key = key
         self.organization = key.organization
+        self.role = key_role(key)
+        # The user the key acts for (None for a tenant key the operator issued).
+        self.user_id: int | None = key.user_id
 
     @property
     def pk(self) -> str:
@@ -47,11 +50,6 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="api"'
-
-
-def has_scope(request: Any, scope: str) -> bool:
-    key = getattr(request, "auth", None)
-    return isinstance(key, ApiKey) and scope in (key.scopes or [])
 
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]

@@ -24,6 +24,8 @@ class Plan(models.Model):
     max_upload_bytes = models.PositiveBigIntegerField(default=10 * 1024 * 1024)
     retention_days = models.PositiveIntegerField(default=7)
     storage_bytes = models.PositiveBigIntegerField(default=1024 * 1024 * 1024)
+    # The dashboard asks this plan's owners for a TOTP second factor.
+    owners_need_totp = models.BooleanField(default=False)
 
     class Meta:
         constraints = [
@@ -53,6 +55,7 @@ class Membership(models.Model):
         OWNER = "owner"
         ADMIN = "admin"
         MEMBER = "member"
+        VIEWER = "viewer"
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
@@ -67,14 +70,22 @@ class Membership(models.Model):
 
 
 class ApiKey(models.Model):
-    """A key looks like ``tts_<prefix>_<secret>``; only an HMAC of the secret is stored."""
+    """A key looks like ``tts_<prefix>_<secret>``; only an HMAC of the secret is stored.
+
+    A key acts for its ``user`` with that user's current role in the tenant
+    (see ``webapp.tenants.roles``); a key without a user was issued by the
+    operator for the tenant as a whole and acts with the admin role.
+    """
 
     class Scope(models.TextChoices):
         SPEECH_WRITE = "speech:write"
         SPEECH_READ = "speech:read"
         VOICES_WRITE = "voices:write"
+        KEYS_MANAGE = "keys:manage"
 
-    ALL_SCOPES = [Scope.SPEECH_WRITE.value, Scope.SPEECH_READ.value, Scope.VOICES_WRITE.value]
+    ALL_SCOPES = [scope.value for scope in Scope]
+    # What a new key gets when nobody asks for scopes: never key management.
+    DEFAULT_SCOPES = [Scope.SPEECH_READ.value, Scope.SPEECH_WRITE.value]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="api_keys")
@@ -82,9 +93,17 @@ class ApiKey(models.Model):
     prefix = models.CharField(max_length=8, unique=True)
     secret_hash = models.CharField(max_length=64)
     scopes = models.JSONField(default=list)
+    # The user the key acts for. Deleting the user deletes the key: a key never
+    # outlives its holder and never falls back to the tenant-wide admin role.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="api_keys"
+    )
+    # Who issued it (None: the operator); kept for the record.
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # A rate of its own, below the plan's (None: only the tenant's rate applies).
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)

@@ -1,4 +1,10 @@
-"""State changes of tenants, members and API keys."""
+"""State changes of tenants, members and API keys.
+
+Key management always checks who acts. The actor is a user (their role in
+the tenant), an API key (its user's role and the ``keys:manage`` scope), or
+:data:`OPERATOR`: the people running the service (the admin site, management
+commands), who stand outside every tenant and say so explicitly.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +17,26 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 from django.utils.text import slugify
 
-from webapp.problems import Problem
+from webapp.errors import DomainError, ErrorCode
+from webapp.tenants import roles
 from webapp.tenants.models import ApiKey, Membership, Organization, Plan
 
 KEY_RE = re.compile(r"^tts_([A-Za-z0-9]{8})_([A-Za-z0-9_-]{20,128})$")
 _PREFIX_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+class Operator:
+    """The service's operators: they issue and revoke keys for any tenant."""
+
+    def __repr__(self) -> str:
+        return "OPERATOR"
+
+
+OPERATOR = Operator()
 
 
 def hash_secret(secret: str) -> str:
@@ -51,48 +69,82 @@ def create_api_key(
     organization: Organization,
     name: str,
     *,
+    created_by: Any,
+    user: Any = None,
     scopes: list[str] | None = None,
-    created_by: Any = None,
     expires_at: dt.datetime | None = None,
+    requests_per_minute: int | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key and return it with its full secret, which is never stored or shown again.
 
-    ``created_by`` (a user) must be an owner or admin of the organization.
+    ``created_by`` must be an owner or admin of the organization (a user, or a
+    key acting for one), or :data:`OPERATOR`. A user's or a key's new key acts
+    for the same user; only the operator may issue a key for another member
+    (``user``) or for the tenant as a whole (no user). Without ``scopes`` the
+    key gets read and speech, never key management.
     """
-    if created_by is not None:
-        require_role(created_by, organization, KEY_MANAGER_ROLES)
-    unknown = sorted(set(scopes or []) - set(ApiKey.ALL_SCOPES))
-    if unknown:
-        raise Problem(400, "invalid_scope", f"Unknown scope(s): {', '.join(unknown)}.", field="scopes")
-    while True:
-        prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(8))
-        if not ApiKey.objects.filter(prefix=prefix).exists():
-            break
+    _require_key_manager(created_by, organization)
+    holder, holder_role = _holder(created_by, organization, user)
+    granted = _granted_scopes(scopes, holder_role)
+    if requests_per_minute is not None and requests_per_minute < 1:
+        raise DomainError(
+            ErrorCode.INVALID_REQUEST, "requests_per_minute must be at least 1.", field="requests_per_minute"
+        )
+    prefix = _unused_prefix()
     secret = secrets.token_urlsafe(32)
     key = ApiKey.objects.create(
         organization=organization,
         name=name,
         prefix=prefix,
         secret_hash=hash_secret(secret),
-        scopes=list(scopes if scopes is not None else ApiKey.ALL_SCOPES),
-        created_by=created_by,
+        scopes=granted,
+        user=holder,
+        created_by=_user_of(created_by),
         expires_at=expires_at,
+        requests_per_minute=requests_per_minute,
     )
     return key, f"tts_{prefix}_{secret}"
 
 
+@transaction.atomic
+def revoke_api_key(key: ApiKey, *, by: Any) -> None:
+    """Revoke a key; ``by`` must be an owner or admin of the key's tenant (or :data:`OPERATOR`)."""
+    _require_key_manager(by, key.organization)
+    ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
 def find_api_key(raw: str) -> ApiKey | None:
-    """The usable key for a presented token, or None. Compares in constant time."""
+    """The usable key for a presented token, or None. Compares in constant time.
+
+    The key comes with ``holder_role``: its user's current role in the tenant
+    (None when that user is no longer a member, which makes the key unusable).
+    """
     match = KEY_RE.match(raw)
     if not match:
         return None
     prefix, secret = match.groups()
-    key = ApiKey.objects.select_related("organization__plan").filter(prefix=prefix).first()
+    membership = Membership.objects.filter(user=OuterRef("user"), organization=OuterRef("organization"))
+    key = (
+        ApiKey.objects.select_related("organization__plan")
+        .annotate(holder_role=Subquery(membership.values("role")[:1]))
+        .filter(prefix=prefix)
+        .first()
+    )
     expected = key.secret_hash if key is not None else hash_secret("no-such-key")
     valid = hmac.compare_digest(expected, hash_secret(secret))
     if key is None or not valid or not key.is_usable() or not key.organization.is_active:
         return None
+    if key.user_id is not None and key.holder_role is None:  # type: ignore[attr-defined]
+        return None
     return key
+
+
+def key_role(key: ApiKey) -> str | None:
+    """The role a key acts with: its user's (as found by find_api_key), or the tenant key's."""
+    if key.user_id is None:
+        return roles.TENANT_KEY_ROLE
+    found = getattr(key, "holder_role", None)
+    return found if found is not None else roles.role_of(key.user, key.organization)
 
 
 def touch_api_key(key: ApiKey) -> None:
@@ -103,40 +155,77 @@ def touch_api_key(key: ApiKey) -> None:
         key.last_used_at = now
 
 
-@transaction.atomic
-def revoke_api_key(key: ApiKey, *, by: Any = None) -> None:
-    """Revoke a key; ``by`` (a user), when given, must be an owner or admin of the key's tenant."""
-    if by is not None:
-        require_role(by, key.organization, KEY_MANAGER_ROLES)
-    ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+# ----------------------------------------------------------------------------- helpers
 
 
-# Roles (issue 5): the owner manages members, plan and keys; an admin manages
-# keys and voices; a member submits and sees the tenant's history.
-KEY_MANAGER_ROLES = (Membership.Role.OWNER, Membership.Role.ADMIN)
-VOICE_MANAGER_ROLES = (Membership.Role.OWNER, Membership.Role.ADMIN)
-MEMBER_MANAGER_ROLES = (Membership.Role.OWNER,)
+def _is_user(actor: Any) -> bool:
+    return not isinstance(actor, ApiKey | Operator) and getattr(actor, "is_authenticated", False)
 
 
-def role_of(user: Any, organization: Organization) -> str | None:
-    if user is None or not getattr(user, "is_authenticated", False) or not getattr(user, "pk", None):
-        return None
-    return (
-        Membership.objects.filter(user_id=user.pk, organization=organization)
-        .values_list("role", flat=True)
-        .first()
-    )
+def _user_of(actor: Any) -> Any:
+    """The user behind an actor: the user, a key's user, or None for the operator."""
+    if isinstance(actor, ApiKey):
+        return actor.user
+    return actor if _is_user(actor) else None
 
 
-def require_role(user: Any, organization: Organization, roles: tuple[str, ...]) -> str:
-    """The user's role in the organization, or a Problem: 404 for outsiders, 403 for too low a role."""
-    role = role_of(user, organization)
+def _require_key_manager(actor: Any, organization: Organization) -> None:
+    """Refuse anyone but an owner or admin of the organization (or the operator)."""
+    if actor is OPERATOR:
+        return
+    if isinstance(actor, ApiKey):
+        if actor.organization_id != organization.pk:
+            raise DomainError(ErrorCode.NOT_FOUND, "No such organization.")
+        if ApiKey.Scope.KEYS_MANAGE not in (actor.scopes or []):
+            raise DomainError(ErrorCode.PERMISSION_DENIED, "This API key lacks the 'keys:manage' scope.")
+        role = key_role(actor)
+        if role is None:
+            raise DomainError(ErrorCode.PERMISSION_DENIED, "This key's user is no longer a member.")
+        roles.require_one_of(role, roles.MANAGER_ROLES)
+        return
+    if not _is_user(actor):
+        raise DomainError(ErrorCode.PERMISSION_DENIED, "Managing keys needs a signed-in owner or admin.")
+    roles.require_role(actor, organization, roles.MANAGER_ROLES)
+
+
+def _holder(actor: Any, organization: Organization, user: Any) -> tuple[Any, str]:
+    """The user the new key acts for, and that user's role (the tenant key's role for no user)."""
+    if actor is OPERATOR:
+        holder = user
+    else:
+        holder = _user_of(actor)
+        if user is not None and user != holder:
+            raise DomainError(ErrorCode.PERMISSION_DENIED, "Only the operator issues keys for other members.")
+    if holder is None:
+        return None, roles.TENANT_KEY_ROLE
+    role = roles.role_of(holder, organization)
     if role is None:
-        raise Problem(404, "not_found", "No such organization.")
-    if role not in roles:
-        raise Problem(
-            403,
-            "permission_denied",
-            f"Your role ({role}) cannot do this; it needs {' or '.join(roles)}.",
+        raise DomainError(ErrorCode.INVALID_REQUEST, f"{holder} is not a member of {organization}.")
+    return holder, role
+
+
+def _granted_scopes(asked: list[str] | None, holder_role: str) -> list[str]:
+    """The scopes to grant, after refusing any the key could not have or could never use."""
+    scopes = list(dict.fromkeys(asked)) if asked is not None else list(ApiKey.DEFAULT_SCOPES)
+    unknown = sorted(set(scopes) - set(ApiKey.ALL_SCOPES))
+    if unknown:
+        raise DomainError(
+            ErrorCode.INVALID_SCOPE,
+            f"Unknown scope(s): {', '.join(unknown)}; known: {', '.join(ApiKey.ALL_SCOPES)}.",
+            field="scopes",
         )
-    return role
+    beyond = roles.scopes_beyond_role(holder_role, scopes)
+    if beyond:
+        raise DomainError(
+            ErrorCode.INVALID_SCOPE,
+            f"A key acting for a {holder_role} cannot carry {', '.join(beyond)}.",
+            field="scopes",
+        )
+    return scopes
+
+
+def _unused_prefix() -> str:
+    while True:
+        prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(8))
+        if not ApiKey.objects.filter(prefix=prefix).exists():
+            return prefix

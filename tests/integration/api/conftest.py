@@ -12,6 +12,8 @@ import pytest
 from django.test import Client
 
 _counter = itertools.count()
+# What a test tenant's key carries unless the test asks for other scopes.
+TEST_KEY_SCOPES = ["speech:read", "speech:write", "voices:write"]
 
 
 @dataclass
@@ -48,14 +50,14 @@ class ApiClient:
 @pytest.fixture
 def make_tenant(db: None) -> Callable[..., Tenant]:
     from webapp.tenants.models import Plan
-    from webapp.tenants.services import create_api_key, create_organization
+    from webapp.tenants.services import OPERATOR, create_api_key, create_organization
 
     def make(scopes: list[str] | None = None, **plan_limits: Any) -> Tenant:
         n = next(_counter)
         limits = {"requests_per_minute": 1000, "max_concurrent_jobs": 50, **plan_limits}
         plan = Plan.objects.create(slug=f"test-plan-{n}-{id(limits)}", name=f"Test plan {n}", **limits)
         org = create_organization(f"Tenant {n}", plan=plan)
-        key, raw = create_api_key(org, "test key", scopes=scopes)
+        key, raw = create_api_key(org, "test key", created_by=OPERATOR, scopes=scopes or TEST_KEY_SCOPES)
         return Tenant(org=org, key=key, raw_key=raw, client=ApiClient(raw))
 
     return make
@@ -86,14 +88,14 @@ def live_tenant(
 ) -> Callable[..., Tenant]:
     """Tenants whose rows are committed, for tests that go through gunicorn/Nginx or threads."""
     from webapp.tenants.models import Plan
-    from webapp.tenants.services import create_api_key, create_organization
+    from webapp.tenants.services import OPERATOR, create_api_key, create_organization
 
     def make(scopes: list[str] | None = None, **plan_limits: Any) -> Tenant:
         n = next(_counter)
         limits = {"requests_per_minute": 1000, "max_concurrent_jobs": 50, **plan_limits}
         plan = Plan.objects.create(slug=f"live-plan-{n}-{id(limits)}", name=f"Live plan {n}", **limits)
         org = create_organization(f"Live tenant {n}", plan=plan)
-        key, raw = create_api_key(org, "live key", scopes=scopes)
+        key, raw = create_api_key(org, "live key", created_by=OPERATOR, scopes=scopes or TEST_KEY_SCOPES)
         return Tenant(org=org, key=key, raw_key=raw, client=ApiClient(raw))
 
     return make

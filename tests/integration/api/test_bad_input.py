@@ -210,3 +210,19 @@ def test_html_and_sql_in_text_are_stored_verbatim(make_tenant: Any) -> None:
     assert "<script>" not in response.content.decode()  # the job never echoes its text
     job = SynthesisJob.objects.get(id=response.json()["id"])
     assert job.text == text and SynthesisJob.objects.count() >= 1
+
+
+def test_a_body_nested_a_hundred_thousand_levels_is_400_not_500(tenant: Any) -> None:
+    deep = b'{"text": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    response = _post_raw(tenant, deep)
+    assert response.status_code == 400
+    assert "deeper than" in problem(response)["detail"]
+
+
+@pytest.mark.parametrize("value", ["²", "١٢", "1e2", "-1", " 5", "99999999999999999999"])
+def test_numeric_query_parameters_accept_only_ascii_digits(tenant: Any, value: str) -> None:
+    listing = tenant.client.get("/api/v1/speech", {"limit": value})
+    assert listing.status_code == 400 and problem(listing)["code"] == "invalid_limit"
+    job_id = "00000000-0000-0000-0000-000000000000"
+    waiting = tenant.client.get(f"/api/v1/speech/{job_id}", {"wait": value})
+    assert waiting.status_code in (400, 404)  # the job lookup may answer first; never a 500

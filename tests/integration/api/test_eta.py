@@ -42,18 +42,18 @@ def _done(org: Any, chars: int, synth_ms: Any, device: str, finished: dt.datetim
 def test_rolling_mean_is_per_device_and_length_weighted(
     make_tenant: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from webapp.speech import services
+    from webapp.speech.services import eta
 
     org = make_tenant().org
     t0 = timezone.now() - dt.timedelta(hours=1)
-    assert services.rolling_seconds_per_char(ENGINE) == ({}, None)  # no history
+    assert eta.rolling_seconds_per_char(ENGINE) == ({}, None)  # no history
     _done(org, 1000, 99000, "cpu", t0)  # oldest: outside a sample of 2 per device
     _done(org, 100, 1000, "cpu", t0 + dt.timedelta(seconds=1))
     _done(org, 300, 1000, "cpu", t0 + dt.timedelta(seconds=2))
     _done(org, 200, 200, "cuda:0", t0 + dt.timedelta(seconds=3))
     _done(org, 500, None, "cuda:0", t0 + dt.timedelta(seconds=4))  # no synth_ms: ignored
-    monkeypatch.setattr(services, "ETA_SAMPLE_JOBS", 2)
-    by_device, overall = services.rolling_seconds_per_char(ENGINE)
+    monkeypatch.setattr(eta, "ETA_SAMPLE_JOBS", 2)
+    by_device, overall = eta.rolling_seconds_per_char(ENGINE)
     assert by_device == pytest.approx({"cpu": 2000 / 1000 / 400, "cuda:0": 200 / 1000 / 200})
     # All devices: the newest 2 usable rows (cuda 200 chars, cpu 300 chars).
     assert overall == pytest.approx(1200 / 1000 / 500)
@@ -68,19 +68,19 @@ def test_rolling_mean_is_per_device_and_length_weighted(
         beat("cpu", state="loading"),  # not serving yet
         beat("cpu", engines=("piper",)),  # another engine
     ]
-    basis = services.eta_basis(ENGINE, workers)
+    basis = eta.eta_basis(ENGINE, workers)
     assert basis.devices == {"cpu": 1, "cuda:0": 2} and basis.children == 3
     # Pool speed: 1/0.005 + 2/0.001 = 2200 chars/s over 3 children.
     assert basis.seconds_per_char == pytest.approx(3 / 2200)
     # A device without history counts at the engine's all-device mean.
-    assert services.eta_basis(ENGINE, [beat("cuda:1")]).seconds_per_char == pytest.approx(overall)
+    assert eta.eta_basis(ENGINE, [beat("cuda:1")]).seconds_per_char == pytest.approx(overall)
     # Nobody serving: one child at the all-device mean.
-    alone = services.eta_basis(ENGINE, [])
+    alone = eta.eta_basis(ENGINE, [])
     assert (alone.seconds_per_char, alone.children) == (pytest.approx(overall), 1)
 
 
 def test_eta_shares_the_jobs_ahead_among_children(make_tenant: Any) -> None:
-    from webapp.speech import services
+    from webapp.speech.services import eta
 
     org = make_tenant().org
     t0 = timezone.now() - dt.timedelta(minutes=5)
@@ -89,19 +89,19 @@ def test_eta_shares_the_jobs_ahead_among_children(make_tenant: Any) -> None:
     _job(org, "queued", 200, t0 + dt.timedelta(seconds=2))
     mine = _job(org, "queued", 50, t0 + dt.timedelta(seconds=3))
     _job(org, "queued", 999, t0 + dt.timedelta(seconds=4))  # behind: not counted
-    assert services.queue_position(mine) == 2
+    assert eta.queue_position(mine) == 2
 
-    def eta(children: int) -> float | None:
-        return services.estimate_eta(mine, services.EtaBasis(0.01, children, {}))
+    def eta_with(children: int) -> float | None:
+        return eta.estimate_eta(mine, eta.EtaBasis(0.01, children, {}))
 
     # 3 jobs ahead, 500 chars of work: wait 0.01 * 500 / N, then 0.01 * 50 of its own.
-    assert eta(1) == pytest.approx(5.0 + 0.5)
-    assert eta(2) == pytest.approx(2.5 + 0.5)
-    assert eta(3) == pytest.approx(500 * 0.01 / 3 + 0.5, abs=0.05)
-    assert eta(4) == pytest.approx(0.5)  # a child is free for it
+    assert eta_with(1) == pytest.approx(5.0 + 0.5)
+    assert eta_with(2) == pytest.approx(2.5 + 0.5)
+    assert eta_with(3) == pytest.approx(500 * 0.01 / 3 + 0.5, abs=0.05)
+    assert eta_with(4) == pytest.approx(0.5)  # a child is free for it
     running = _job(org, "running", 300, t0, progress=0.25)
-    assert services.estimate_eta(running, services.EtaBasis(0.01, 2, {})) == pytest.approx(2.2, abs=0.05)
-    assert services.estimate_eta(_done(org, 10, 5, "cpu", t0), 0.01) is None
+    assert eta.estimate_eta(running, eta.EtaBasis(0.01, 2, {})) == pytest.approx(2.2, abs=0.05)
+    assert eta.estimate_eta(_done(org, 10, 5, "cpu", t0), 0.01) is None
 
 
 def test_api_eta_uses_live_heartbeats(make_tenant: Any, stack: Any) -> None:

@@ -38,16 +38,16 @@ def test_malformed_authorization_header_is_401(make_tenant: Any, header: str) ->
 
 
 def test_missing_unknown_revoked_and_expired_keys_are_401(make_tenant: Any) -> None:
-    from webapp.tenants.services import create_api_key, revoke_api_key
+    from webapp.tenants.services import OPERATOR, create_api_key, revoke_api_key
 
     t = make_tenant()
     assert ApiClient(None).get("/api/v1/voices").status_code == 401
     wrong_secret = t.raw_key[:-4] + ("AAAA" if not t.raw_key.endswith("AAAA") else "BBBB")
     assert ApiClient(wrong_secret).get("/api/v1/voices").status_code == 401
     assert ApiClient("tts_ZZZZZZZZ_" + "y" * 43).get("/api/v1/voices").status_code == 401
-    revoke_api_key(t.key)
+    revoke_api_key(t.key, by=OPERATOR)
     assert t.client.get("/api/v1/voices").status_code == 401
-    _, expired = create_api_key(t.org, "old", expires_at=timezone.now() - dt.timedelta(seconds=1))
+    _, expired = create_api_key(t.org, "old", created_by=OPERATOR, expires_at=timezone.now() - dt.timedelta(seconds=1))
     assert ApiClient(expired).get("/api/v1/voices").status_code == 401
 
 
@@ -64,9 +64,10 @@ def test_key_without_scope_is_403(make_tenant: Any) -> None:
 
 
 def test_key_management_roles(make_tenant: Any, django_user_model: Any) -> None:
+    from webapp.errors import DomainError
     from webapp.problems import Problem
     from webapp.tenants.models import Membership
-    from webapp.tenants.services import create_api_key, revoke_api_key
+    from webapp.tenants.services import OPERATOR, create_api_key, revoke_api_key
 
     t = make_tenant()
     users = {}
@@ -76,14 +77,14 @@ def test_key_management_roles(make_tenant: Any, django_user_model: Any) -> None:
     outsider = django_user_model.objects.create_user(f"out-{t.org.slug}", password="x")
     key, _ = create_api_key(t.org, "by owner", created_by=users["owner"])
     create_api_key(t.org, "by admin", created_by=users["admin"])
-    with pytest.raises(Problem) as member:
+    with pytest.raises(DomainError) as member:
         create_api_key(t.org, "by member", created_by=users["member"])
-    assert member.value.status == 403
-    with pytest.raises(Problem) as out:
+    assert Problem.of(member.value).status == 403
+    with pytest.raises(DomainError) as out:
         revoke_api_key(key, by=outsider)
-    assert out.value.status == 404
-    with pytest.raises(Problem):
-        create_api_key(t.org, "bad scope", scopes=["speech:everything"])
+    assert Problem.of(out.value).status == 404
+    with pytest.raises(DomainError):
+        create_api_key(t.org, "bad scope", created_by=OPERATOR, scopes=["speech:everything"])
     revoke_api_key(key, by=users["admin"])
     key.refresh_from_db()
     assert key.revoked_at is not None

@@ -22,9 +22,9 @@ def no_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     Keeps the real worker from finishing jobs mid-test, which would free
     concurrency slots and make the counts depend on timing.
     """
-    from webapp.speech import services
+    from webapp.speech.services import dispatch
 
-    monkeypatch.setattr(services, "dispatch_job", lambda job_id: False)
+    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id: False)
 
 
 def _parallel_submits(raw_key: str, n: int, text: str) -> list[Any]:
@@ -85,14 +85,14 @@ def test_concurrency_limit_holds_under_parallel_submits(live_tenant: Any) -> Non
 
 @pytest.mark.usefixtures("synth_worker", "builtin_voices")
 def test_failed_and_canceled_jobs_give_characters_back(make_tenant: Any) -> None:
-    from webapp.speech import services
     from webapp.speech.models import UsageEvent, UsagePeriod
+    from webapp.speech.services import jobs
 
     t = make_tenant(monthly_characters=25)
     first = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()
     second = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()
     assert t.client.post("/api/v1/speech", {"text": TEN_CHARS}).status_code == 429
-    services.fail_job(first["id"], "engine_error", "boom")
+    jobs.fail_job(first["id"], "engine_error", "boom")
     t.client.post(f"/api/v1/speech/{second['id']}/cancel")
     row = UsagePeriod.objects.get(organization=t.org)
     assert (row.characters_used, row.characters_reserved) == (0, 0)
@@ -102,13 +102,13 @@ def test_failed_and_canceled_jobs_give_characters_back(make_tenant: Any) -> None
 
 @pytest.mark.usefixtures("synth_worker", "builtin_voices")
 def test_redelivered_job_is_charged_once(make_tenant: Any) -> None:
-    from webapp.speech import services
     from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
+    from webapp.speech.services import jobs, ledger
 
     t = make_tenant()
     job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
-    assert services.claim_job(job_id, "w1") is not None
-    assert services.claim_job(job_id, "w2") is None  # the duplicate message finds nothing to claim
+    assert jobs.claim_job(job_id, "w1") is not None
+    assert jobs.claim_job(job_id, "w2") is None  # the duplicate message finds nothing to claim
     done = {
         "audio_path": "audio/x.wav",
         "audio_bytes": 10,
@@ -116,10 +116,10 @@ def test_redelivered_job_is_charged_once(make_tenant: Any) -> None:
         "metrics": {},
         "applied_instructions": {},
     }
-    assert services.complete_job(job_id, "w1", **done) is True
-    assert services.complete_job(job_id, "w1", **done) is False
-    assert services.charge_usage(SynthesisJob.objects.get(id=job_id)) is False
-    assert services.release_usage(SynthesisJob.objects.get(id=job_id)) is False
+    assert jobs.complete_job(job_id, "w1", **done) is True
+    assert jobs.complete_job(job_id, "w1", **done) is False
+    assert ledger.charge_usage(SynthesisJob.objects.get(id=job_id)) is False
+    assert ledger.release_usage(SynthesisJob.objects.get(id=job_id)) is False
     row = UsagePeriod.objects.get(organization=t.org)
     assert (row.characters_used, row.characters_reserved) == (10, 0)
     assert UsageEvent.objects.filter(job_key=job_id, kind="charge").count() == 1
@@ -131,16 +131,16 @@ def test_last_months_usage_does_not_count_this_month(
 ) -> None:
     from django.utils import timezone
 
-    from webapp.speech import services
     from webapp.speech.models import UsagePeriod
+    from webapp.speech.services import jobs, ledger
 
     t = make_tenant(monthly_characters=15)
     real_now = timezone.now()
-    last_month = services.period_start(real_now) - dt.timedelta(days=3)
+    last_month = ledger.period_start(real_now) - dt.timedelta(days=3)
     monkeypatch.setattr(timezone, "now", lambda: dt.datetime.combine(last_month, dt.time(12), tzinfo=dt.UTC))
     job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
-    assert services.claim_job(job_id, "w1") is not None
-    services.complete_job(
+    assert jobs.claim_job(job_id, "w1") is not None
+    jobs.complete_job(
         job_id, "w1", audio_path="", audio_bytes=0, duration_seconds=1.0, metrics={}, applied_instructions={}
     )
     full = t.client.post("/api/v1/speech", {"text": TEN_CHARS})
@@ -151,20 +151,20 @@ def test_last_months_usage_does_not_count_this_month(
         r.period: (r.characters_used, r.characters_reserved)
         for r in UsagePeriod.objects.filter(organization=t.org)
     }
-    assert rows == {last_month.replace(day=1): (10, 0), services.period_start(real_now): (0, 10)}
+    assert rows == {last_month.replace(day=1): (10, 0), ledger.period_start(real_now): (0, 10)}
     usage = t.client.get("/api/v1/usage").json()
     assert usage["characters"] == {"used": 0, "reserved": 10, "limit": 15, "remaining": 5}
 
 
 @pytest.mark.usefixtures("synth_worker", "builtin_voices")
 def test_quota_error_says_when_the_period_ends(make_tenant: Any) -> None:
-    from webapp.speech import services
+    from webapp.speech.services import ledger
 
     t = make_tenant(monthly_characters=5)
     response = t.client.post("/api/v1/speech", {"text": TEN_CHARS})
     assert response.status_code == 429
     retry = int(response["Retry-After"])
-    assert abs(retry - services.seconds_to_period_end()) <= 2
+    assert abs(retry - ledger.seconds_to_period_end()) <= 2
     assert "10 of 5 characters this month" in problem(response)["detail"]
 
 
@@ -177,3 +177,30 @@ def test_storage_limit_blocks_new_jobs(make_tenant: Any, builtin_voices: Any, sy
     blocked = t.client.post("/api/v1/speech", {"text": TEN_CHARS})
     assert blocked.status_code == 429 and problem(blocked)["code"] == "storage_limit"
     assert "150 of 100 bytes" in problem(blocked)["detail"]
+
+
+def test_a_job_that_finishes_after_its_caller_gave_up_ends_canceled_and_uncharged(make_tenant: Any) -> None:
+    """The OpenAI endpoint's timeout path: abandon (cancel + release), then the worker finishes anyway."""
+    from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
+    from webapp.speech.services import jobs
+
+    t = make_tenant()
+    job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
+    assert jobs.claim_job(job_id, "w1") is not None
+    jobs.abandon_job(SynthesisJob.objects.get(id=job_id))  # the caller's wait ran out
+    finished = jobs.complete_job(
+        job_id,
+        "w1",
+        audio_path=f"audio/{t.org.id}/{job_id}.wav",
+        audio_bytes=100,
+        duration_seconds=1.0,
+        metrics={},
+        applied_instructions={},
+    )
+    assert finished is False  # the worker is told its file is not the job's audio
+    job = SynthesisJob.objects.get(id=job_id)
+    assert (job.status, job.audio_path, job.audio_bytes) == ("canceled", "", 0)
+    kinds = sorted(UsageEvent.objects.filter(job_key=job_id).values_list("kind", flat=True))
+    assert kinds == ["release", "reserve"]
+    row = UsagePeriod.objects.get(organization=t.org)
+    assert (row.characters_reserved, row.characters_used) == (0, 0)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.test import Client
 from openapi_spec_validator import validate
 
@@ -30,9 +33,23 @@ def test_schema_is_valid_openapi_3_and_lists_every_endpoint(db: None) -> None:
     assert {"queue_position", "eta_seconds", "metrics", "error", "audio_url"} <= set(job)
 
 
-def test_docs_page_renders_operations_without_external_assets(db: None) -> None:
+def test_docs_page_serves_redoc_from_our_static_files_without_external_assets(db: None) -> None:
+    from django.core.management import call_command
+
+    call_command("collectstatic", "--noinput", verbosity=0)  # hashed names, as in production
     response = Client().get("/api/docs")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/html")
     html = response.content.decode()
-    assert "/api/v1/speech/{job_id}/audio" in html and "POST" in html
-    assert "http://" not in html and "https://cdn" not in html and "<script" not in html
+    assert 'spec-url="/api/v1/schema"' in html  # the operations come from the schema tested above
+    scripts = re.findall(r"<script[^>]*src=\"([^\"]+)\"", html)
+    assert scripts and all(src.startswith("/static/drf_spectacular_sidecar/redoc/") for src in scripts)
+    assert "http://" not in html and "https://" not in html  # no CDN, no web fonts
+    assert not re.search(r"<script(?![^>]*src=)", html)  # no inline script (CSP script-src 'self')
+    bundle = Client().get(scripts[0])
+    assert bundle.status_code in (
+        200,
+        404,
+    )  # Django serves static only with DEBUG; Nginx serves it in production
+    assert (
+        Path(settings.STATIC_ROOT) / scripts[0].removeprefix(settings.STATIC_URL)
+    ).stat().st_size > 100_000

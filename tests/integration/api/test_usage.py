@@ -11,14 +11,14 @@ pytestmark = pytest.mark.usefixtures("synth_worker", "builtin_voices")
 
 
 def test_usage_shows_plan_period_characters_jobs_storage_and_days(make_tenant: Any) -> None:
-    from webapp.speech import services
     from webapp.speech.models import SynthesisJob
+    from webapp.speech.services import jobs, ledger
 
     t = make_tenant(monthly_characters=1000, max_concurrent_jobs=7)
     charged = t.client.post("/api/v1/speech", {"text": "Twenty characters!!"}).json()  # 19 billable
     t.client.post("/api/v1/speech", {"text": "abcde"})
-    assert services.claim_job(charged["id"], "w1")
-    services.complete_job(
+    assert jobs.claim_job(charged["id"], "w1")
+    jobs.complete_job(
         charged["id"],
         "w1",
         audio_path="a.wav",
@@ -30,7 +30,7 @@ def test_usage_shows_plan_period_characters_jobs_storage_and_days(make_tenant: A
     assert SynthesisJob.objects.get(id=charged["id"]).status == "succeeded"
     usage = t.client.get("/api/v1/usage").json()
     assert usage["plan"]["monthly_characters"] == 1000 and usage["plan"]["max_concurrent_jobs"] == 7
-    assert usage["period"]["start"] == services.period_start().isoformat()
+    assert usage["period"]["start"] == ledger.period_start().isoformat()
     assert usage["characters"] == {"used": 19, "reserved": 5, "limit": 1000, "remaining": 976}
     assert usage["jobs"] == {"queued": 1, "running": 0, "limit": 7}
     assert usage["storage"] == {"used_bytes": 4096, "limit_bytes": t.org.plan.storage_bytes}

@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from tests.integration.housekeeping.conftest import Clock, write_file
-from webapp.housekeeping import jobs
+from webapp.housekeeping import synthesis
 from webapp.housekeeping.jobs import run_job
 from webapp.housekeeping.models import HousekeepingRun
-from webapp.speech import services
 from webapp.speech.models import SynthesisJob
+from webapp.speech.services import jobs as speech_jobs
+from webapp.speech.services import ledger
 
 DAY = dt.timedelta(days=1)
 
@@ -25,7 +26,7 @@ def test_expired_audio_is_removed_and_marked_while_fresh_audio_stays(
 ) -> None:
     old = [make_audio_job(clock.now - dt.timedelta(hours=h), size=1000 * h) for h in (1, 2, 3)]
     fresh = make_audio_job(clock.now + DAY, size=500)
-    assert services.storage_used(org) == 6500
+    assert ledger.storage_used(org) == 6500
 
     result = run_job("expire_audio", batch=2)  # two batches
 
@@ -38,13 +39,13 @@ def test_expired_audio_is_removed_and_marked_while_fresh_audio_stays(
     fresh.refresh_from_db()
     assert fresh.status == SynthesisJob.Status.SUCCEEDED
     assert (media / fresh.audio_path).stat().st_size == 500
-    assert services.storage_used(org) == 500  # storage released
+    assert ledger.storage_used(org) == 500  # storage released
 
     # Idempotent: nothing left to do until the fresh one's time comes.
     assert run_job("expire_audio").counts == {}
     clock.advance(DAY.total_seconds() + 1)
     assert run_job("expire_audio").counts == {"expired": 1, "bytes_released": 500}
-    assert services.storage_used(org) == 0
+    assert ledger.storage_used(org) == 0
     # Runs that did something are recorded; the idle one in between is only logged.
     runs = HousekeepingRun.objects.filter(job="expire_audio").order_by("started_at")
     assert [r.counts["expired"] for r in runs] == [3, 1]
@@ -63,43 +64,50 @@ def test_a_job_that_finishes_while_cleanup_runs_is_not_expired(
     finish: str,
 ) -> None:
     old = make_audio_job(clock.now - DAY)
-    job = services.submit_job(
+    job = speech_jobs.submit_job(
         org,
-        services.JobRequest(
+        speech_jobs.JobRequest(
             text="Hi there.", voice=voice, format="wav", sample_rate=None, params={}, billable_chars=9
         ),
     )[0]
-    assert services.claim_job(job.id, "worker-1") is not None
+    assert speech_jobs.claim_job(job.id, "worker-1") is not None
     # Worst case for the cleanup: its listing is stale and names the running job
     # too (a read taken just as the job finished, with an expiry in the past).
     listings = iter([[old.id, job.id]])
-    monkeypatch.setattr(jobs, "expired_job_ids", lambda now, limit: next(listings, []))
+    monkeypatch.setattr(synthesis, "expired_job_ids", lambda now, limit: next(listings, []))
 
     relative = f"audio/{org.id}/{job.id}.wav"
     locked, go, done = threading.Event(), threading.Event(), threading.Event()
 
+    real_charge = ledger.charge_usage
+
+    def charge_then_hold(charged_job: Any) -> bool:
+        charged = real_charge(charged_job)
+        locked.set()
+        go.wait(10)  # the row stays locked, uncommitted, until the cleanup reaches it
+        return charged
+
     def worker_finishes() -> None:
         # What the worker does at the end of a job: rename the audio into place,
-        # then complete_job (row lock, succeeded, fresh expires_at, charge).
+        # then complete_job (row lock, succeeded, fresh expires_at, charge), whose
+        # transaction is held open at its last step.
         try:
             write_file(media / relative, 2222)
-            with transaction.atomic():
-                assert services.complete_job(
-                    job.id,
-                    "worker-1",
-                    audio_path=relative,
-                    audio_bytes=2222,
-                    duration_seconds=1.0,
-                    metrics={},
-                    applied_instructions={},
-                )
-                locked.set()
-                go.wait(10)  # the row stays locked, uncommitted, until the cleanup reaches it
+            monkeypatch.setattr(ledger, "charge_usage", charge_then_hold)
+            assert speech_jobs.complete_job(
+                job.id,
+                "worker-1",
+                audio_path=relative,
+                audio_bytes=2222,
+                duration_seconds=1.0,
+                metrics={},
+                applied_instructions={},
+            )
         finally:
             done.set()
             connection.close()
 
-    real_expire = services.expire_audio
+    real_expire = speech_jobs.expire_audio
     reached: list[Any] = []
 
     def expire_during_finish(job_id: Any) -> int:
@@ -115,7 +123,7 @@ def test_a_job_that_finishes_while_cleanup_runs_is_not_expired(
                 threading.Timer(0.5, go.set).start()
         return real_expire(job_id)
 
-    monkeypatch.setattr(services, "expire_audio", expire_during_finish)
+    monkeypatch.setattr(speech_jobs, "expire_audio", expire_during_finish)
     result = run_job("expire_audio")
     assert done.wait(10)
 
@@ -128,4 +136,4 @@ def test_a_job_that_finishes_while_cleanup_runs_is_not_expired(
     assert job.expires_at is not None and job.expires_at > clock.now
     assert (job.audio_path, job.audio_bytes) == (relative, 2222)
     assert (media / relative).stat().st_size == 2222
-    assert services.storage_used(org) == 2222
+    assert ledger.storage_used(org) == 2222

@@ -15,7 +15,7 @@ def test_the_beat_schedule_contains_every_job() -> None:
     schedule: dict[str, dict[str, Any]] = settings.CELERY_BEAT_SCHEDULE
     entries = {e["task"]: e for e in schedule.values() if e["task"].startswith("housekeeping.")}
     assert set(entries) == {f"housekeeping.{name}" for name in JOBS}
-    assert len(JOBS) == 8
+    assert len(JOBS) == 9  # issue 13 added sweep_lost_deliveries
     for entry in entries.values():
         assert entry["options"]["queue"] == "housekeeping"
         assert 0 < entry["schedule"] <= entry["options"]["expires"]

@@ -123,3 +123,63 @@ def test_exit_hook_reports_over_limit_only_once_requested() -> None:
     finally:
         recycling._exit_requested.clear()
         pool.mem_rss = original
+
+
+# ------------------------------------------------------------------ baselines, jitter, the loop guard
+
+
+def test_a_child_born_over_the_memory_limit_does_not_recycle_after_every_task() -> None:
+    health = ChildHealth(RecyclePolicy(max_rss_mb=500, max_gpu_mb=1000), gpu_reader=lambda: 1200.0)
+    health.set_baseline(rss_mb=650)  # over both limits right after warm-up
+    for n in range(1, 40):
+        assert health.check(rss_mb=650 + n, tasks_done=n) is None
+    # Grown 10 % over its own baseline: now a fresh child would be smaller, so it goes.
+    reason = health.check(rss_mb=720, tasks_done=40)
+    assert reason == "rss 720 MiB over 500 MiB (baseline 650 MiB after warm-up)"
+
+
+def test_the_gpu_limit_also_counts_from_the_baseline() -> None:
+    readings = iter([900.0, 950.0, 1150.0])
+    health = ChildHealth(RecyclePolicy(max_gpu_mb=1000), gpu_reader=lambda: next(readings))
+    health.set_baseline(rss_mb=100)  # baseline GPU reading 900
+    assert health.check(rss_mb=100) is None  # 950: under the limit
+    reason = health.check(rss_mb=100)
+    assert reason is not None and reason.startswith("gpu_memory 1150 MiB over 1000 MiB")
+
+
+def test_a_recycle_before_the_minimum_task_count_is_held_back_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    health = ChildHealth(RecyclePolicy(max_age_seconds=10, min_tasks=5, age_jitter=0.15), started_at=1000.0)
+    limit = health.max_age_seconds
+    with caplog.at_level("ERROR", logger="webapp.speech.recycling"):
+        for n in (1, 2, 3, 4):
+            assert health.check(now=1000.0 + limit + n, rss_mb=1, tasks_done=n) is None
+    assert reason_kind(health.held_back) == "age"
+    assert len([r for r in caplog.records if "would be recycled after only 1 tasks" in r.message]) == 1
+    reason = health.check(now=1000.0 + limit + 5, rss_mb=1, tasks_done=5)
+    assert reason is not None and reason_kind(reason) == "age"
+
+
+def test_age_limits_are_jittered_within_15_percent_per_child() -> None:
+    policy = RecyclePolicy(max_age_seconds=3600, age_jitter=recycling.AGE_JITTER)
+    limits = [ChildHealth(policy).max_age_seconds for _ in range(200)]
+    assert all(0.85 * 3600 <= x <= 1.15 * 3600 for x in limits)
+    # Children started together: their deadlines spread over most of the +-15 % band.
+    assert max(limits) - min(limits) > 0.2 * 3600
+    assert ChildHealth(RecyclePolicy(max_age_seconds=0)).age_deadline is None
+
+
+def test_drift_is_measured_per_character_so_short_jobs_are_not_drift() -> None:
+    tracker = RtfTracker(baseline_tasks=3, window=4)
+    for _ in range(3):
+        tracker.add("piper", 0.001, 1000)  # long jobs: 1 ms of synthesis per character
+    # A window of short jobs, whose fixed costs make each slow per character, and one long job:
+    # per job the median is 5 ms/char (5 x the baseline); per character it is still 1 ms.
+    for seconds_per_char, chars in ((0.005, 10), (0.005, 10), (0.005, 10), (0.001, 1000)):
+        tracker.add("piper", seconds_per_char, chars)
+    assert tracker.drifted(2.0) is None
+    for _ in range(4):
+        tracker.add("piper", 0.003, 1000)  # the long jobs themselves got 3 x slower
+    assert tracker.drifted(2.0) == "piper"
+    assert tracker.rolling("piper") == pytest.approx(0.003)

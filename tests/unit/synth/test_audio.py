@@ -14,10 +14,11 @@ from synth.audio import (
     FORMATS,
     Encoder,
     LoudnessMeter,
+    StreamResampler,
+    content_type,
     decode_upload,
     loudness_of,
     output_rate,
-    resample,
 )
 from synth.errors import AudioRejected, UnsupportedFormat, UnsupportedSampleRate
 
@@ -30,6 +31,12 @@ def _tone(seconds: float, sr: int, amp: float = 0.3) -> np.ndarray:
 def test_formats_and_content_types() -> None:
     assert FORMATS == ("wav", "flac", "ogg", "mp3", "pcm", "aac")
     assert set(CONTENT_TYPES) == set(FORMATS)
+
+
+def test_pcm_content_type_is_raw_pcm_not_big_endian_l16() -> None:
+    assert content_type("pcm") == "audio/pcm" and content_type("mp3") == "audio/mpeg"
+    with pytest.raises(UnsupportedFormat):
+        content_type("opus")
 
 
 def test_output_rate_rules() -> None:
@@ -68,7 +75,10 @@ def test_pcm_is_raw_s16le(tmp_path: Path) -> None:
 
 
 def test_resample() -> None:
-    out = resample(_tone(1.0, 22050), 22050, 48000)
+    resampler = StreamResampler(22050, 48000)
+    out = np.concatenate(
+        [resampler.process(_tone(1.0, 22050)), resampler.process(_tone(0.0, 22050), last=True)]
+    )
     assert abs(out.size - 48000) <= 2
 
 
@@ -93,6 +103,31 @@ def test_loudness_normalisation(tmp_path: Path, synthesizer: Synthesizer, target
     audio, sr = sf.read(out, dtype="float32")
     assert abs(loudness_of(audio, sr) - target) <= 1.0
     assert any("loudness" in a for a in res.applied)
+
+
+def test_windowed_meter_matches_whole_file_on_speech_of_changing_level(
+    tmp_path: Path, synthesizer: Synthesizer
+) -> None:
+    # A quiet, a loud and a middle part: the windows' gating must agree with a whole-file measurement.
+    text = " ".join(f"Part {i} of a story about the weather, told slowly and clearly." for i in range(4))
+    res = synthesizer.synthesize(SynthesisRequest(text=text, voice="espeak-en-us"), str(tmp_path / "s.wav"))
+    speech, sr = sf.read(res.path, dtype="float32")
+    audio = np.concatenate([speech * 0.05, speech, speech * 0.3])
+    meter = LoudnessMeter(sr, window_seconds=5.0)
+    for i in range(0, audio.size, 7001):
+        meter.add(audio[i : i + 7001])
+    assert len(meter.windows) > 6  # bounded: the meter keeps one figure per window, not the audio
+    assert abs(meter.integrated() - loudness_of(audio, sr)) < 0.5
+
+
+def test_loudness_target_holds_on_long_piper_text(tmp_path: Path, synthesizer: Synthesizer) -> None:
+    text = " ".join(f"Sentence {i} tells a short story about the weather today." for i in range(12))
+    req = SynthesisRequest(text=text, loudness_lufs=-16.0, format="flac")
+    res = synthesizer.synthesize(req, str(tmp_path / "long.flac"))
+    audio, sr = sf.read(res.path, dtype="float32")
+    assert res.duration_seconds > 30
+    assert abs(loudness_of(audio, sr) - -16.0) <= 1.0
+    assert [p.name for p in tmp_path.iterdir()] == ["long.flac"]  # the float32 spool is gone
 
 
 def test_decode_rejects_oversize(tmp_path: Path) -> None:

@@ -9,14 +9,8 @@ import time
 import pytest
 
 from synth.errors import AnnotationError, InvalidText
-from synth.text import (
-    billable_characters,
-    normalize_chinese,
-    normalize_english,
-    parse_annotations,
-    split_sentences,
-    validate_text,
-)
+from synth.normalize import normalize_chinese, normalize_english, split_sentences
+from synth.text import billable_characters, parse_annotations, validate_text
 
 
 @pytest.mark.parametrize(
@@ -149,7 +143,7 @@ def test_split_never_cuts_an_annotation() -> None:
 
 def test_light_imports() -> None:
     code = (
-        "import sys, synth, synth.text, synth.errors, synth.registry, synth.audio, synth.instructions;"
+        "import sys, synth, synth.text, synth.normalize, synth.errors, synth.registry, synth.audio, synth.instructions;"
         "heavy = [m for m in ('onnxruntime', 'torch', 'piper', 'numpy', 'soundfile', 'django', 'celery')"
         " if m in sys.modules]; print(heavy); sys.exit(1 if heavy else 0)"
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from django.conf import settings
@@ -16,6 +17,9 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
 from webapp.problems import too_large
+
+# Our bodies nest two levels at most; 32 leaves room for clients' extras.
+MAX_DEPTH = 32
 
 
 def _reject_constant(name: str) -> Any:
@@ -41,11 +45,27 @@ def read_limited(stream: Any, limit: int) -> bytes:
     return raw
 
 
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def nesting_depth(text: str) -> int:
+    """How deep arrays and objects nest, counted on the raw text (brackets inside strings skipped)."""
+    depth = deepest = 0
+    for bracket in _BRACKET.findall(_STRING.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def loads_strict(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ParseError(f"The body is not valid UTF-8 (byte {exc.start}).") from exc
+    # Checked before parsing: Python's json recurses and a deep enough body is a RecursionError (a 500).
+    if nesting_depth(text) > MAX_DEPTH:
+        raise ParseError(f"The body nests arrays or objects deeper than {MAX_DEPTH} levels.")
     try:
         return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except ValueError as exc:  # also "Exceeds the limit (4300 digits)" for huge integers

@@ -9,7 +9,7 @@ audio that silently ignores it.
 
 from __future__ import annotations
 
-import math
+import hashlib
 import re
 from typing import Any, cast
 
@@ -19,14 +19,18 @@ from django.urls import reverse
 from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from webapp.problems import Problem
-from webapp.speech import services
+from webapp.api_fields import StrictCharField, StrictIntegerField, StrictNumberField, StrictSerializer
+from webapp.errors import DomainError, ErrorCode
+from webapp.speech.api.voice_fields import uploaded_voice_fields
 from webapp.speech.models import SynthesisJob, Voice
+from webapp.speech.services.eta import EtaBasis, estimate_eta, eta_basis, queue_position
+from webapp.speech.services.jobs import JobRequest
+from webapp.speech.services.queries import visible_voices
 from webapp.tenants.models import Organization
 
 FORMATS = ("wav", "flac", "ogg", "mp3", "pcm", "aac")
 DEFAULT_FORMAT = "wav"
-# Used when a voice declares no range of its own (the DESIGN.md contract).
+# Used when a voice declares no range of its own (docs/api.md).
 CONTROL_RANGES: dict[str, tuple[float, float]] = {
     "speed": (0.25, 4.0),
     "pitch": (-12.0, 12.0),
@@ -35,15 +39,9 @@ CONTROL_RANGES: dict[str, tuple[float, float]] = {
 CONTROL_DEFAULTS = {"speed": 1.0, "pitch": 0.0, "volume": 0.0}
 LANGUAGE_RE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8}){0,3}$")
 MAX_INSTRUCTIONS = 1000
-
-
-class StrictCharField(serializers.CharField):
-    """A string and only a string (DRF would turn 12 into "12")."""
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return str(super().to_internal_value(data))
+# Target loudness the API offers (LUFS): quieter than -40 is inaudible in practice,
+# louder than -5 clips; synth itself accepts a wider range.
+LOUDNESS_RANGE = (-40.0, -5.0)
 
 
 class SpeechTextField(StrictCharField):
@@ -59,34 +57,6 @@ class SpeechTextField(StrictCharField):
         ]
 
 
-class StrictIntegerField(serializers.IntegerField):
-    def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return int(super().to_internal_value(data))
-
-
-class StrictNumberField(serializers.FloatField):
-    def to_internal_value(self, data: Any) -> float:
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            self.fail("invalid")
-        value = float(data)
-        if not math.isfinite(value):
-            self.fail("invalid")
-        return float(super().to_internal_value(value))
-
-
-class StrictSerializer(serializers.Serializer):
-    """Unknown fields are a 400, not silently dropped."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
-        return super().to_internal_value(data)
-
-
 class SpeechRequestSerializer(StrictSerializer):
     text = SpeechTextField(
         trim_whitespace=False, allow_blank=True, help_text="Text to speak (annotations allowed)."
@@ -99,6 +69,12 @@ class SpeechRequestSerializer(StrictSerializer):
     volume = StrictNumberField(required=False, help_text="dB, -20 - +6")
     language = StrictCharField(required=False, max_length=35)
     instructions = StrictCharField(required=False, max_length=MAX_INSTRUCTIONS, allow_blank=True)
+    loudness = StrictNumberField(
+        required=False,
+        min_value=LOUDNESS_RANGE[0],
+        max_value=LOUDNESS_RANGE[1],
+        help_text="Target integrated loudness in LUFS, -40 - -5 (e.g. -16 podcast, -23 broadcast).",
+    )
 
     def validate_format(self, value: Any) -> str:
         if not isinstance(value, str):
@@ -106,20 +82,17 @@ class SpeechRequestSerializer(StrictSerializer):
         return value
 
 
-def _bad(code: str, field: str, detail: str, **extra: Any) -> Problem:
-    return Problem(400, code, detail, field=field, extra=extra or None)
+def _bad(code: str, field: str, detail: str, **extra: Any) -> DomainError:
+    return DomainError(ErrorCode(code), detail, field=field, extra=extra or None)
 
 
 def find_voice(organization: Organization, voice_id: str) -> Voice | None:
-    return services.visible_voices(organization).filter(voice_id=voice_id).first()
+    return visible_voices(organization).filter(voice_id=voice_id).first()
 
 
-def build_job_request(
-    organization: Organization, data: dict[str, Any], source: str = "api"
-) -> services.JobRequest:
+def build_job_request(organization: Organization, data: dict[str, Any], source: str = "api") -> JobRequest:
     """Check a validated request against its voice's capabilities and the text rules."""
-    from synth.errors import AnnotationError, InvalidText
-    from synth.text import billable_characters, validate_text
+    from synth.text import billable_characters
 
     voice_id = data.get("voice") or settings.TTS_DEFAULT_VOICE
     voice = find_voice(organization, voice_id)
@@ -128,8 +101,33 @@ def build_job_request(
             "unknown_voice", "voice", f"There is no voice {voice_id!r}; GET /api/v1/voices lists them."
         )
     caps: dict[str, Any] = voice.capabilities or {}
-
     text: str = data["text"]
+    _check_text(text)
+    fmt = _check_format(voice, caps, data.get("format") or DEFAULT_FORMAT)
+    rate = _check_sample_rate(voice, caps, fmt, data.get("sample_rate"))
+    params = _check_controls(voice, caps, data)
+    language = data.get("language")
+    if language is not None:
+        params["language"] = _check_language(voice, caps, language)
+    if data.get("instructions"):
+        params["instructions"] = data["instructions"]
+    if data.get("loudness") is not None:
+        params["loudness"] = data["loudness"]
+    return JobRequest(
+        text=text,
+        voice=voice,
+        format=fmt,
+        sample_rate=rate,
+        params=params,
+        billable_chars=billable_characters(text),
+        source=source,
+    )
+
+
+def _check_text(text: str) -> None:
+    from synth.errors import AnnotationError, InvalidText
+    from synth.text import validate_text
+
     try:
         validate_text(text)
     except AnnotationError as exc:
@@ -139,7 +137,8 @@ def build_job_request(
         extra = {"position": int(position.group(1))} if position else {}
         raise _bad(exc.code, "text", f"text: {exc.message}.", **extra) from exc
 
-    fmt = data.get("format") or DEFAULT_FORMAT
+
+def _check_format(voice: Voice, caps: dict[str, Any], fmt: str) -> str:
     formats = caps.get("formats") or list(FORMATS)
     if fmt not in formats:
         raise _bad(
@@ -147,21 +146,26 @@ def build_job_request(
             "format",
             f"Voice {voice.voice_id} ({voice.engine}) cannot produce {fmt}; it supports {', '.join(formats)}.",
         )
-    rate = data.get("sample_rate")
-    if rate is not None:
-        rates = (
-            (caps.get("sample_rates_by_format") or {}).get(fmt)
-            or caps.get("sample_rates")
-            or [voice.sample_rate]
-        )
-        if rate not in rates:
-            raise _bad(
-                "unsupported_sample_rate",
-                "sample_rate",
-                f"{fmt} from voice {voice.voice_id} is available at {', '.join(str(r) for r in rates)} Hz, "
-                f"not {rate}.",
-            )
+    return fmt
 
+
+def _check_sample_rate(voice: Voice, caps: dict[str, Any], fmt: str, rate: int | None) -> int | None:
+    if rate is None:
+        return None
+    rates = (
+        (caps.get("sample_rates_by_format") or {}).get(fmt) or caps.get("sample_rates") or [voice.sample_rate]
+    )
+    if rate not in rates:
+        raise _bad(
+            "unsupported_sample_rate",
+            "sample_rate",
+            f"{fmt} from voice {voice.voice_id} is available at {', '.join(str(r) for r in rates)} Hz, not {rate}.",
+        )
+    return rate
+
+
+def _check_controls(voice: Voice, caps: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """speed, pitch, volume: within the voice's range, and only those the voice can change."""
     params: dict[str, Any] = {}
     controls = caps.get("controls")
     for name, (low_default, high_default) in CONTROL_RANGES.items():
@@ -176,34 +180,22 @@ def build_job_request(
                 "unsupported_control", name, f"Voice {voice.voice_id} ({voice.engine}) cannot change {name}."
             )
         params[name] = value
+    return params
 
-    language = data.get("language")
-    if language is not None:
-        if not LANGUAGE_RE.match(language):
-            raise _bad(
-                "invalid_language", "language", f"{language!r} is not a language tag like 'en-us' or 'cmn'."
-            )
-        known = [str(x).lower().replace("_", "-") for x in caps.get("languages") or [voice.language]]
-        if not caps.get("language_switch") and language.lower().replace("_", "-") not in known:
-            raise _bad(
-                "unsupported_language",
-                "language",
-                f"Voice {voice.voice_id} speaks {', '.join(known)}; it cannot speak {language!r}.",
-            )
-        params["language"] = language
-    instructions = data.get("instructions")
-    if instructions:
-        params["instructions"] = instructions
 
-    return services.JobRequest(
-        text=text,
-        voice=voice,
-        format=fmt,
-        sample_rate=rate,
-        params=params,
-        billable_chars=billable_characters(text),
-        source=source,
-    )
+def _check_language(voice: Voice, caps: dict[str, Any], language: str) -> str:
+    if not LANGUAGE_RE.match(language):
+        raise _bad(
+            "invalid_language", "language", f"{language!r} is not a language tag like 'en-us' or 'cmn'."
+        )
+    known = [str(x).lower().replace("_", "-") for x in caps.get("languages") or [voice.language]]
+    if not caps.get("language_switch") and language.lower().replace("_", "-") not in known:
+        raise _bad(
+            "unsupported_language",
+            "language",
+            f"Voice {voice.voice_id} speaks {', '.join(known)}; it cannot speak {language!r}.",
+        )
+    return language
 
 
 # --------------------------------------------------------------------- responses
@@ -234,8 +226,19 @@ class JobErrorSerializer(serializers.Serializer):
 METRIC_KEYS = ("queue_ms", "synth_ms", "rtf", "peak_rss_mb", "peak_gpu_mb", "engine", "device", "worker")
 
 
+def public_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """What a tenant sees of a run: no host names or pids (they stay in the row, for logs and the admin).
+
+    ``worker`` is an opaque label of the worker process, enough to tell runs apart.
+    """
+    public = {k: metrics.get(k) for k in METRIC_KEYS}
+    if public["worker"]:
+        public["worker"] = "w-" + hashlib.sha256(str(public["worker"]).encode()).hexdigest()[:12]
+    return public
+
+
 class JobSerializer(serializers.Serializer):
-    """A synthesis job as clients see it (fields of DESIGN.md, nothing internal)."""
+    """A synthesis job as clients see it (fields of docs/api.md, nothing internal)."""
 
     id = serializers.UUIDField()
     status = serializers.ChoiceField(choices=SynthesisJob.Status.choices)
@@ -259,19 +262,18 @@ class JobSerializer(serializers.Serializer):
         request = self.context.get("request")
         # Shared by every job of one response, so the rolling mean and the
         # heartbeats are read once per engine.
-        bases: dict[str, services.EtaBasis] = cast(dict[str, Any], self.context).setdefault("eta_bases", {})
+        bases: dict[str, EtaBasis] = cast(dict[str, Any], self.context).setdefault("eta_bases", {})
         eta = None
         position = None
         if not job.is_finished:
             if job.engine not in bases:
-                bases[job.engine] = services.eta_basis(job.engine)
-            eta = services.estimate_eta(job, bases[job.engine])
-            position = services.queue_position(job)
+                bases[job.engine] = eta_basis(job.engine)
+            eta = estimate_eta(job, bases[job.engine])
+            position = queue_position(job)
         audio_url = None
         if job.status == SynthesisJob.Status.SUCCEEDED and job.audio_path:
             path = reverse("api-speech-audio", args=[job.id])
             audio_url = request.build_absolute_uri(path) if request is not None else path
-        metrics = job.metrics or {}
         return {
             "id": str(job.id),
             "status": job.status,
@@ -287,7 +289,7 @@ class JobSerializer(serializers.Serializer):
             "expires_at": _iso(job.expires_at),
             "audio_url": audio_url,
             "duration_seconds": job.duration_seconds,
-            "metrics": {k: metrics.get(k) for k in METRIC_KEYS},
+            "metrics": public_metrics(job.metrics or {}),
             "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,
         }
 
@@ -320,6 +322,7 @@ class VoiceSerializer(serializers.Serializer):
             "status": voice.status,
             "capabilities": voice.capabilities or {},
             "created_at": _iso(voice.created_at),
+            **uploaded_voice_fields(voice),
         }
 
 

@@ -1,0 +1,300 @@
+"""Piper voices on PyTorch: the same voices and text handling as the onnxruntime engine.
+
+Chosen per worker (``Synthesizer(piper_runtime="torch")``). What it adds over
+onnxruntime: ``torch.inference_mode``, fp16 on CUDA (the duration predictor
+stays float32), per-call peak memory (``torch.cuda.max_memory_allocated``
+with the peak reset per call on CUDA, peak RSS on the CPU), seeded noise
+that does not depend on batching, and :meth:`PiperTorchEngine.synthesize_batch`:
+sentences of several jobs in one padded forward pass. Weights come from the
+voice's own ``.onnx`` (synth/engines/vits_torch.py); nothing is downloaded.
+The CUDA path is tested on CPU only until a GPU run is recorded in
+docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from synth.engines.base import VoiceParams
+from synth.engines.piper import PiperEngine, read_config
+from synth.errors import Cancelled, EngineUnavailable, SynthError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+DEFAULT_MAX_BATCH = 32
+
+
+def resolve_torch_device(device: str) -> str:
+    """``cpu``, ``cuda`` -> ``cuda:0``, ``cuda:N``, or ``auto`` (CUDA when torch has it)."""
+    import torch
+
+    from synth.engines.base import DEVICES_HELP
+
+    d = (device or "cpu").strip().lower()
+    if d == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if d == "cpu":
+        return d
+    if d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise EngineUnavailable(
+                f"device {device!r} asked for, but this torch has no CUDA ({torch.__version__})"
+            )
+        index = int(d[5:]) if ":" in d else 0
+        if index >= torch.cuda.device_count():
+            raise EngineUnavailable(f"device {device!r}: only {torch.cuda.device_count()} CUDA devices")
+        return f"cuda:{index}"
+    raise EngineUnavailable(f"unknown device {device!r}; use {DEVICES_HELP}")
+
+
+@dataclass
+class _TorchVoice:
+    """What the engine holds per voice: piper's phonemizer and config, and the torch model."""
+
+    piper: Any  # piper.PiperVoice without an onnxruntime session (phonemizer and config)
+    model: Any  # torch.nn.Module on the engine's device
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def config(self) -> Any:
+        return self.piper.config
+
+    def phonemize(self, text: str) -> list[list[str]]:
+        return list(self.piper.phonemize(text))
+
+
+@dataclass
+class BatchOutcome:
+    """One entry per request, in order: its audio, or the SynthError that failed it alone."""
+
+    results: list[np.ndarray | SynthError]
+    peak_memory_mb: float  # CUDA: max_memory_allocated over the batch; CPU: peak RSS of the process
+    forward_passes: int
+
+
+class PiperTorchEngine(PiperEngine):
+    name = "piper"
+
+    def __init__(self, voices_dir: str | None = None, threads: int | None = None) -> None:
+        super().__init__(voices_dir=voices_dir, threads=threads)
+        self.dtype_name = "float32"
+        self.last_peak_mb: float | None = None
+
+    # -- loading ---------------------------------------------------------------------------
+    def load(self, device: str = "cpu", voice_ids: list[str] | None = None) -> None:
+        import torch
+
+        self.device = resolve_torch_device(device)
+        self.dtype_name = "float16" if self.device.startswith("cuda") else "float32"
+        if self.threads and self.device == "cpu":
+            torch.set_num_threads(self.threads)
+        from synth.registry import list_voices
+
+        self._infos = {v.id: v for v in list_voices(self.voices_dir, ["piper"])}
+        for vid in voice_ids if voice_ids is not None else list(self._infos):
+            if vid in self._infos:
+                self._voice(vid)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, self.dtype_name)  # type: ignore[no-any-return]
+
+    def _open(self, model_path: str) -> _TorchVoice:
+        from piper import PiperVoice
+
+        from synth.engines import vits_torch
+
+        model, _ = vits_torch.load_voice(model_path, model_path + ".json")
+        vits_torch.place(model, self.device, self.dtype)
+        return _TorchVoice(PiperVoice(session=None, config=read_config(model_path)), model)
+
+    # -- synthesis -----------------------------------------------------------------------------
+    def _utterances(self, voice: _TorchVoice, text: str, params: VoiceParams, seeds: Any) -> list[Any]:
+        from synth.engines.vits_torch import Utterance
+
+        noise_scale, length_scale, noise_w = self.scales(voice, params)
+        return [
+            Utterance(voice.piper.phonemes_to_ids(p), noise_scale, length_scale, noise_w, _generator(seeds))
+            for p in voice.phonemize(text)
+            if p
+        ]
+
+    def _forward(self, voice: _TorchVoice, utterances: list[Any], max_batch: int) -> list[np.ndarray]:
+        """Audio per utterance (peak-normalised like Piper's), shortest first in each pass."""
+        import torch
+
+        from synth.engines.vits_torch import infer
+
+        order = sorted(range(len(utterances)), key=lambda i: len(utterances[i].phoneme_ids))
+        audio: list[Any] = [None] * len(utterances)
+        with voice.lock, torch.inference_mode():
+            for start in range(0, len(order), max_batch):
+                picked = order[start : start + max_batch]
+                for i, out in zip(
+                    picked,
+                    infer(voice.model, [utterances[i] for i in picked], self.device, self.dtype),
+                    strict=True,
+                ):
+                    audio[i] = _peak_normalised(out.audio)
+        return audio
+
+    def _chunk_audio(self, voice: Any, text: str, params: VoiceParams, seeds: Any = None) -> np.ndarray:
+        import numpy as np
+
+        utterances = self._utterances(voice, text, params, seeds)
+        pieces = self._forward(voice, utterances, DEFAULT_MAX_BATCH) if utterances else []
+        return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
+
+    @contextmanager
+    def _job(self, params: VoiceParams) -> Iterator[Callable[[Any, str, VoiceParams], np.ndarray]]:
+        """One job: its own seed stream, and its own CUDA memory peak."""
+        seeds = _seed_stream(params.seed)
+        with self._peak_memory(rss=False):
+            yield lambda voice, text, p: self._chunk_audio(voice, text, p, seeds)
+
+    def synthesize_batch(
+        self, requests: list[tuple[str, VoiceParams]], max_batch: int = DEFAULT_MAX_BATCH
+    ) -> BatchOutcome:
+        """One sentence chunk per request (e.g. the next sentence of each waiting job), synthesised together.
+
+        Requests may use different voices and controls; those of one voice share
+        forward passes (padded, lengths masked) of up to ``max_batch`` Piper
+        sentences. A request whose text fails, or whose pass fails, gets its
+        own SynthError (a failed pass is retried one request at a time, so only
+        the request that fails alone is failed); the others get their audio.
+        """
+        results: list[np.ndarray | SynthError | None] = [None] * len(requests)
+        passes = 0
+        with self._peak_memory() as peak:
+            by_voice: dict[str, list[int]] = {}
+            for i, (_, params) in enumerate(requests):
+                by_voice.setdefault(params.voice, []).append(i)
+            for indices in by_voice.values():
+                passes += self._batch_one_voice(requests, indices, results, max_batch)
+        assert all(r is not None for r in results)
+        return BatchOutcome(results, peak[0], passes)  # type: ignore[arg-type]
+
+    def _batch_one_voice(
+        self,
+        requests: list[tuple[str, VoiceParams]],
+        indices: list[int],
+        results: list[Any],
+        max_batch: int,
+    ) -> int:
+        import math
+
+        owners: list[int] = []
+        utterances: list[Any] = []
+        for i in indices:
+            text, params = requests[i]
+            try:
+                voice = self._voice(params.voice)
+                found = self._utterances(voice, self.render(text, params), params, _seed_stream(params.seed))
+            except SynthError as exc:
+                results[i] = exc
+                continue
+            owners.extend([i] * len(found))
+            utterances.extend(found)
+        if not utterances:
+            return 0
+        voice = self._voice(requests[owners[0]][1].voice)
+        try:
+            audio = self._forward(voice, utterances, max_batch)
+            passes = math.ceil(len(utterances) / max_batch)
+        except (Cancelled, KeyboardInterrupt):
+            raise
+        except Exception:
+            return self._one_by_one(voice, requests, owners, utterances, results)
+        self._collect(voice, requests, owners, audio, results)
+        return passes
+
+    def _one_by_one(
+        self,
+        voice: _TorchVoice,
+        requests: list[Any],
+        owners: list[int],
+        utterances: list[Any],
+        results: list[Any],
+    ) -> int:
+        """After a failed batched pass: each request alone, so a failure stays with its request."""
+        for i in dict.fromkeys(owners):
+            mine = [u for u, owner in zip(utterances, owners, strict=True) if owner == i]
+            try:
+                audio = self._forward(voice, mine, len(mine))
+            except Exception as exc:
+                results[i] = exc if isinstance(exc, SynthError) else SynthError(f"synthesis failed: {exc}")
+                continue
+            self._collect(voice, requests, [i] * len(mine), audio, results)
+        return len(set(owners))
+
+    def _collect(
+        self, voice: _TorchVoice, requests: list[Any], owners: list[int], audio: list[Any], results: list[Any]
+    ) -> None:
+        import numpy as np
+
+        sr = int(voice.config.sample_rate)
+        for i in dict.fromkeys(owners):
+            pieces = [a for a, owner in zip(audio, owners, strict=True) if owner == i]
+            results[i] = self.finish(np.concatenate(pieces).astype(np.float32), requests[i][1], sr)
+
+    @contextmanager
+    def _peak_memory(self, rss: bool = True) -> Iterator[list[float]]:
+        """Peak memory of the enclosed work, stored in ``last_peak_mb`` and yielded as ``[mb]``.
+
+        CUDA: ``max_memory_allocated`` after a reset, so each call (each job, or
+        each batch) has its own peak. CPU: the process's peak RSS when ``rss``
+        (the Synthesizer already samples RSS around a whole job, so it passes False).
+        """
+        import torch
+
+        from synth.telemetry import PeakMemory
+
+        box = [0.0]
+        if self.device.startswith("cuda"):
+            index = int(self.device.split(":")[1])
+            torch.cuda.reset_peak_memory_stats(index)
+            try:
+                yield box
+            finally:
+                box[0] = self.last_peak_mb = torch.cuda.max_memory_allocated(index) / 2**20
+        elif rss:
+            with PeakMemory("cpu") as mem:
+                yield box
+            box[0] = self.last_peak_mb = mem.peak_rss_mb
+        else:
+            yield box
+
+
+def _peak_normalised(audio: np.ndarray) -> np.ndarray:
+    """As piper's ``normalize_audio``: each sentence scaled to a peak of 1."""
+    import numpy as np
+
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    out: np.ndarray = np.zeros_like(audio) if peak < 1e-8 else np.clip(audio / peak, -1.0, 1.0)
+    return out.astype(np.float32)
+
+
+def _seed_stream(seed: int | None) -> torch.Generator | None:
+    """A job's source of per-sentence seeds (None: torch's global RNG)."""
+    if seed is None:
+        return None
+    import torch
+
+    return torch.Generator().manual_seed(int(seed))
+
+
+def _generator(seeds: torch.Generator | None) -> torch.Generator | None:
+    """The next sentence's own RNG: its noise then does not depend on what it is batched with."""
+    if seeds is None:
+        return None
+    import torch
+
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=seeds)))

@@ -1,0 +1,177 @@
+"""Sign-up, e-mail links, log in with a second factor, lockout: the dashboard's account pages."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core import mail
+from django.core.cache import cache
+from django.test import Client, override_settings
+
+from tests.dashboard_data import PASSWORD
+from tests.integration.dashboard.conftest import client_for
+
+SIGNUP = {"email": "new@example.com", "organization": "New Co", "password": PASSWORD}
+
+
+@pytest.fixture(autouse=True)
+def fresh_throttle(stack: Any) -> None:
+    cache.clear()
+
+
+def _link(pattern: str) -> str:
+    match = re.search(pattern, mail.outbox[-1].body)
+    assert match, mail.outbox[-1].body
+    return match.group(0)
+
+
+def test_front_door_offers_sign_up_log_in_and_api_docs(db: None) -> None:
+    page = Client().get("/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    for href in ("/accounts/signup/", "/accounts/login/", "/api/docs", "/v1/audio/speech"):
+        assert href in html
+
+
+def test_signed_in_people_land_on_synthesize(owner: tuple[Any, Any]) -> None:
+    assert client_for(owner[0]).get("/").url == "/app/synthesize/"
+
+
+@override_settings(TTS_SIGNUP="invite")
+def test_invite_only_site_refuses_sign_up(db: None) -> None:
+    response = Client().post("/accounts/signup/", SIGNUP)
+    assert response.status_code == 403
+    assert not get_user_model().objects.filter(email="new@example.com").exists()
+
+
+def test_sign_up_makes_an_owner_who_must_confirm_the_address_first(db: None) -> None:
+    from webapp.tenants.models import Membership
+
+    client = Client()
+    assert client.post("/accounts/signup/", SIGNUP).url == "/app/account/"
+    membership = Membership.objects.get(user__email="new@example.com")
+    assert membership.role == "owner" and membership.organization.name == "New Co"
+    assert client.get("/app/keys/").url == "/app/account/"
+    assert client.post("/app/jobs/", "{}", content_type="application/json").url == "/app/account/"
+
+    client.get(_link(r"http://testserver(/accounts/verify/\S+/)").replace("http://testserver", ""))
+    assert client.get("/app/keys/").status_code == 200
+
+
+def test_a_tampered_verification_link_is_refused(db: None) -> None:
+    client = Client()
+    client.post("/accounts/signup/", SIGNUP)
+    link = _link(r"/accounts/verify/\S+/")
+    assert client.get(link[:-5] + "XXXX/").status_code == 400
+    assert client.get("/app/keys/").url == "/app/account/"
+
+
+@override_settings(TTS_SIGNUP_PER_IP_HOURLY=2)
+def test_sign_ups_are_throttled_per_client_ip(db: None) -> None:
+    for n in range(2):
+        data = {**SIGNUP, "email": f"p{n}@example.com"}
+        assert Client(HTTP_X_REAL_IP="192.0.2.1").post("/accounts/signup/", data).status_code == 302
+    third = Client(HTTP_X_REAL_IP="192.0.2.1").post(
+        "/accounts/signup/", {**SIGNUP, "email": "p3@example.com"}
+    )
+    assert third.status_code == 429
+    assert not get_user_model().objects.filter(email="p3@example.com").exists()
+    other = Client(HTTP_X_REAL_IP="192.0.2.2").post(
+        "/accounts/signup/", {**SIGNUP, "email": "p4@example.com"}
+    )
+    assert other.status_code == 302
+
+
+def test_sign_up_refuses_an_address_already_in_use(owner: tuple[Any, Any]) -> None:
+    response = Client().post("/accounts/signup/", {**SIGNUP, "email": "OWNER@example.com"})
+    assert response.status_code == 200
+    assert "exists" in response.content.decode()
+
+
+def test_email_change_happens_only_through_the_link(owner: tuple[Any, Any]) -> None:
+    user = owner[0]
+    client = client_for(user)
+    client.post("/app/account/", {"email": "renamed@example.com"})
+    user.refresh_from_db()
+    assert user.email == "owner@example.com"
+    assert mail.outbox[-1].to == ["renamed@example.com"]
+    client.get(_link(r"/accounts/email/\S+/"))
+    user.refresh_from_db()
+    assert user.email == "renamed@example.com"
+    assert client.get(_link(r"/accounts/email/\S+/")).status_code == 400  # used once
+
+
+def test_password_reset_mails_a_working_link(owner: tuple[Any, Any]) -> None:
+    client = Client()
+    assert client.post("/accounts/password/reset/", {"email": "owner@example.com"}).status_code == 302
+    page = client.get(_link(r"/accounts/password/set/\S+/"), follow=True)
+    form_url = page.redirect_chain[-1][0]
+    new = "another-long-passphrase-7"
+    done = client.post(form_url, {"new_password1": new, "new_password2": new})
+    assert done.url == "/accounts/password/done/"
+    assert Client().login(username="owner@example.com", password=new)
+
+
+def _enrol(client: Client, user: Any) -> str:
+    import base64
+
+    from django_otp.oath import totp
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    client.get("/app/account/security/")
+    device = TOTPDevice.objects.get(user=user, confirmed=False)
+    page = client.post("/app/account/security/", {"code": f"{totp(device.bin_key):06d}"})
+    assert len(page.context["recovery_codes"]) == 10
+    return base64.b32encode(device.bin_key).decode()
+
+
+def test_log_in_with_totp_needs_the_code_after_the_password(owner: tuple[Any, Any]) -> None:
+    import base64
+
+    from django_otp.oath import totp
+
+    secret = _enrol(client_for(owner[0]), owner[0])
+    client = Client()
+    step = client.post("/accounts/login/", {"username": "owner@example.com", "password": PASSWORD})
+    assert step.url.startswith("/accounts/login/code/")
+    assert client.get("/app/usage/").status_code == 302  # not signed in yet
+    wrong = client.post("/accounts/login/code/", {"code": "000000"})
+    assert "not right" in wrong.content.decode()
+    time.sleep(1.1)  # django-otp throttles: after one wrong code the next try waits a second
+    code = f"{totp(base64.b32decode(secret), drift=1):06d}"
+    assert client.post("/accounts/login/code/", {"code": code}).url == "/app/synthesize/"
+    assert client.get("/app/usage/").status_code == 200
+
+
+def test_a_recovery_code_works_once(owner: tuple[Any, Any]) -> None:
+    from django_otp.plugins.otp_static.models import StaticToken
+
+    _enrol(client_for(owner[0]), owner[0])
+    recovery = StaticToken.objects.filter(device__user=owner[0]).first().token
+    for expected in ("/app/synthesize/", None):
+        client = Client()
+        client.post("/accounts/login/", {"username": "owner@example.com", "password": PASSWORD})
+        answer = client.post("/accounts/login/code/", {"code": recovery})
+        assert (answer.url if answer.status_code == 302 else None) == expected
+
+
+def test_repeated_failed_logins_lock_out(owner: tuple[Any, Any]) -> None:
+    client = Client(HTTP_X_REAL_IP="198.51.100.7")
+    for _ in range(5):
+        client.post("/accounts/login/", {"username": "owner@example.com", "password": "wrong"})
+    locked = client.post("/accounts/login/", {"username": "owner@example.com", "password": PASSWORD})
+    assert locked.status_code == 429
+
+
+def test_owner_on_a_plan_requiring_totp_must_enrol_first(owner: tuple[Any, Any]) -> None:
+    user, org = owner
+    org.plan.owners_need_totp = True
+    org.plan.save()
+    client = client_for(user)
+    assert client.get("/app/history/").url == "/app/account/security/"
+    _enrol(client, user)
+    assert client.get("/app/history/").status_code == 200

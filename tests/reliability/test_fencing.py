@@ -1,0 +1,241 @@
+"""Exactly one attempt owns a job: a stale attempt (a live owner whose lease ran out) can do no harm.
+
+Each claim gets a fencing token; every worker write carries it and each
+attempt writes only files named with its own token. The first test races two
+attempts in this process with real audio; the others freeze a real worker
+child with SIGSTOP and thaw it while the new attempt runs, in both orders.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.reliability.helpers import (
+    ESPEAK,
+    LONG,
+    PIPER,
+    SHORT,
+    children,
+    flush_queues,
+    job,
+    make_org,
+    media_root,
+    partial_files,
+    start_worker,
+    submit,
+    usage_events,
+    wait_status,
+    wait_until,
+)
+from tests.stack import TestStack
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _expire_lease(job_id: Any) -> None:
+    """The owner's lease runs out now (database clock), as after a long pause of its process."""
+    from django.db import connection
+
+    from webapp.speech.models import SynthesisJob
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {SynthesisJob._meta.db_table} SET lease_until = now() - interval '1 second' WHERE id = %s",
+            [str(job_id)],
+        )
+
+
+def _folder(org: Any) -> str:
+    return os.path.join(media_root(), "audio", str(org.id))
+
+
+def _synthesize(synthesizer: Any, claimed: Any, text: str) -> tuple[str, Any]:
+    """Write this attempt's audio to its own file, as the task does. (relative path, result)."""
+    from synth import SynthesisRequest
+    from webapp.speech import tasks
+    from webapp.speech.services import files
+
+    relative = tasks.attempt_path(claimed)
+    out = files.media_path(relative)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    result = synthesizer.synthesize(SynthesisRequest(text=text, voice=ESPEAK, format="wav"), out)
+    return relative, result
+
+
+def _complete(claimed: Any, relative: str, result: Any) -> bool:
+    from webapp.speech.services import attempts
+
+    return attempts.complete_job(
+        claimed.id,
+        claimed.claim_token,
+        audio_path=relative,
+        audio_bytes=result.bytes,
+        duration_seconds=result.duration_seconds,
+        metrics={},
+        applied_instructions={},
+    )
+
+
+def test_two_attempts_racing_leave_one_file_the_right_one_charged_once(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    from synth import Synthesizer
+    from webapp.speech import tasks
+    from webapp.speech.services import attempts
+
+    org = make_org("race")
+    text = f"{SHORT} Two attempts race for it."
+    j = submit(org, text)
+    stale = attempts.claim_job(j.id, "node-a:ns-1:101")
+    assert stale is not None and stale.claim_token == 1
+    _expire_lease(j.id)  # owner A is alive but paused; the reaper gives the job to another run
+    assert attempts.requeue_expired_leases()[0] == 1
+    live = attempts.claim_job(j.id, "node-b:ns-2:202")
+    assert live is not None and live.claim_token == 2
+    synthesizer = Synthesizer(engines=["espeak"])
+    synthesizer.load()
+    # Both write their audio at the same time; neither touches the other's file.
+    stale_path, stale_result = _synthesize(synthesizer, stale, text)
+    live_path, live_result = _synthesize(synthesizer, live, text)
+    assert stale_path != live_path
+    # The stale attempt learns it lost the job at its first write, and publishes nothing.
+    assert attempts.report_progress(j.id, stale.claim_token, 1, 2) == attempts.Verdict.LOST
+    assert not _complete(stale, stale_path, stale_result)
+    tasks.discard_output(j.id, stale.claim_token, stale_path)
+    assert attempts.report_progress(j.id, live.claim_token, 1, 2) == attempts.Verdict.GO
+    assert _complete(live, live_path, live_result)
+    # Late writes of the stale attempt change nothing.
+    assert not attempts.fail_job(j.id, "storage_error", "late failure", token=stale.claim_token)
+    assert not attempts.requeue_job(j.id, stale.claim_token, reason="late")
+    row = job(j.id)
+    assert (row.status, row.audio_path, row.attempts) == ("succeeded", live_path, 2)
+    assert os.listdir(_folder(org)) == [os.path.basename(live_path)]
+    assert os.path.getsize(os.path.join(media_root(), live_path)) == row.audio_bytes > 0
+    assert usage_events(j.id) == ["charge", "reserve"]
+
+
+def _frozen_owner(j: Any, worker: Any, at_progress: float) -> psutil.Process:
+    """SIGSTOP the child running ``j`` once it reaches ``at_progress``."""
+    wait_until(lambda: job(j.id).progress >= at_progress, 90, f"the job at {at_progress:.0%}", 0.02)
+    owner = job(j.id).worker
+    victim = psutil.Process(int(owner.rpartition(":")[2]))
+    assert victim.pid in {p.pid for p in children(worker)}
+    victim.send_signal(signal.SIGSTOP)
+    wait_until(lambda: victim.status() == psutil.STATUS_STOPPED, 10, "the child to stop")
+    return victim
+
+
+def _hand_to_the_other_child(j: Any, victim: psutil.Process) -> None:
+    """The frozen owner's lease runs out; the reaper re-queues and the other child claims (token 2)."""
+    from webapp.speech.services import attempts
+
+    _expire_lease(j.id)
+    assert attempts.requeue_expired_leases()[0] == 1
+    wait_until(
+        lambda: job(j.id).claim_token == 2 and job(j.id).status == "running",
+        60,
+        "the second attempt to start",
+    )
+    assert not job(j.id).worker.endswith(f":{victim.pid}")
+
+
+def _assert_one_good_result(org: Any, j: Any) -> Any:
+    (row,) = wait_status([j.id], timeout=120)
+    assert row.status == "succeeded", (row.error_code, row.error_message)
+    assert row.claim_token == 2 and row.attempts == 2
+    assert usage_events(j.id) == ["charge", "reserve"]
+    folder = _folder(org)
+    wait_until(lambda: not partial_files(folder), 10, "no partial files")
+    assert os.listdir(folder) == [os.path.basename(row.audio_path)]
+    assert os.path.getsize(os.path.join(media_root(), row.audio_path)) == row.audio_bytes > 0
+    return row
+
+
+def test_frozen_child_thawed_while_the_new_attempt_runs_stops_at_once(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    flush_queues(stack, "synth.piper")
+    worker = start_worker(stack, "w-fence-a", engines="piper", concurrency=2)
+    try:
+        org = make_org("fence-notice")
+        j = submit(org, " ".join([LONG] * 2), voice=PIPER)
+        victim = _frozen_owner(j, worker, 0.4)
+        frozen_stage = job(j.id).stage
+        _hand_to_the_other_child(j, victim)
+        wait_until(lambda: job(j.id).progress >= 0.05, 60, "the new attempt at 5 %", 0.02)
+        thawed = time.time()
+        victim.send_signal(signal.SIGCONT)
+        # The stale attempt's next progress write matches no row: it stops before its next
+        # sentence, long before the new attempt is done, and its child is free again.
+        wait_until(
+            lambda: [
+                b
+                for b in stack.heartbeats()
+                if b.get("pid") == victim.pid and b.get("current_job") is None and b.get("at", 0) > thawed
+            ],
+            10,
+            "the thawed child to drop the job",
+        )
+        assert job(j.id).status == "running" and job(j.id).progress < 1.0
+        row = _assert_one_good_result(org, j)
+        assert row.metrics["pid"] != victim.pid and frozen_stage.startswith("synthesising")
+    finally:
+        stack.stop_service(worker)
+
+
+def test_frozen_child_that_finishes_first_publishes_nothing(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    flush_queues(stack, "synth.piper")
+    marker = "#pause-before-commit#"
+    worker = start_worker(
+        stack, "w-fence-b", engines="piper", concurrency=2, TTS_FAULT_PAUSE_BEFORE_COMMIT_MARKER=marker
+    )
+    try:
+        org = make_org("fence-finish")
+        j = submit(org, f"{LONG} {marker}", voice=PIPER)
+        # The first attempt wrote its whole file and stops itself just before it commits.
+        owner = wait_until(
+            lambda: [p for p in children(worker) if p.status() == psutil.STATUS_STOPPED], 90, "the pause"
+        )[0]
+        assert job(j.id).worker.endswith(f":{owner.pid}") and job(j.id).status == "running"
+        _hand_to_the_other_child(j, owner)
+        wait_until(lambda: job(j.id).progress >= 0.05, 60, "the new attempt at 5 %", 0.02)
+        owner.send_signal(signal.SIGCONT)  # the stale run tries to publish first
+        row = _assert_one_good_result(org, j)
+        assert row.metrics["pid"] != owner.pid
+    finally:
+        stack.stop_service(worker)
+
+
+def test_sigkill_between_rename_and_commit_ends_succeeded_with_a_complete_file(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    import soundfile
+
+    flush_queues(stack, "synth.espeak")
+    marker = "#die-before-commit#"
+    worker = start_worker(stack, "w-fence-kill", TTS_FAULT_CRASH_BEFORE_COMMIT_MARKER=marker)
+    try:
+        org = make_org("fence-kill")
+        j = submit(org, f"{SHORT} {marker}")
+        (row,) = wait_status([j.id], timeout=60)
+        assert row.status == "succeeded", (row.error_code, row.error_message)
+        # The first attempt renamed its file into place and died before its commit;
+        # the redelivered message re-claimed the job from the dead owner.
+        assert row.attempts == 2 and row.claim_token == 2
+        path = os.path.join(media_root(), row.audio_path)
+        info = soundfile.info(path)
+        assert os.path.getsize(path) == row.audio_bytes > 0
+        assert info.frames / info.samplerate == pytest.approx(row.duration_seconds, abs=0.01)
+        assert usage_events(j.id) == ["charge", "reserve"]
+        # The dead attempt's file is gone too (its owner is known dead), nothing half-written stays.
+        assert os.listdir(_folder(org)) == [os.path.basename(row.audio_path)]
+    finally:
+        stack.stop_service(worker)

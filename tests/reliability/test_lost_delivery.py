@@ -1,0 +1,70 @@
+"""A message lost after dispatch costs at most T; a job queued too long ends `queue_timeout`."""
+
+from __future__ import annotations
+
+import time
+from unittest import mock
+
+import pytest
+from django.test import override_settings
+
+from tests.reliability.helpers import (
+    SHORT,
+    flush_queues,
+    job,
+    make_org,
+    start_worker,
+    submit,
+    usage_events,
+    wait_status,
+)
+from tests.stack import TestStack
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T = 3
+
+
+def test_a_message_dropped_after_dispatch_runs_within_t(stack: TestStack, builtin_voices: list[str]) -> None:
+    from webapp.housekeeping.jobs import run_job
+    from webapp.speech.tasks import synthesize_job
+
+    flush_queues(stack, "synth.espeak")
+    worker = start_worker(stack, "w-lost")
+    try:
+        org = make_org("lost")
+        with override_settings(TTS_JOB_REDELIVER_SECONDS=T):
+            # Sent, then lost between the broker and a worker (a node dying after BRPOP,
+            # Redis's fsync window, a purge): the row says dispatched, no message exists.
+            with mock.patch.object(synthesize_job, "apply_async"):
+                j = submit(org, SHORT)
+            assert job(j.id).dispatched_at is not None
+            dropped = time.monotonic()
+            while job(j.id).status == "queued" and time.monotonic() - dropped < 3 * T:
+                run_job("sweep_lost_deliveries")  # what beat runs every few seconds
+                time.sleep(0.5)
+        (row,) = wait_status([j.id], timeout=30)
+        ran_after = (row.started_at - job(j.id).created_at).total_seconds()
+        assert row.status == "succeeded" and row.attempts == 1
+        assert ran_after < T + 2, ran_after
+        assert usage_events(j.id) == ["charge", "reserve"]
+    finally:
+        stack.stop_service(worker)
+
+
+def test_a_job_queued_past_the_maximum_age_ends_queue_timeout(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    from webapp.speech.services import attempts
+
+    flush_queues(stack, "synth.espeak")  # no worker: the job only waits
+    org = make_org("stale-queue")
+    j = submit(org, SHORT)
+    with override_settings(TTS_JOB_MAX_QUEUE_SECONDS=1, TTS_JOB_REDELIVER_SECONDS=3600):
+        assert attempts.resend_lost_deliveries() == (0, 0)
+        time.sleep(1.2)
+        assert attempts.resend_lost_deliveries() == (0, 1)
+    row = job(j.id)
+    assert (row.status, row.error_code) == ("failed", "queue_timeout")
+    assert usage_events(j.id) == ["release", "reserve"]
+    flush_queues(stack, "synth.espeak")

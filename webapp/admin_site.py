@@ -1,0 +1,147 @@
+"""The operators' admin site: Django's AdminSite with a second factor and pages of our own.
+
+Installed as Django's default site (``webapp.admin_config.OperatorAdminConfig``
+in INSTALLED_APPS replaces ``django.contrib.admin``), so ``admin.site`` and ``@admin.register``
+refer to it. When ``TTS_ADMIN_REQUIRE_OTP`` is on, only staff verified by a
+TOTP device (django-otp) get in, and the login form asks for the code; staff
+enrol with ``manage.py enroll_totp <username>``. Failed logins are counted by
+django-axes, which locks the client out after ``TTS_LOGIN_FAILURE_LIMIT``.
+
+Apps add pages that are not models (the Workers page) with :meth:`add_page`
+instead of patching the site.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from axes.backends import AxesStandaloneBackend
+from django.conf import settings
+from django.contrib.admin import AdminSite
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, URLResolver, path, reverse
+from django_otp.admin import OTPAdminAuthenticationForm
+
+View = Callable[..., HttpResponse]
+
+
+@dataclass(frozen=True)
+class AdminPage:
+    """A page listed under an app on the index and in the sidebar, like a model."""
+
+    app_label: str
+    route: str
+    view: View
+    name: str
+    title: str
+    visible: Callable[[HttpRequest], bool]
+
+
+def otp_required() -> bool:
+    return bool(getattr(settings, "TTS_ADMIN_REQUIRE_OTP", False))
+
+
+class OperatorAdminSite(AdminSite):
+    site_header = "TTS service administration"
+    site_title = "TTS service admin"
+    index_title = "Operations"
+
+    def __init__(self, name: str = "admin") -> None:
+        super().__init__(name)
+        self._pages: list[AdminPage] = []
+
+    # ------------------------------------------------------------------ login
+
+    def has_permission(self, request: HttpRequest) -> bool:
+        """Active staff; with TTS_ADMIN_REQUIRE_OTP also verified by a TOTP device in this session."""
+        if not super().has_permission(request):
+            return False
+        return not otp_required() or bool(request.user.is_verified())  # type: ignore[union-attr]
+
+    # Properties, read on each login: the site is shared by every thread, and a
+    # test that turns the setting on must see the second factor at once.
+    @property
+    def login_form(self) -> type[AdminAuthenticationForm]:  # type: ignore[override]
+        return OTPAdminAuthenticationForm if otp_required() else AdminAuthenticationForm
+
+    @property
+    def login_template(self) -> str:  # type: ignore[override]
+        return "otp/admin111/login.html" if otp_required() else "admin/login.html"
+
+    # ------------------------------------------------------------------ pages
+
+    def add_page(
+        self,
+        app_label: str,
+        route: str,
+        view: View,
+        *,
+        name: str,
+        title: str,
+        visible: Callable[[HttpRequest], bool],
+    ) -> None:
+        """Serve ``view`` at ``<admin>/<route>`` (staff only) and list it under ``app_label`` for whom ``visible``."""
+        self._pages.append(AdminPage(app_label, route, view, name, title, visible))
+
+    def get_urls(self) -> list[URLPattern | URLResolver]:
+        # Before the site's own patterns: its final catch-all would answer 404 otherwise.
+        own = [path(page.route, self.admin_view(page.view), name=page.name) for page in self._pages]
+        return [*own, *super().get_urls()]
+
+    def get_app_list(self, request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
+        app_list = super().get_app_list(request, app_label)
+        for app in app_list:
+            pages = [page for page in self._pages if page.app_label == app["app_label"]]
+            for page in pages:
+                if page.visible(request):
+                    app["models"].append(self._page_entry(page))
+            if pages:
+                app["models"].sort(key=lambda entry: str(entry["name"]))
+        return app_list
+
+    def _page_entry(self, page: AdminPage) -> dict[str, Any]:
+        return {
+            "name": page.title,
+            "object_name": page.title.replace(" ", ""),
+            "perms": {"add": False, "change": False, "delete": False, "view": True},
+            "admin_url": reverse(f"{self.name}:{page.name}", current_app=self.name),
+            "add_url": None,
+            "view_only": True,
+        }
+
+
+site = OperatorAdminSite()
+
+
+def default_site() -> OperatorAdminSite:
+    """What ``django.contrib.admin.site`` resolves to: the one instance above."""
+    return site
+
+
+def client_ip(request: HttpRequest) -> str | None:
+    """The client address for django-axes: the header Nginx sets, else the socket peer."""
+    header = str(getattr(settings, "TTS_CLIENT_IP_HEADER", "HTTP_X_REAL_IP"))
+    return request.META.get(header) or request.META.get("REMOTE_ADDR") or None
+
+
+class LockoutBackend(AxesStandaloneBackend):
+    """django-axes' check, for logins that come with a request (every web login form passes one).
+
+    Without a request (the test client's ``login()``, a shell) there is no
+    client to count or lock out; django-axes would raise instead.
+    """
+
+    def authenticate(
+        self,
+        request: HttpRequest | None,
+        username: str | None = None,
+        password: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if request is None:
+            return None
+        super().authenticate(request, username, password, **kwargs)
+        return None

@@ -1,0 +1,99 @@
+"""Forms of the dashboard: they parse and validate input, nothing more."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django import forms
+from django.contrib.auth import password_validation
+from django.contrib.auth.forms import AuthenticationForm
+from django.utils import timezone
+
+from webapp.tenants.models import ApiKey, Membership
+
+
+class SignUpForm(forms.Form):
+    email = forms.EmailField(label="E-mail", max_length=150)
+    organization = forms.CharField(
+        label="Organisation name",
+        max_length=200,
+        required=False,
+        help_text="Optional; you can rename it later.",
+    )
+    password = forms.CharField(
+        label="Password", widget=forms.PasswordInput(attrs={"autocomplete": "new-password"})
+    )
+
+    def clean_password(self) -> str:
+        password: str = self.cleaned_data["password"]
+        password_validation.validate_password(password)
+        return password
+
+
+class LoginForm(AuthenticationForm):
+    """Django's form, with the user name shown as what it is: the e-mail address."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["username"].label = "E-mail"
+        self.fields["username"].widget.attrs["autocomplete"] = "email"
+
+
+class CodeForm(forms.Form):
+    code = forms.CharField(
+        label="Code from your authenticator app (or a recovery code)",
+        max_length=20,
+        widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric"}),
+    )
+
+
+class EmailChangeForm(forms.Form):
+    email = forms.EmailField(label="New e-mail", max_length=150)
+
+
+class KeyForm(forms.Form):
+    name = forms.CharField(label="Name", max_length=100)
+    scopes = forms.MultipleChoiceField(
+        label="Scopes",
+        choices=ApiKey.Scope.choices,
+        initial=[ApiKey.Scope.SPEECH_WRITE, ApiKey.Scope.SPEECH_READ],
+        widget=forms.CheckboxSelectMultiple,
+    )
+    expires_in_days = forms.IntegerField(
+        label="Expires after (days)",
+        required=False,
+        min_value=1,
+        max_value=3650,
+        help_text="Leave empty for a key that does not expire.",
+    )
+
+    def expires_at(self) -> dt.datetime | None:
+        days = self.cleaned_data.get("expires_in_days")
+        return timezone.now() + dt.timedelta(days=days) if days else None
+
+
+def role_choices() -> list[tuple[str, str]]:
+    return [(value, label.capitalize()) for value, label in Membership.Role.choices]
+
+
+class InviteForm(forms.Form):
+    email = forms.EmailField(label="E-mail", max_length=150)
+    role = forms.ChoiceField(label="Role", choices=role_choices, initial=Membership.Role.MEMBER)
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(label="Role", choices=role_choices)
+
+
+class HistoryFilterForm(forms.Form):
+    q = forms.CharField(label="Search in the text", required=False, max_length=200)
+    status = forms.ChoiceField(label="Status", required=False)
+    voice = forms.CharField(label="Voice", required=False, max_length=200)
+
+    def __init__(self, *args: Any, statuses: list[str], voices: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        status = self.fields["status"]
+        assert isinstance(status, forms.ChoiceField)
+        status.choices = [("", "Any status")] + [(s, s.capitalize()) for s in statuses]
+        self.fields["voice"].widget = forms.Select(choices=[("", "Any voice")] + [(v, v) for v in voices])

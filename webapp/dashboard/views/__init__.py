@@ -1,0 +1,1 @@
+"""Dashboard views: they parse input and check access; tenants and speech services change state."""

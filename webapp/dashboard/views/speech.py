@@ -1,0 +1,270 @@
+"""Synthesize, history and voices: pages, plus the small JSON endpoints the page's script calls.
+
+The script posts JSON (with the CSRF header) and long-polls the job: each
+poll waits up to ``WAIT_SECONDS`` for a change, and the script never starts
+two polls less than a second apart.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from itertools import groupby
+from typing import Any
+from urllib.parse import quote
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.db.models import Count
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+from redis.exceptions import RedisError
+from rest_framework.exceptions import ValidationError
+
+from synth.audio import content_type
+from webapp.dashboard.access import WRITERS, Tenant, error_text, tenant_page
+from webapp.dashboard.forms import HistoryFilterForm
+from webapp.errors import DomainError
+from webapp.problems import Problem
+from webapp.speech.api.serializers import FORMATS, SpeechRequestSerializer, build_job_request
+from webapp.speech.api.views import require_worker_for
+from webapp.speech.models import SynthesisJob, Voice
+from webapp.speech.services import eta, jobs, queries
+
+WAIT_SECONDS = 10
+POLL_INTERVAL = 0.25
+PAGE_SIZE = 20
+SUBMIT_FIELDS = ("text", "voice", "format", "speed", "instructions")
+
+
+def _voices(tenant: Tenant) -> list[Voice]:
+    return list(queries.visible_voices(tenant.organization).order_by("language", "name", "voice_id"))
+
+
+def _by_language(voices: list[Voice]) -> list[tuple[str, list[Voice]]]:
+    return [(language, list(group)) for language, group in groupby(voices, key=lambda v: v.language)]
+
+
+@tenant_page(verified=True)
+@require_GET
+def synthesize(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    summary = queries.usage_summary(tenant.organization, days=1)
+    plan = tenant.organization.plan
+    context = {
+        "tenant": tenant,
+        "languages": _by_language(_voices(tenant)),
+        "default_voice": settings.TTS_DEFAULT_VOICE,
+        "formats": FORMATS,
+        "max_chars": plan.max_characters_per_request,
+        "monthly_left": max(0, plan.monthly_characters - _characters_taken(summary)),
+    }
+    return render(request, "dashboard/synthesize.html", context)
+
+
+def _characters_taken(summary: dict[str, Any]) -> int:
+    chars = summary.get("characters", {})
+    return int(chars.get("used", 0)) + int(chars.get("reserved", 0))
+
+
+def job_json(job: SynthesisJob) -> dict[str, Any]:
+    """What the page's script needs of a job; audio URLs are the dashboard's own (session, not key)."""
+    done = job.status == SynthesisJob.Status.SUCCEEDED and bool(job.audio_path)
+    audio = reverse("dashboard:job-audio", args=[job.id])
+    return {
+        "id": str(job.id),
+        "status": job.status,
+        "progress": round(float(job.progress), 4),
+        "queue_position": None if job.is_finished else eta.queue_position(job),
+        "eta_seconds": None if job.is_finished else eta.estimate_eta(job),
+        "duration_seconds": job.duration_seconds,
+        "audio_url": audio if done else None,
+        "download_url": f"{audio}?download=1" if done else None,
+        "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,
+    }
+
+
+def _error(status: int, message: str, field: str | None = None, **extra: Any) -> JsonResponse:
+    return JsonResponse({"error": {"message": message, "field": field, **extra}}, status=status)
+
+
+def _service_error(exc: DomainError | Problem) -> JsonResponse:
+    problem = Problem.of(exc)
+    return _error(problem.status, problem.message, problem.field, **problem.extra)
+
+
+def _validation_error(exc: ValidationError) -> JsonResponse:
+    detail = exc.detail if isinstance(exc.detail, dict) else {"text": exc.detail}
+    field, messages = next(iter(detail.items()))
+    message = messages[0] if isinstance(messages, list) else messages
+    return _error(400, f"{field}: {message}", str(field))
+
+
+@tenant_page(roles=WRITERS, verified=True)
+@require_POST
+def submit(request: HttpRequest, tenant: Tenant) -> JsonResponse:
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return _error(400, "The request was not JSON.")
+    if not isinstance(body, dict):
+        return _error(400, "The request was not a JSON object.")
+    data = {k: v for k, v in body.items() if k in SUBMIT_FIELDS and v not in (None, "")}
+    data.setdefault("text", "")
+    try:
+        serializer = SpeechRequestSerializer(data=data)
+        serializer.is_valid(raise_exception=True)
+        job_request = build_job_request(
+            tenant.organization, dict(serializer.validated_data), source="dashboard"
+        )
+        require_worker_for(job_request.voice)
+        job, _ = jobs.submit_job(tenant.organization, job_request, user=request.user)
+    except ValidationError as exc:
+        return _validation_error(exc)
+    except (DomainError, Problem) as exc:
+        return _service_error(exc)
+    except RedisError:
+        return _error(503, "The job queue is unavailable; try again in a few seconds.")
+    return JsonResponse(job_json(job), status=202)
+
+
+def _job(tenant: Tenant, job_id: uuid.UUID) -> SynthesisJob:
+    job = SynthesisJob.objects.filter(pk=job_id, organization=tenant.organization).first()
+    if job is None:
+        raise Http404("No such job.")
+    return job
+
+
+def _may_change(request: HttpRequest, tenant: Tenant, job: SynthesisJob) -> bool:
+    """Owners and admins act on any job of the tenant; a member only on jobs they submitted."""
+    return tenant.can_manage or (tenant.can_write and job.user_id == request.user.pk)
+
+
+@tenant_page()
+@require_GET
+def job_status(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> JsonResponse:
+    job = _job(tenant, job_id)
+    wait = min(
+        WAIT_SECONDS, int(request.GET.get("wait", "0")) if request.GET.get("wait", "").isdigit() else 0
+    )
+    seen = (job.status, job.progress)
+    deadline = time.monotonic() + wait
+    while not job.is_finished and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL)
+        now = SynthesisJob.objects.filter(pk=job.pk).values_list("status", "progress").first()
+        if now != seen:
+            job = _job(tenant, job_id)
+            break
+    return JsonResponse(job_json(job))
+
+
+@tenant_page()
+@require_POST
+def job_cancel(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> JsonResponse:
+    job = _job(tenant, job_id)
+    if not _may_change(request, tenant, job):
+        return _error(403, "You can cancel only jobs you started.")
+    try:
+        job = jobs.cancel_job(job)
+    except (DomainError, Problem) as exc:
+        return _service_error(exc)
+    return JsonResponse(job_json(job))
+
+
+@tenant_page()
+@require_GET
+def job_audio(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> HttpResponse:
+    """Django checks the tenant; Nginx streams the file from its internal location."""
+    job = _job(tenant, job_id)
+    if job.status != SynthesisJob.Status.SUCCEEDED or not job.audio_path:
+        return HttpResponse("This job has no audio (any more).", status=404, content_type="text/plain")
+    response = HttpResponse(content_type=content_type(job.format))
+    response["X-Accel-Redirect"] = settings.TTS_ACCEL_REDIRECT_PREFIX + quote(job.audio_path)
+    disposition = "attachment" if request.GET.get("download") else "inline"
+    response["Content-Disposition"] = f'{disposition}; filename="{job.id}.{job.format}"'
+    response["Cache-Control"] = "private, no-store"
+    return response
+
+
+@tenant_page()
+@require_POST
+def job_delete(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> HttpResponse:
+    job = _job(tenant, job_id)
+    if not _may_change(request, tenant, job):
+        messages.error(request, "You can delete only jobs you started.")
+    else:
+        try:
+            jobs.delete_job(job)
+        except (DomainError, Problem) as exc:
+            messages.error(request, error_text(exc))
+        else:
+            messages.success(request, "The job and its audio are deleted.")
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
+        target = reverse("dashboard:history")
+    return redirect(target)
+
+
+@tenant_page()
+@require_GET
+def history(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    all_jobs = SynthesisJob.objects.filter(organization=tenant.organization)
+    voices = sorted(set(all_jobs.values_list("voice_name", flat=True).distinct()))
+    form = HistoryFilterForm(request.GET or None, statuses=list(SynthesisJob.Status.values), voices=voices)
+    selected = all_jobs
+    if form.is_valid():
+        if form.cleaned_data["q"]:
+            selected = selected.filter(text__icontains=form.cleaned_data["q"])
+        if form.cleaned_data["status"]:
+            selected = selected.filter(status=form.cleaned_data["status"])
+        if form.cleaned_data["voice"]:
+            selected = selected.filter(voice_name=form.cleaned_data["voice"])
+    page = Paginator(selected.order_by("-created_at", "-id"), PAGE_SIZE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {"tenant": tenant, "form": form, "page": page, "query": query.urlencode()}
+    return render(request, "dashboard/history.html", context)
+
+
+@tenant_page()
+@require_GET
+def voices(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    context = {"tenant": tenant, "languages": _by_language(_voices(tenant))}
+    return render(request, "dashboard/voices.html", context)
+
+
+@tenant_page()
+@require_GET
+def usage(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    summary = queries.usage_summary(tenant.organization)
+    plan = tenant.organization.plan
+    taken = _characters_taken(summary)
+    daily = sorted(summary.get("daily", []), key=lambda d: d.get("date", ""))
+    peak = max([int(d.get("charged", 0)) for d in daily] + [1])
+    bars = []
+    for i, day in enumerate(daily):
+        height = round(100 * int(day.get("charged", 0)) / peak)
+        bars.append({**day, "height": height, "x": i * 22, "y": 110 - height})
+    status_counts = list(
+        SynthesisJob.objects.filter(organization=tenant.organization)
+        .values_list("status")
+        .order_by("status")
+        .annotate(n=Count("id"))
+    )
+    running = SynthesisJob.objects.filter(organization=tenant.organization, status__in=SynthesisJob.ACTIVE)
+    context = {
+        "tenant": tenant,
+        "summary": summary,
+        "plan": plan,
+        "taken": taken,
+        "percent": min(100, round(100 * taken / plan.monthly_characters)) if plan.monthly_characters else 0,
+        "bars": bars,
+        "chart_width": max(1, len(bars)) * 22,
+        "status_counts": status_counts,
+        "running": running.order_by("created_at")[:20],
+    }
+    return render(request, "dashboard/usage.html", context)

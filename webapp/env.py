@@ -1,0 +1,131 @@
+"""Typed, strict reading of environment variables, shared by settings and deploy/.
+
+Standard library only: ``webapp/settings.py``, ``deploy/`` (the local stack, the
+Nginx renderer) and ``deploy/gunicorn.conf.py`` all read their settings through
+these helpers, so a variable means the same thing everywhere. A value that does
+not parse is a start-up error naming the variable, never a silent default: a
+typo in ``DJANGO_DEBUG=ture`` must not quietly turn something off.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+class EnvError(ValueError):
+    """A variable whose value cannot be used; the message names it."""
+
+
+def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
+    value = (os.environ if environ is None else environ).get(name)
+    return None if value is None or value.strip() == "" else value.strip()
+
+
+def env_str(name: str, default: str, environ: Mapping[str, str] | None = None) -> str:
+    value = (os.environ if environ is None else environ).get(name)
+    return default if value is None else value
+
+
+def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
+    raw = _raw(name, environ)
+    if raw is None:
+        return default
+    # int() accepts "²" and "1_000"; a setting must be plain ASCII digits.
+    digits = raw[1:] if raw.startswith("-") else raw
+    if not (digits.isascii() and digits.isdigit()):
+        raise EnvError(f"{name}={raw!r} is not a whole number")
+    return int(raw)
+
+
+def env_float(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    raw = _raw(name, environ)
+    if raw is None:
+        return default
+    try:
+        if not raw.isascii():
+            raise ValueError
+        return float(raw)
+    except ValueError:
+        raise EnvError(f"{name}={raw!r} is not a number") from None
+
+
+def env_bool(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    raw = _raw(name, environ)
+    if raw is None:
+        return default
+    word = raw.lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise EnvError(f"{name}={raw!r} is not a boolean (use one of: 1/0, true/false, yes/no, on/off)")
+
+
+def env_list(name: str, default: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    return [item.strip() for item in env_str(name, default, environ).split(",") if item.strip()]
+
+
+def env_map(name: str, default: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``a=b,c=d`` -> {"a": "b", "c": "d"}."""
+    result: dict[str, str] = {}
+    for item in env_list(name, default, environ):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise EnvError(f"{name}: {item!r} is not like name=value")
+        result[key.strip()] = value.strip()
+    return result
+
+
+def secret_file(path: Path) -> str:
+    """The secret kept in ``path``, created on first use.
+
+    The one place secrets are generated: the file is created with mode 0600
+    (never readable by others, not even for a moment) in a 0700 folder, and
+    holds a URL-safe token, so it can stand in a database or Redis URL as it is.
+    """
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.chmod(0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another process created it meanwhile; read theirs
+        else:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(50))
+    return path.read_text().strip()
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a config file that holds a secret: mode 0600 from the first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older tmp file may have had another mode
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+# Worker shape, defined once: settings (for Celery and the worker code), the local
+# stack and the systemd units (which pass neither --concurrency nor their own
+# defaults, and name queues by the same rule) all take these.
+WORKER_CONCURRENCY_DEFAULT = 2
+HOUSEKEEPING_CONCURRENCY_DEFAULT = 2
+WORKER_ENGINES_DEFAULT = "piper,espeak"
+HOUSEKEEPING_QUEUES = ("default", "housekeeping")
+
+
+def worker_queues(role: str, engines: list[str]) -> list[str]:
+    """The queues a worker of ``role`` consumes: one per engine, or the housekeeping pair."""
+    if role == "housekeeping":
+        return list(HOUSEKEEPING_QUEUES)
+    if role == "analysis":
+        return ["analysis"]  # voice prompts (webapp/speech/analysis.py)
+    return [f"synth.{engine}" for engine in engines]

@@ -1,0 +1,218 @@
+"""Housekeeping of files: orphans under MEDIA_ROOT and old files in the temp folders."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.db import models
+
+from webapp.housekeeping.jobs import Context, job
+from webapp.speech.models import SynthesisJob, Voice
+
+log = logging.getLogger("webapp.housekeeping")
+
+# The synth library writes ``.<name>.<hex>.part`` (and ``.part.f32``) next to
+# the final file and renames it into place; these are files being written.
+TEMP_SUFFIXES = (".part", ".partial", ".tmp", ".temp", ".f32")
+
+
+def media_root() -> Path:
+    return Path(settings.MEDIA_ROOT).resolve()
+
+
+def unlink_file(path: Path) -> int:
+    """Unlink a file found by a sweep (never a folder); returns the bytes freed (0 when already gone)."""
+    try:
+        st = path.lstat()
+        if stat.S_ISDIR(st.st_mode):
+            return 0
+        path.unlink()
+    except FileNotFoundError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+
+def is_temp_name(name: str) -> bool:
+    """A file some writer is still producing, by the naming conventions in use."""
+    if name.startswith((".", "~")):
+        return True
+    return any(name.endswith(s) or f"{s}." in name for s in TEMP_SUFFIXES)
+
+
+def voice_path_fields() -> list[str]:
+    """Every ``*_path`` field of Voice (prompt_path today; embeddings may follow)."""
+    return [
+        f.name
+        for f in Voice._meta.get_fields()
+        if isinstance(f, models.CharField) and f.name.endswith("_path")
+    ]
+
+
+def temp_dirs() -> list[Path]:
+    """The configured temp folders, minus any that would be dangerous to purge."""
+    protected = {Path("/"), media_root(), Path(settings.VAR_DIR).resolve(), Path(settings.BASE_DIR).resolve()}
+    out = []
+    for raw in settings.TTS_TEMP_DIRS:
+        path = Path(raw).resolve()
+        # Never the root, MEDIA_ROOT, var/ or the checkout, nor a folder above one of them.
+        if any(path == p or path in p.parents for p in protected):
+            log.warning("housekeeping: not purging %s, it is not a temp folder", path)
+            continue
+        out.append(path)
+    return out
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    relative: str
+    path: Path
+    size: int
+    mtime: float
+
+
+def _job_id_of(name: str) -> str | None:
+    """Audio files (and their temp files) are named after their job's UUID."""
+    try:
+        return str(uuid.UUID(name.lstrip(".").split(".", 1)[0]))
+    except ValueError:
+        return None
+
+
+def _current_attempt_file(name: str, active: dict[str, int]) -> bool:
+    """A file of an active job that its current (or a future) attempt may still publish.
+
+    Attempts name their files ``<job>.<claim token>.<format>``; files of an
+    earlier token belong to a dead or superseded attempt and can never become
+    the job's audio (docs/workers.md, "Fencing").
+    """
+    job_id = _job_id_of(name)
+    if job_id not in active:
+        return False
+    token = name.lstrip(".").split(".")[1:2]
+    return not (token and token[0].isdigit() and int(token[0]) < active[job_id])
+
+
+def _remove_unreferenced(candidates: list[_Candidate], ctx: Context) -> None:
+    if not candidates:
+        return
+    # Active jobs first, then references: a job finishing between the two
+    # queries is caught by one or the other (it sets audio_path as it leaves running).
+    job_ids = {jid for c in candidates if (jid := _job_id_of(c.path.name))}
+    active = {
+        str(i): token
+        for i, token in SynthesisJob.objects.filter(
+            id__in=job_ids, status__in=SynthesisJob.ACTIVE
+        ).values_list("id", "claim_token")
+    }
+    relatives = [c.relative for c in candidates]
+    referenced = set(
+        SynthesisJob.objects.filter(audio_path__in=relatives).values_list("audio_path", flat=True)
+    )
+    for name in voice_path_fields():
+        referenced.update(Voice.objects.filter(**{f"{name}__in": relatives}).values_list(name, flat=True))
+    for c in candidates:
+        if c.relative in referenced or _current_attempt_file(c.path.name, active):
+            ctx.add("referenced")
+            continue
+        try:
+            if c.path.lstat().st_mtime != c.mtime:
+                ctx.add("too_recent")  # written to since we looked
+                continue
+        except FileNotFoundError:
+            continue
+        freed = unlink_file(c.path)
+        ctx.add("removed")
+        ctx.add("bytes_freed", freed)
+
+
+@job(
+    "remove_orphan_files",
+    "Remove files under MEDIA_ROOT no job or voice references, older than the grace period.",
+)
+def remove_orphan_files(ctx: Context) -> None:
+    root = media_root()
+    if not root.is_dir():
+        return
+    now_ts = ctx.now.timestamp()
+    cutoff = now_ts - settings.TTS_ORPHAN_GRACE_SECONDS
+    # A temp-named file is some writer's work in progress; only a long-abandoned one
+    # (older than any job may run, and than the temp age) is an orphan.
+    temp_cutoff = now_ts - max(
+        settings.TTS_TEMP_MAX_AGE_SECONDS, settings.TTS_ORPHAN_GRACE_SECONDS, 2 * settings.TTS_MAX_JOB_SECONDS
+    )
+    # Temp folders are purge_temp_files' business; voice models and static files
+    # are nobody's rows, should they be configured inside MEDIA_ROOT.
+    skip = set(temp_dirs()) | {
+        Path(p).resolve() for p in (settings.TTS_VOICES_DIR, settings.STATIC_ROOT, settings.LOG_DIR)
+    }
+    batch: list[_Candidate] = []
+    scanned = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if (here / d) not in skip]
+        for name in filenames:
+            scanned += 1
+            if scanned % 1000 == 0 and ctx.out_of_time():
+                return  # the candidates gathered so far wait for the next run
+            path = here / name
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue  # links, sockets, ...: not ours to remove
+            if st.st_mtime > (temp_cutoff if is_temp_name(name) else cutoff):
+                ctx.add("too_recent")
+                continue
+            batch.append(_Candidate(str(path.relative_to(root)), path, st.st_size, st.st_mtime))
+            if len(batch) >= ctx.batch:
+                _remove_unreferenced(batch, ctx)
+                batch = []
+                if ctx.out_of_time():
+                    return
+    _remove_unreferenced(batch, ctx)
+
+
+@job(
+    "purge_temp_files",
+    "Purge files (and empty folders) older than TTS_TEMP_MAX_AGE_SECONDS from the temp folders.",
+)
+def purge_temp_files(ctx: Context) -> None:
+    cutoff = ctx.now.timestamp() - settings.TTS_TEMP_MAX_AGE_SECONDS
+    seen = 0
+    for top in temp_dirs():
+        if not top.is_dir():
+            continue
+        for dirpath, _dirnames, filenames in os.walk(top, topdown=False):
+            here = Path(dirpath)
+            try:
+                # Taken before we unlink anything here, which bumps it: a folder
+                # nobody wrote in for that long goes once it is empty.
+                folder_mtime = here.lstat().st_mtime
+            except FileNotFoundError:
+                continue
+            for name in filenames:
+                path = here / name
+                try:
+                    st = path.lstat()
+                except FileNotFoundError:
+                    continue
+                if st.st_mtime > cutoff:
+                    continue
+                ctx.add("bytes_freed", unlink_file(path))
+                ctx.add("removed")
+                seen += 1
+                if seen % ctx.batch == 0 and ctx.out_of_time():
+                    return
+            if here != top and folder_mtime <= cutoff:
+                try:
+                    here.rmdir()  # fails, harmlessly, when not empty
+                    ctx.add("folders_removed")
+                except OSError:
+                    pass

@@ -1,0 +1,141 @@
+"""The ``analysis`` queue: speaker analysis of uploaded voice prompts (torch lives only here).
+
+A worker started with ``TTS_WORKER_ROLE=analysis`` consumes the ``analysis``
+queue. Like the synthesis workers it acks late (a dead child's message comes
+back), claims the voice under a lease with an attempt count
+(``services.prompts.claim_analysis``), runs under soft/hard time limits, and
+its child is recycled through the same health check (RSS growth, age) and
+exit hook as a synthesis child (webapp/speech/recycling.py): torch keeps
+memory it once touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_process_init
+from django.conf import settings
+
+from webapp.celery import app
+from webapp.speech import recycling
+
+log = logging.getLogger(__name__)
+
+QUEUE = "analysis"
+_state: dict[str, Any] = {"tasks": 0, "health": None, "synth": None}
+_lock = threading.Lock()
+
+
+def send(voice_pk: Any) -> bool:
+    """Queue the analysis of a voice (after commit). A broker failure leaves it ``processing``;
+    housekeeping's reject_stale_voices ends it with a reason."""
+    limit = settings.TTS_ANALYSIS_TIME_LIMIT_SECONDS
+    try:
+        analyse_voice.apply_async(
+            args=(str(voice_pk),), queue=QUEUE, soft_time_limit=int(limit * 0.8), time_limit=limit
+        )
+    except Exception as exc:  # kombu/redis errors have no common base worth naming
+        log.warning("could not queue the analysis of voice %s: %s", voice_pk, exc)
+        return False
+    return True
+
+
+@worker_process_init.connect
+def _on_process_init(**_: Any) -> None:
+    if settings.TTS_WORKER_ROLE != "analysis":
+        return
+    recycling.install_exit_hook()
+    _state["health"] = recycling.ChildHealth(recycling.RecyclePolicy.from_settings())
+
+
+@app.task(
+    bind=True, name="speech.analyse_voice", acks_late=True, reject_on_worker_lost=True, ignore_result=True
+)
+def analyse_voice(self: Any, voice_pk: str) -> str:
+    from webapp.speech.services import prompts
+
+    outcome = "skipped"
+    try:
+        outcome = _analyse(voice_pk)
+    except SoftTimeLimitExceeded:
+        prompts.reject_voice(voice_pk, "analysis_failed", "the analysis ran past its time limit")
+        outcome = "rejected:timeout"
+    finally:
+        _after_task()
+    log.info("analysis of voice %s: %s", voice_pk, outcome)
+    return outcome
+
+
+def _after_task() -> None:
+    health = _state["health"]
+    _state["tasks"] += 1
+    if health is None:
+        return
+    if _state["tasks"] == 1:
+        health.set_baseline()  # torch and the encoder are loaded now: growth counts from here
+        return
+    reason = health.check(tasks_done=_state["tasks"])
+    if reason:
+        recycling.request_exit(reason)
+
+
+def _synthesizer() -> Any:
+    from synth import Synthesizer
+
+    with _lock:
+        if _state["synth"] is None:
+            _state["synth"] = Synthesizer(device="cpu", voices_dir=settings.TTS_VOICES_DIR, threads=1)
+        return _state["synth"]
+
+
+def _analyse(voice_pk: str) -> str:
+    import soundfile as sf
+
+    from synth import speaker
+    from synth.prompt import PromptStats
+    from webapp.speech.services import prompts
+    from webapp.speech.services.files import media_path
+
+    voice = prompts.claim_analysis(voice_pk)
+    if voice is None:
+        return "skipped"
+    audio, rate = sf.read(media_path(voice.prompt_path), dtype="float32")
+    profile = speaker.profile(audio, int(rate))
+    refused = speaker.rejection(PromptStats(**voice.prompt_stats), profile)
+    if refused is not None:
+        prompts.reject_voice(voice_pk, *refused)
+        return f"rejected:{refused[0]}"
+    builtin, closest = _speaking_voice(voice, profile)
+    if builtin is None:
+        prompts.reject_voice(voice_pk, "analysis_failed", "no built-in voice is available to speak with")
+        return "rejected:no_voice"
+    return "ready" if prompts.finish_analysis(voice_pk, profile, closest, builtin) else "deleted"
+
+
+def _speaking_voice(voice: Any, profile: Any) -> tuple[Any, Any]:
+    """The built-in voice row that will speak, and the closest-voice choice (approximate)."""
+    from synth import speaker
+    from webapp.speech.models import Voice
+    from webapp.speech.services import prompts
+
+    builtins = Voice.objects.filter(organization__isnull=True, status=Voice.Status.READY)
+    if voice.cloning_mode == prompts.ZERO_SHOT:
+        engine = builtins.filter(capabilities__cloning=True).first()
+        return engine, speaker.ClosestVoice(engine.voice_id if engine else "", 0.0, 0.0)
+    synth = _synthesizer()
+    known = set(builtins.values_list("voice_id", flat=True))
+    ids = speaker.candidate_voice_ids(v for v in synth.voices() if v.id in known)
+    if not ids:
+        return None, None
+    cache = os.path.join(str(settings.VAR_DIR), "cache", "voice-profiles.json")
+    work = os.path.join(str(settings.MEDIA_ROOT), "tmp")
+    os.makedirs(work, exist_ok=True)
+    candidates = speaker.candidate_profiles(ids, speaker.synthesizer_fn(synth, work), cache)
+    closest = speaker.approximate_voice(
+        profile, candidates, lambda s: speaker.synthesizer_fn(synth, work, pitch=s)
+    )
+    return builtins.get(voice_id=closest.voice_id), closest

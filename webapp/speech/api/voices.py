@@ -1,0 +1,141 @@
+"""POST /api/v1/voices: upload a voice prompt (multipart), and what a voice object adds for uploads.
+
+The web process never decodes the file: it checks the declared sizes, hands
+the file to ``services.prompts.create_voice`` (which probes and converts it in
+a limited child process) and answers 202 with the voice ``processing``; the
+analysis worker makes it ``ready`` or ``rejected``. The client's file name is
+never used: prompts are stored under generated names.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
+from django.urls import reverse
+from drf_spectacular.utils import extend_schema
+from rest_framework.parsers import MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from webapp.errors import DomainError, ErrorCode
+from webapp.problems import Problem
+from webapp.speech.api.views import VoiceListView
+from webapp.speech.services import prompts
+from webapp.tenants.models import ApiKey
+
+# Multipart framing around the file; Nginx allows the same margin (deploy/nginx.py).
+MULTIPART_MARGIN = 64 * 1024
+MAX_TRANSCRIPT_CHARS = 2000
+MAX_NAME_CHARS = 200
+
+
+def _form(request: Request) -> Any:
+    """The multipart fields (a QueryDict: the parser allows nothing else)."""
+    return request.data
+
+
+def _field(request: Request, name: str, limit: int, required: bool = False) -> str:
+    value = _form(request).get(name, "")
+    if not isinstance(value, str) or len(value) > limit or (required and not value.strip()):
+        need = f"1 to {limit}" if required else f"at most {limit}"
+        raise DomainError(ErrorCode.INVALID_REQUEST, f"{name} must be text of {need} characters.", field=name)
+    return value.strip()
+
+
+def _consent(request: Request) -> None:
+    if str(_form(request).get("consent", "")).lower() not in ("true", "1", "yes", "on"):
+        raise DomainError(
+            ErrorCode.CONSENT_REQUIRED,
+            "Set consent=true to confirm that you have the speaker's permission to use their voice.",
+            field="consent",
+        )
+
+
+def _audio(request: Request, limit: int) -> UploadedFile:
+    audio = request.FILES.get("audio")
+    if not isinstance(audio, UploadedFile):
+        raise DomainError(
+            ErrorCode.INVALID_REQUEST, "Attach the recording as the file field 'audio'.", field="audio"
+        )
+    if audio.size is not None and audio.size > limit:
+        raise DomainError(
+            ErrorCode.REQUEST_TOO_LARGE,
+            f"The file is {audio.size:,} bytes; the limit is {limit:,}.",
+            field="audio",
+        )
+    return audio
+
+
+def _spooled(audio: UploadedFile) -> tuple[str, bool]:
+    """A path to the upload's bytes, and whether it is ours to remove."""
+    path = getattr(audio, "temporary_file_path", None)
+    if callable(path):
+        return str(path()), False
+    folder = os.path.join(str(settings.MEDIA_ROOT), "tmp")
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="upload-", dir=folder)
+    with os.fdopen(fd, "wb") as fh:
+        for chunk in audio.chunks():
+            fh.write(chunk)
+    return tmp, True
+
+
+def _who(request: Request) -> tuple[Any, str]:
+    """The user who confirmed consent (the key's user for an API key), and a label that outlives them."""
+    from django.contrib.auth import get_user_model
+
+    key = request.auth if isinstance(request.auth, ApiKey) else None
+    user = key.user if key is not None else request.user
+    if not isinstance(user, get_user_model()):
+        user = None
+    label = (getattr(user, "email", "") or getattr(user, "username", "")) if user else ""
+    if key is not None:
+        label = f"{label} (API key {key.prefix})".strip()
+    return user, label or "unknown"
+
+
+class VoiceCollectionView(VoiceListView):
+    """GET lists the voices (VoiceListView); POST uploads a prompt."""
+
+    required_scopes = {"GET": "speech:read", "POST": "voices:write"}
+    parser_classes = [MultiPartParser]
+
+    @extend_schema(
+        request={"multipart/form-data": {"type": "object"}},
+        responses={202: dict},
+        summary="Upload a voice prompt (3-15 s of speech, consent=true)",
+    )
+    def post(self, request: Request) -> Response:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        if declared > settings.TTS_MAX_UPLOAD_BYTES + MULTIPART_MARGIN:
+            raise DomainError(
+                ErrorCode.REQUEST_TOO_LARGE,
+                f"The upload is {declared:,} bytes; the limit is {settings.TTS_MAX_UPLOAD_BYTES:,}.",
+            )
+        limit = prompts.upload_limit(self.organization)
+        audio = _audio(request, limit)
+        name = _field(request, "name", MAX_NAME_CHARS, required=True)
+        transcript = _field(request, "transcript", MAX_TRANSCRIPT_CHARS)
+        _consent(request)
+        mode = _form(request).get("cloning_mode") or None
+        user, label = _who(request)
+        upload = prompts.VoiceUpload(name, transcript, mode, user, label)
+        path, ours = _spooled(audio)
+        try:
+            voice = prompts.create_voice(self.organization, path, upload)
+        except DomainError as exc:
+            if exc.code == ErrorCode.QUOTA_EXCEEDED:
+                # Waiting frees no voice slot, so not the 429 of the monthly quota.
+                raise Problem(409, exc.code, exc.message, extra=exc.extra) from exc
+            raise
+        finally:
+            if ours:
+                os.remove(path)
+        from webapp.speech.api.serializers import VoiceSerializer
+
+        location = reverse("api-voice-detail", args=[voice.voice_id])
+        return Response(VoiceSerializer(voice).data, status=202, headers={"Location": location})

@@ -1,0 +1,125 @@
+"""Waiting for a job to change without holding a thread or polling PostgreSQL.
+
+A waiter subscribes to the job's channel first and then reads the row, so no
+change between the two is missed; after that it reads the row only when a
+notification arrives (``services.notify``), or at its deadline. If Redis is
+away it falls back to reading the row once a second. The long-poll and the
+OpenAI endpoint both wait here; under the ASGI server the wait is a coroutine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt
+from redis.exceptions import RedisError
+
+from webapp.speech.models import SynthesisJob
+from webapp.speech.services.notify import channel
+
+log = logging.getLogger(__name__)
+
+FALLBACK_POLL_SECONDS = 1.0
+
+JobState = tuple[str, float]
+WAIT_ATTRIBUTE = "tts_wait"
+
+
+@dataclass(frozen=True)
+class PendingWait:
+    job_id: Any
+    seconds: float
+    done: Callable[[JobState], bool]
+
+
+def request_to_wait(request: Any, job_id: Any, seconds: float, done: Callable[[JobState], bool]) -> None:
+    """Ask the async view around a sync DRF view to wait for the job before answering."""
+    django_request = getattr(request, "_request", request)
+    setattr(django_request, WAIT_ATTRIBUTE, PendingWait(job_id, seconds, done))
+
+
+def then_wait(
+    view: Callable[..., HttpResponseBase],
+    answer: Callable[[HttpRequest, Any, HttpResponseBase], HttpResponseBase],
+) -> Callable[..., Any]:
+    """An async view: run the sync DRF ``view`` (auth, scope, rate, validation) in a thread, then,
+    if it asked to wait, wait as a coroutine and build the final answer with ``answer`` in a thread.
+    """
+
+    async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        first = await sync_to_async(view)(request, *args, **kwargs)
+        pending: PendingWait | None = getattr(request, WAIT_ATTRIBUTE, None)
+        if pending is None or first.status_code >= 300:
+            return first
+        await await_job(pending.job_id, pending.seconds, pending.done)
+        return await sync_to_async(answer)(request, pending.job_id, first)
+
+    # The schema generator and DRF's own checks read these from the view function.
+    async_view.__dict__.update(
+        {k: v for k, v in view.__dict__.items() if k in ("cls", "initkwargs", "view_class")}
+    )
+    return csrf_exempt(async_view)
+
+
+@sync_to_async
+def _read(job_id: Any) -> JobState | None:
+    row = SynthesisJob.objects.filter(pk=job_id).values_list("status", "progress").first()
+    return None if row is None else (str(row[0]), float(row[1]))
+
+
+async def _subscribe(job_id: Any) -> Any:
+    """A pub/sub subscribed to the job's channel, or None when Redis is unreachable."""
+    client = aredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    try:
+        await pubsub.subscribe(channel(job_id))
+    except (RedisError, OSError) as exc:
+        log.warning("waiting without notifications (polling once a second): %s", exc)
+        await pubsub.aclose()
+        await client.aclose()
+        return None
+    pubsub.owner = client  # type: ignore[attr-defined]  # closed with it
+    return pubsub
+
+
+async def await_job(job_id: Any, seconds: float, done: Callable[[JobState], bool]) -> None:
+    """Return once ``done((status, progress))`` holds, the job is gone, or ``seconds`` have passed."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    pubsub = await _subscribe(job_id)
+    try:
+        while True:
+            state = await _read(job_id)
+            left = deadline - loop.time()
+            if state is None or done(state) or left <= 0:
+                return
+            if pubsub is None:
+                await asyncio.sleep(min(FALLBACK_POLL_SECONDS, left))
+                continue
+            try:
+                await pubsub.get_message(timeout=left)
+            except (RedisError, OSError) as exc:
+                log.warning("notifications lost while waiting (polling once a second): %s", exc)
+                await _close(pubsub)
+                pubsub = None
+    finally:
+        await _close(pubsub)
+
+
+async def _close(pubsub: Any) -> None:
+    if pubsub is None:
+        return
+    try:
+        await pubsub.aclose()
+        await pubsub.owner.aclose()  # type: ignore[attr-defined]
+    except (RedisError, OSError):
+        pass

@@ -1,0 +1,99 @@
+"""The outbox sender: Celery messages for queued jobs, sent after commit.
+
+The job row is the outbox: a job is created ``queued`` with ``dispatched_at``
+null, its message is sent once the creating transaction commits, and beat
+re-sends what was never sent (``redispatch_undispatched``) or was lost after
+sending (``attempts.resend_lost_deliveries``). A message is a wake-up: the
+worker that takes it claims the fairest queued job of its engines, which may
+be another one (``attempts.claim_next``); the row stays the truth.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from webapp.speech.models import SynthesisJob
+
+log = logging.getLogger(__name__)
+
+Status = SynthesisJob.Status
+
+
+def queue_for_engine(engine: str) -> str:
+    return f"synth.{engine}"
+
+
+def job_time_limits(text_chars: int) -> tuple[float, float]:
+    """(soft, hard) seconds for a job: grow with text length, capped by TTS_MAX_JOB_SECONDS.
+
+    The worker stops at the first sentence past the soft limit; the hard limit
+    (soft + TTS_JOB_HARD_GRACE_SECONDS) is the deadline on the row.
+    """
+    soft = settings.TTS_JOB_BASE_SECONDS + settings.TTS_JOB_SECONDS_PER_CHAR * text_chars
+    soft = min(soft, settings.TTS_MAX_JOB_SECONDS)
+    return float(soft), float(soft + settings.TTS_JOB_HARD_GRACE_SECONDS)
+
+
+def celery_time_limit() -> int:
+    """The one Celery hard limit of every synthesis message: above any job's deadline.
+
+    A message may claim another job than its own (fair claims), so Celery's
+    limit cannot be the job's; it only kills a child stuck where Python cannot
+    stop it (the worker's own alarm fires at the job's hard limit first).
+    """
+    return int(settings.TTS_MAX_JOB_SECONDS + 2 * settings.TTS_JOB_HARD_GRACE_SECONDS)
+
+
+def _send(job_id: Any) -> bool:
+    from webapp.speech.tasks import synthesize_job  # tasks import the services
+
+    job = (
+        SynthesisJob.objects.filter(id=job_id, status=Status.QUEUED)
+        .only("id", "engine", "text_chars")
+        .first()
+    )
+    if job is None:
+        return False
+    # This job's limits travel with its message (the worker applies them when it claims
+    # this job); Celery's own limit is one ceiling for all.
+    soft, hard = job_time_limits(job.text_chars)
+    try:
+        synthesize_job.apply_async(
+            args=(str(job.id),),
+            kwargs={"limits": [soft, hard]},
+            queue=queue_for_engine(job.engine),
+            time_limit=celery_time_limit(),
+            retry=True,
+            retry_policy={"max_retries": 1, "interval_start": 0.2, "interval_step": 0.2},
+        )
+    except Exception as exc:  # kombu/redis errors have no common base worth naming
+        log.warning("dispatch of job %s failed, beat will retry: %s", job_id, exc)
+        return False
+    SynthesisJob.objects.filter(id=job_id).update(dispatched_at=timezone.now())
+    return True
+
+
+def dispatch_job(job_id: Any) -> bool:
+    """Send the job's message to its engine queue and mark it dispatched (run after commit).
+
+    A failure to reach the broker is logged, not raised: the job stays
+    undispatched and beat sends it again.
+    """
+    return _send(job_id)
+
+
+def redispatch_undispatched(older_than_seconds: int | None = None, limit: int = 500) -> int:
+    """Send the messages of queued jobs that were never sent (the broker was down at submit)."""
+    grace = settings.TTS_DISPATCH_GRACE_SECONDS if older_than_seconds is None else older_than_seconds
+    cutoff = timezone.now() - dt.timedelta(seconds=grace)
+    ids = list(
+        SynthesisJob.objects.filter(status=Status.QUEUED, dispatched_at__isnull=True, created_at__lt=cutoff)
+        .order_by("created_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    return sum(1 for job_id in ids if _send(job_id))

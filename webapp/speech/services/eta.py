@@ -1,0 +1,163 @@
+"""Queue position and ETA of a job, from the engine's rolling speed and the live children."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Count, F, Q, Sum
+
+from webapp.speech import heartbeat
+from webapp.speech.models import SynthesisJob
+
+log = logging.getLogger(__name__)
+
+Status = SynthesisJob.Status
+
+# Seconds of synthesis per billable character when an engine has no history yet
+# (Piper on 2 CPU cores runs near 0.004 s/char; this errs on the slow side).
+DEFAULT_SECONDS_PER_CHAR = 0.01
+ETA_SAMPLE_JOBS = 20
+# Recent successes one ETA reads (one query): room for ETA_SAMPLE_JOBS on a few devices.
+ETA_SCAN_JOBS = 100
+
+
+@dataclass(frozen=True)
+class EtaBasis:
+    """What the ETAs of one engine rest on; read once per engine per response.
+
+    ``seconds_per_char`` is for one child: the pool's mean over the devices now
+    serving the engine, weighted by their children (see ``eta_basis``).
+    ``children`` is the number of live worker children serving the engine (at
+    least 1, so an ETA exists while no worker is up).
+    """
+
+    seconds_per_char: float
+    children: int
+    devices: dict[str, int]
+
+
+def serving_children(engine: str, workers: list[dict[str, Any]] | None = None) -> dict[str, int]:
+    """Live worker children serving ``engine``, counted by device, from the heartbeats.
+
+    A child counts when it is ready (or recycling, about to be ready again) and
+    its worker is configured for the engine. Redis being down only loses the
+    count (the ETA then assumes one child), never the API answer.
+    """
+    if workers is None:
+        try:
+            workers = heartbeat.live_workers()
+        except Exception as exc:
+            log.warning("ETA without heartbeats: %s", exc)
+            workers = []
+    out: dict[str, int] = {}
+    for w in workers:
+        if w.get("state") in heartbeat.SERVING_STATES and engine in (w.get("engines") or []):
+            device = str(w.get("device") or "cpu")
+            out[device] = out.get(device, 0) + 1
+    return out
+
+
+def rolling_seconds_per_char(engine: str) -> tuple[dict[str, float], float | None]:
+    """Rolling mean synthesis seconds per character of an engine: (by device, all devices).
+
+    One query reads the engine's last ETA_SCAN_JOBS successes (only device,
+    synth_ms and characters). Per device the mean is over that device's last
+    ETA_SAMPLE_JOBS of them, and over the last ETA_SAMPLE_JOBS whatever the
+    device; weighted by length, sum(synth_ms) / sum(text_chars), so a few tiny
+    jobs do not dominate. None / a missing device: no usable history.
+    """
+    rows = (
+        SynthesisJob.objects.filter(engine=engine, status=Status.SUCCEEDED, text_chars__gt=0)
+        .order_by("-finished_at")
+        .values_list("metrics__device", "metrics__synth_ms", "text_chars")[:ETA_SCAN_JOBS]
+    )
+    sums: dict[str, list[float]] = {}  # device -> [synth ms, chars, jobs]
+    all_ms = 0.0
+    all_chars = 0
+    all_jobs = 0
+    for device, synth_ms, chars in rows:
+        if not isinstance(synth_ms, int | float) or isinstance(synth_ms, bool) or synth_ms < 0:
+            continue
+        if all_jobs < ETA_SAMPLE_JOBS:
+            all_ms += float(synth_ms)
+            all_chars += chars
+            all_jobs += 1
+        acc = sums.setdefault(str(device or "cpu"), [0.0, 0.0, 0.0])
+        if acc[2] < ETA_SAMPLE_JOBS:
+            acc[0] += float(synth_ms)
+            acc[1] += chars
+            acc[2] += 1
+    by_device = {d: ms / 1000.0 / chars for d, (ms, chars, _) in sums.items() if ms > 0 and chars > 0}
+    overall = all_ms / 1000.0 / all_chars if all_ms > 0 and all_chars > 0 else None
+    return by_device, overall
+
+
+def eta_basis(engine: str, workers: list[dict[str, Any]] | None = None) -> EtaBasis:
+    """Seconds per character and children for the ETAs of ``engine`` (one query, one Redis read).
+
+    With n_d live children on device d, each at s_d seconds per character
+    (its rolling mean; the engine's all-device mean where the device has no
+    history, DEFAULT_SECONDS_PER_CHAR where the engine has none):
+        N = sum(n_d)                       children serving the engine
+        s = N / sum(n_d / s_d)             one child's mean (the pool synthesises
+                                           sum(n_d / s_d) characters per second)
+    No live child: N = 1 and s = the engine's all-device mean.
+    """
+    devices = serving_children(engine, workers)
+    by_device, overall = rolling_seconds_per_char(engine)
+    fallback = overall if overall is not None else DEFAULT_SECONDS_PER_CHAR
+    children = sum(devices.values())
+    if children == 0:
+        return EtaBasis(fallback, 1, {})
+    chars_per_second = sum(n / by_device.get(d, fallback) for d, n in devices.items())
+    return EtaBasis(children / chars_per_second, children, devices)
+
+
+def queue_position(job: SynthesisJob) -> int | None:
+    """Queued jobs of the same engine (any tenant) created before this one; 0 = next."""
+    if job.status != Status.QUEUED:
+        return None
+    return SynthesisJob.objects.filter(
+        engine=job.engine, status=Status.QUEUED, created_at__lt=job.created_at
+    ).count()
+
+
+def estimate_eta(job: SynthesisJob, basis: EtaBasis | float | None = None) -> float | None:
+    """Seconds until the job is likely done; None once finished.
+
+    With s and N from ``eta_basis(engine)``:
+      running: eta = s * text_chars * (1 - progress)
+      queued:  ahead = queued jobs of the engine created before it + running jobs of the engine
+               work  = their characters (running ones: text_chars * (1 - progress))
+               wait  = 0 if ahead < N (a child is free for it) else s * work / N
+               eta   = wait + s * text_chars
+    The jobs ahead are shared among the N children, so the wait is their work
+    divided by N; the job itself runs on one child. A bare float ``basis`` is a
+    seconds-per-character figure with one child.
+    """
+    if job.is_finished:
+        return None
+    if basis is None:
+        basis = eta_basis(job.engine)
+    elif not isinstance(basis, EtaBasis):
+        basis = EtaBasis(float(basis), 1, {})
+    spc = basis.seconds_per_char
+    if job.status == Status.RUNNING:
+        return round(spc * job.text_chars * (1.0 - job.progress), 1)
+    queued_ahead = Q(status=Status.QUEUED, created_at__lt=job.created_at)
+    running = Q(status=Status.RUNNING)
+    # One query for both: the ETA is computed on every job GET.
+    ahead = SynthesisJob.objects.filter(
+        engine=job.engine, status__in=(Status.QUEUED, Status.RUNNING)
+    ).aggregate(
+        queued_n=Count("id", filter=queued_ahead),
+        queued_chars=Sum("text_chars", filter=queued_ahead),
+        running_n=Count("id", filter=running),
+        running_chars=Sum(F("text_chars") * (1.0 - F("progress")), filter=running),
+    )
+    jobs_ahead = ahead["queued_n"] + ahead["running_n"]
+    work = float(ahead["queued_chars"] or 0) + float(ahead["running_chars"] or 0)
+    wait = 0.0 if jobs_ahead < basis.children else spc * work / basis.children
+    return round(wait + spc * job.text_chars, 1)

@@ -1,0 +1,158 @@
+"""Usage ledger: periods, plan limits, and reserve / charge / release.
+
+A job's characters are reserved at submit (same transaction as the job), then
+exactly one of charge (success) or release (failure, cancel, expiry). The
+``UsageEvent`` unique constraint on (job, kind) makes a second charge or
+release impossible, whatever retries or redeliveries happen.
+
+The functions here are steps, not actions: they run inside the transaction of
+the job action that calls them (``services.jobs``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from webapp.errors import DomainError, ErrorCode
+from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod, Voice
+from webapp.tenants.models import Organization
+
+# --------------------------------------------------------------------- periods
+
+
+def period_start(when: dt.datetime | None = None) -> dt.date:
+    """Usage periods are calendar months in UTC, derived from dates: no reset job."""
+    when = (when or timezone.now()).astimezone(dt.UTC)
+    return dt.date(when.year, when.month, 1)
+
+
+def period_end(when: dt.datetime | None = None) -> dt.datetime:
+    start = period_start(when)
+    if start.month == 12:
+        return dt.datetime(start.year + 1, 1, 1, tzinfo=dt.UTC)
+    return dt.datetime(start.year, start.month + 1, 1, tzinfo=dt.UTC)
+
+
+def seconds_to_period_end(when: dt.datetime | None = None) -> int:
+    when = when or timezone.now()
+    return max(1, int((period_end(when) - when).total_seconds()) + 1)
+
+
+def format_count(n: int) -> str:
+    return f"{n:,}"
+
+
+def storage_used(organization: Organization) -> int:
+    """Bytes a tenant stores: job audio plus voice prompts."""
+    jobs = SynthesisJob.objects.filter(organization=organization).aggregate(n=Sum("audio_bytes"))["n"] or 0
+    voices = Voice.objects.filter(organization=organization).aggregate(n=Sum("prompt_bytes"))["n"] or 0
+    return int(jobs) + int(voices)
+
+
+# --------------------------------------------------------------------- limits and reservation
+
+
+def _usage_row(organization_id: Any, period: dt.date) -> UsagePeriod:
+    """The tenant's usage row for a period, locked for this transaction."""
+    UsagePeriod.objects.get_or_create(organization_id=organization_id, period=period)
+    return UsagePeriod.objects.select_for_update().get(organization_id=organization_id, period=period)
+
+
+def check_limits(organization: Organization, chars: int, now: dt.datetime) -> dt.date:
+    """Request size, concurrency, storage and monthly quota, under row locks.
+
+    Returns the period to reserve in. The caller holds the tenant row lock.
+    """
+    plan = organization.plan
+    if chars > plan.max_characters_per_request:
+        raise DomainError(
+            ErrorCode.REQUEST_TOO_LARGE,
+            f"{format_count(chars)} characters in one request; your plan allows "
+            f"{format_count(plan.max_characters_per_request)}.",
+            field="text",
+        )
+    active = SynthesisJob.objects.filter(organization=organization, status__in=SynthesisJob.ACTIVE).count()
+    if active >= plan.max_concurrent_jobs:
+        raise DomainError(
+            ErrorCode.CONCURRENCY_LIMIT,
+            f"{active} of {plan.max_concurrent_jobs} concurrent jobs are queued or running; "
+            "wait for one to finish.",
+            retry_after=5,
+        )
+    used_bytes = storage_used(organization)
+    if used_bytes >= plan.storage_bytes:
+        raise DomainError(
+            ErrorCode.STORAGE_LIMIT,
+            f"{format_count(used_bytes)} of {format_count(plan.storage_bytes)} bytes of storage are in use; "
+            "delete old jobs or voices, or wait for audio to expire.",
+            retry_after=3600,
+        )
+    period = period_start(now)
+    row = _usage_row(organization.pk, period)
+    total = row.characters_used + row.characters_reserved + chars
+    if total > plan.monthly_characters:
+        raise DomainError(
+            ErrorCode.QUOTA_EXCEEDED,
+            f"{format_count(total)} of {format_count(plan.monthly_characters)} characters this month "
+            f"({format_count(row.characters_used + row.characters_reserved)} used or reserved, "
+            f"{format_count(chars)} requested).",
+            retry_after=seconds_to_period_end(now),
+        )
+    return period
+
+
+def reserve_usage(job: SynthesisJob, period: dt.date) -> None:
+    """Reserve the job's characters in ``period`` (the row was locked by ``check_limits``)."""
+    UsageEvent.objects.create(
+        organization_id=job.organization_id,
+        job=job,
+        job_key=job.id,
+        kind=UsageEvent.Kind.RESERVE,
+        characters=job.text_chars,
+        period=period,
+    )
+    UsagePeriod.objects.filter(organization_id=job.organization_id, period=period).update(
+        characters_reserved=F("characters_reserved") + job.text_chars
+    )
+
+
+def _settle(job: SynthesisJob, kind: str) -> bool:
+    """Charge or release the job's reservation exactly once. Returns False if already settled."""
+    reserve = UsageEvent.objects.filter(job_key=job.id, kind=UsageEvent.Kind.RESERVE).first()
+    if reserve is None:
+        return False
+    if UsageEvent.objects.filter(
+        job_key=job.id, kind__in=[UsageEvent.Kind.CHARGE, UsageEvent.Kind.RELEASE]
+    ).exists():
+        return False
+    try:
+        with transaction.atomic():
+            UsageEvent.objects.create(
+                organization_id=job.organization_id,
+                job=job,
+                job_key=job.id,
+                kind=kind,
+                characters=reserve.characters,
+                period=reserve.period,
+            )
+    except IntegrityError:
+        return False
+    row = _usage_row(job.organization_id, reserve.period)
+    row.characters_reserved = F("characters_reserved") - reserve.characters
+    if kind == UsageEvent.Kind.CHARGE:
+        row.characters_used = F("characters_used") + reserve.characters
+    row.save(update_fields=["characters_reserved", "characters_used"])
+    return True
+
+
+def charge_usage(job: SynthesisJob) -> bool:
+    return _settle(job, UsageEvent.Kind.CHARGE)
+
+
+def release_usage(job: SynthesisJob) -> bool:
+    return _settle(job, UsageEvent.Kind.RELEASE)

@@ -1,0 +1,324 @@
+"""Uploaded voices: accept a prompt, analyse it, say which cloning mode it gets, forget it on delete.
+
+The web tier only runs :func:`synth.prompt.prepare_prompt` (a limited child
+process) and stores the canonical prompt; the analysis (speaker embedding,
+pitch, closest voice) runs on the ``analysis`` queue (webapp/speech/analysis.py)
+and ends here in :func:`finish_analysis` or :func:`reject_voice`. A prompt is
+biometric data: rejecting or deleting a voice removes its files and embedding
+at once (docs/voices.md).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from synth.prompt import PromptLimits, PromptRejected, prepare_prompt
+from webapp.errors import DomainError, ErrorCode
+from webapp.speech.models import SynthesisJob, Voice
+from webapp.speech.services import files
+from webapp.tenants.models import Organization
+
+if TYPE_CHECKING:
+    from synth.engines.base import VoicePrompt
+
+log = logging.getLogger(__name__)
+
+ZERO_SHOT = "zero_shot"
+APPROXIMATE = "approximate"
+MODES = (ZERO_SHOT, APPROXIMATE)
+# The refusals of synth.prompt, as API error codes (HTTP statuses in webapp/problems.py).
+_UPLOAD_ERRORS = {
+    "upload_too_large": ErrorCode.REQUEST_TOO_LARGE,
+    "unsupported_media_type": ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+    "invalid_audio": ErrorCode.INVALID_AUDIO,
+    "audio_too_short": ErrorCode.AUDIO_TOO_SHORT,
+    "audio_too_long": ErrorCode.AUDIO_TOO_LONG,
+    "sample_rate_too_low": ErrorCode.SAMPLE_RATE_TOO_LOW,
+}
+# Voices that count against the plan's max_voices.
+_LIVE = Q(status__in=[Voice.Status.PROCESSING, Voice.Status.READY])
+
+
+@dataclass(frozen=True)
+class VoiceUpload:
+    name: str
+    transcript: str
+    cloning_mode: str | None  # None: the best mode the installed engines offer
+    consent_by: Any  # the user, or None for a key without one
+    consent_label: str  # who confirmed consent, in words that outlive the user row
+
+
+def cloning_modes() -> dict[str, bool]:
+    """Which modes the installed engines offer: zero_shot needs a served voice with the cloning capability."""
+    cloning = Voice.objects.filter(
+        organization__isnull=True, status=Voice.Status.READY, capabilities__cloning=True
+    ).exists()
+    return {ZERO_SHOT: cloning, APPROXIMATE: True}
+
+
+def _mode(requested: str | None) -> str:
+    available = cloning_modes()
+    if requested is None:
+        return ZERO_SHOT if available[ZERO_SHOT] else APPROXIMATE
+    if requested not in MODES:
+        raise DomainError(
+            ErrorCode.INVALID_REQUEST,
+            f"cloning_mode must be one of {', '.join(MODES)}.",
+            field="cloning_mode",
+        )
+    if not available[requested]:
+        raise DomainError(
+            ErrorCode.CLONING_UNAVAILABLE,
+            "No installed engine can clone a voice from a prompt (zero_shot); "
+            "use cloning_mode=approximate, which picks the closest built-in voice.",
+            field="cloning_mode",
+        )
+    return requested
+
+
+def upload_limit(organization: Organization) -> int:
+    """Largest prompt file this tenant may upload: its plan's limit within the service's."""
+    return min(int(organization.plan.max_upload_bytes), int(settings.TTS_MAX_UPLOAD_BYTES))
+
+
+def _check_room(organization: Organization) -> None:
+    plan = organization.plan
+    if Voice.objects.filter(_LIVE, organization=organization).count() >= plan.max_voices:
+        raise DomainError(
+            ErrorCode.QUOTA_EXCEEDED,
+            f"The plan allows {plan.max_voices} voices; delete one before adding another.",
+            extra={"limit": "max_voices", "max_voices": plan.max_voices},
+        )
+
+
+def create_voice(organization: Organization, upload_path: str, upload: VoiceUpload) -> Voice:
+    """Check and convert the uploaded file, store the canonical prompt and queue its analysis.
+
+    ``upload_path`` is a temporary file the caller removes. Cheap refusals
+    (voice count, mode) come before the file is read.
+    """
+    mode = _mode(upload.cloning_mode)
+    _check_room(organization)
+    voice_uuid = uuid.uuid4()
+    relative = f"voices/{organization.pk}/{voice_uuid.hex}.wav"
+    target = files.media_path(relative)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    limits = PromptLimits(
+        max_bytes=upload_limit(organization),
+        timeout_seconds=settings.TTS_PROMPT_DECODE_TIMEOUT_SECONDS,
+        memory_mb=settings.TTS_PROMPT_DECODE_MEMORY_MB,
+    )
+    try:
+        stats = prepare_prompt(upload_path, target, limits)
+    except PromptRejected as exc:
+        raise DomainError(
+            _UPLOAD_ERRORS.get(exc.code, ErrorCode.INVALID_AUDIO), exc.message, field="audio"
+        ) from exc
+    original = _keep_original(upload_path, organization, voice_uuid, stats.container)
+    try:
+        voice = _insert(organization, voice_uuid, relative, original, stats.to_json(), mode, upload)
+    except BaseException:
+        files.remove_file(relative)
+        files.remove_file(original)
+        raise
+    return voice
+
+
+def _keep_original(
+    upload_path: str, organization: Organization, voice_uuid: uuid.UUID, container: str
+) -> str:
+    if not settings.TTS_KEEP_VOICE_ORIGINALS:
+        return ""
+    import shutil
+
+    relative = f"voices/{organization.pk}/{voice_uuid.hex}.original.{container}"
+    shutil.copyfile(upload_path, files.media_path(relative))
+    return relative
+
+
+def _insert(
+    organization: Organization,
+    voice_uuid: uuid.UUID,
+    relative: str,
+    original: str,
+    stats: dict[str, Any],
+    mode: str,
+    upload: VoiceUpload,
+) -> Voice:
+    from webapp.speech import analysis
+
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        # The tenant row is the lock: parallel uploads cannot both take the last voice slot.
+        org = (
+            Organization.objects.select_for_update(of=("self",))
+            .select_related("plan")
+            .get(pk=organization.pk)
+        )
+        _check_room(org)
+        voice = Voice.objects.create(
+            id=voice_uuid,
+            voice_id=f"voice-{voice_uuid.hex}",
+            organization=org,
+            name=upload.name,
+            engine="",
+            language="",
+            sample_rate=stats.get("source_rate", 16000),
+            status=Voice.Status.PROCESSING,
+            status_reason="analysing the prompt",
+            prompt_path=relative,
+            prompt_bytes=os.path.getsize(files.media_path(relative)),
+            original_path=original,
+            transcript=upload.transcript,
+            consent_by=upload.consent_by,
+            consent_by_label=upload.consent_label[:300],
+            consent_at=now,
+            cloning_mode=mode,
+            prompt_stats=stats,
+            created_at=now,
+        )
+        pk = voice.pk
+        transaction.on_commit(lambda: analysis.send(pk))
+    return voice
+
+
+# --------------------------------------------------------------------- analysis (worker side)
+
+
+def claim_analysis(voice_pk: Any) -> Voice | None:
+    """Take a processing voice for analysis under a lease; None if it is not ours to analyse.
+
+    A redelivered message (its worker died) finds the lease expired and takes
+    it again; after TTS_ANALYSIS_MAX_ATTEMPTS such deaths the voice is rejected.
+    """
+    now = timezone.now()
+    lease = now + dt.timedelta(seconds=settings.TTS_ANALYSIS_TIME_LIMIT_SECONDS + 60)
+    claimable = Q(pk=voice_pk, status=Voice.Status.PROCESSING) & (
+        Q(analysis_lease_until__isnull=True) | Q(analysis_lease_until__lt=now)
+    )
+    with transaction.atomic(durable=True):
+        claimed = Voice.objects.filter(claimable).update(
+            analysis_lease_until=lease, analysis_attempts=F("analysis_attempts") + 1, updated_at=now
+        )
+        voice = Voice.objects.filter(pk=voice_pk).first() if claimed else None
+    if voice is not None and voice.analysis_attempts > settings.TTS_ANALYSIS_MAX_ATTEMPTS:
+        reject_voice(voice_pk, "analysis_failed", "the analysis of this prompt failed repeatedly")
+        return None
+    return voice
+
+
+def finish_analysis(voice_pk: Any, profile: Any, closest: Any, builtin: Voice) -> bool:
+    """Store the analysis and make the voice ready (False if it was deleted meanwhile)."""
+    with transaction.atomic(durable=True):
+        updated = Voice.objects.filter(pk=voice_pk, status=Voice.Status.PROCESSING).update(
+            status=Voice.Status.READY,
+            status_reason="",
+            embedding=profile.embedding,
+            pitch_median_hz=profile.median_f0,
+            pitch_low_hz=profile.f0_low,
+            pitch_high_hz=profile.f0_high,
+            closest_voice=closest.voice_id,
+            closest_similarity=closest.similarity,
+            pitch_shift=closest.pitch_shift,
+            engine=builtin.engine,
+            language=builtin.language,
+            sample_rate=builtin.sample_rate,
+            capabilities={**(builtin.capabilities or {}), "cloning": False},
+            analysis_lease_until=None,
+            updated_at=timezone.now(),
+        )
+    return bool(updated)
+
+
+def reject_voice(voice_pk: Any, code: str, reason: str) -> bool:
+    """End a processing voice ``rejected`` and remove its prompt files at once (nothing to keep)."""
+    with transaction.atomic(durable=True):
+        voice = Voice.objects.select_for_update().filter(pk=voice_pk, status=Voice.Status.PROCESSING).first()
+        if voice is None:
+            return False
+        paths = [voice.prompt_path, voice.original_path]
+        voice.status = Voice.Status.REJECTED
+        voice.rejected_code = code
+        voice.status_reason = reason[:500]
+        voice.prompt_path = voice.original_path = ""
+        voice.prompt_bytes = 0
+        voice.embedding = None
+        voice.analysis_lease_until = None
+        voice.save()
+        transaction.on_commit(lambda: [files.remove_file(p) for p in paths])
+    log.info("voice %s rejected: %s %s", voice_pk, code, reason)
+    return True
+
+
+# --------------------------------------------------------------------- using and deleting
+
+
+def speaking_voice(voice: Voice) -> tuple[str, str, float, str]:
+    """(voice id, engine, pitch shift, cloning mode) a job with ``voice`` is synthesised with."""
+    if voice.organization_id is None or not voice.cloning_mode:
+        return voice.voice_id, voice.engine, 0.0, ""
+    if voice.cloning_mode == APPROXIMATE:
+        return voice.closest_voice, voice.engine, float(voice.pitch_shift), APPROXIMATE
+    # zero_shot: the engine's cloning voice speaks, given the prompt (tasks.py, voice_prompt).
+    return voice.closest_voice, voice.engine, 0.0, ZERO_SHOT
+
+
+def job_voice(voice: Voice, params: dict[str, Any], now: dt.datetime) -> tuple[str, str, dict[str, Any], str]:
+    """Inside submit's transaction: (voice id, engine, params, cloning mode) the job is created with.
+
+    ``approximate`` adds the voice's pitch shift to the request's own (within
+    the engines' range); using a tenant voice stamps its last use (retention report).
+    """
+    from synth.registry import PITCH_RANGE
+
+    name, engine, shift, mode = speaking_voice(voice)
+    if shift:
+        pitch = float(params.get("pitch", 0.0)) + shift
+        params = {**params, "pitch": round(min(max(pitch, PITCH_RANGE[0]), PITCH_RANGE[1]), 2)}
+    if voice.organization_id is not None:
+        Voice.objects.filter(pk=voice.pk).update(last_used_at=now)
+    return name, engine, params, mode
+
+
+def voice_prompt(voice: Voice | None) -> VoicePrompt | None:
+    """What a cloning engine gets for a zero_shot job (None when the voice is gone)."""
+    from synth.engines.base import VoicePrompt
+    from synth.prompt import CANONICAL_RATE
+
+    if voice is None or not voice.prompt_path:
+        return None
+    embedding = tuple(float(x) for x in voice.embedding or ())
+    return VoicePrompt(files.media_path(voice.prompt_path), CANONICAL_RATE, voice.transcript, embedding)
+
+
+def fail_jobs_of_deleted_voice(voice: Voice) -> int:
+    """Inside the caller's transaction: queued jobs of ``voice`` end ``failed``/``voice_deleted``, released."""
+    from webapp.speech.services import jobs  # jobs imports this module for job_voice
+
+    queued = Q(status=SynthesisJob.Status.QUEUED)
+    failed = 0
+    for job_id in SynthesisJob.objects.filter(queued, voice=voice).values_list("id", flat=True):
+        if jobs._fail(job_id, "voice_deleted", "The voice this job used was deleted.", allowed=queued):
+            failed += 1
+    if voice.prompt_path or voice.original_path:
+        paths = [voice.prompt_path, voice.original_path]
+        transaction.on_commit(lambda: [files.remove_file(p) for p in paths if p])
+    return failed
+
+
+def unused_voices(now: dt.datetime | None = None) -> Any:
+    """Tenant voices not used for TTS_VOICE_RETENTION_DAYS (listed in the admin, not deleted)."""
+    cutoff = (now or timezone.now()) - dt.timedelta(days=settings.TTS_VOICE_RETENTION_DAYS)
+    return Voice.objects.filter(organization__isnull=False, status=Voice.Status.READY).filter(
+        Q(last_used_at__lt=cutoff) | Q(last_used_at__isnull=True, created_at__lt=cutoff)
+    )

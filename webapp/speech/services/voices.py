@@ -1,0 +1,50 @@
+"""Voices: the built-in ones workers announce, and a tenant's own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from django.db import transaction
+
+from webapp.errors import DomainError, ErrorCode
+from webapp.speech.models import Voice
+from webapp.speech.services import prompts
+from webapp.tenants.models import Organization
+
+if TYPE_CHECKING:
+    from synth.registry import VoiceInfo
+
+
+def sync_builtin_voices(voices: Iterable[VoiceInfo]) -> int:
+    """Upsert the built-in voices a worker serves (they carry no tenant)."""
+    count = 0
+    with transaction.atomic(durable=True):
+        for info in voices:
+            Voice.objects.update_or_create(
+                voice_id=info.id,
+                defaults={
+                    "organization": None,
+                    "name": info.name,
+                    "engine": info.engine,
+                    "language": info.language,
+                    "sample_rate": info.sample_rate,
+                    "capabilities": info.capabilities,
+                    "status": Voice.Status.READY,
+                },
+            )
+            count += 1
+    return count
+
+
+def delete_voice(organization: Organization, voice: Voice) -> None:
+    """Delete a tenant's own voice (its jobs keep their voice name). Built-in voices cannot be deleted."""
+    if voice.organization_id != organization.pk:
+        raise DomainError(ErrorCode.BUILTIN_VOICE, "Built-in voices cannot be deleted.")
+    with transaction.atomic(durable=True):
+        locked = Voice.objects.select_for_update().filter(pk=voice.pk).first()
+        if locked is None:
+            return
+        # Biometric data: its queued jobs fail `voice_deleted`, its files go at commit.
+        prompts.fail_jobs_of_deleted_voice(locked)
+        locked.delete()

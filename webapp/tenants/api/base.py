@@ -1,0 +1,57 @@
+"""The base of every tenant API view: key, role and scope, and the tenant's request rate."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, TypeVar
+
+from django.db.models import Model, QuerySet
+from rest_framework import permissions
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from webapp.errors import DomainError, ErrorCode
+from webapp.tenants.api import ratelimit
+from webapp.tenants.models import Organization
+from webapp.tenants.permissions import RoleScopePermission
+
+M = TypeVar("M", bound=Model)
+
+
+class TenantAPIView(APIView):
+    """Authenticated by API key, checked for role and scope, rate-limited per tenant (and key).
+
+    Subclasses name the scope each method needs in ``required_scopes``; every
+    answer carries the RateLimit headers of the limit that binds.
+    """
+
+    permission_classes = [permissions.IsAuthenticated, RoleScopePermission]
+    required_scopes: dict[str, str] = {}
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        request.rate_usage = ratelimit.check_rate(request, self.organization)  # type: ignore[attr-defined]
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        usage = getattr(request, "rate_usage", None)
+        if usage is not None:
+            for key, value in usage.headers().items():
+                response[key] = value
+        return super().finalize_response(request, response, *args, **kwargs)
+
+    @property
+    def organization(self) -> Organization:
+        return self.request.user.organization  # type: ignore[union-attr]
+
+    def tenant_object(self, queryset: QuerySet[M], raw_id: str, noun: str) -> M:
+        """The tenant's object with this UUID: invalid_id for a malformed id, not_found outside the tenant."""
+        try:
+            pk = uuid.UUID(raw_id)
+        except ValueError:
+            raise DomainError(
+                ErrorCode.INVALID_ID, f"{raw_id[:60]!r} is not a {noun} id; {noun} ids are UUIDs.", field="id"
+            ) from None
+        found = queryset.filter(pk=pk, organization=self.organization).first()
+        if found is None:
+            raise DomainError(ErrorCode.NOT_FOUND, f"No {noun} {pk} in this organization.")
+        return found

@@ -1,0 +1,77 @@
+"""Request and response shapes of the keys API."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from webapp.api_fields import StrictCharField, StrictIntegerField, StrictSerializer
+from webapp.tenants.models import ApiKey
+
+MAX_KEY_RATE = 1_000_000
+
+
+class KeyCreateSerializer(StrictSerializer):
+    name = StrictCharField(max_length=100, help_text="A name to tell the key by.")
+    scopes = serializers.ListField(
+        child=StrictCharField(max_length=50),
+        required=False,
+        allow_empty=False,
+        max_length=len(ApiKey.ALL_SCOPES),
+        help_text="Scopes the key carries; default speech:read and speech:write.",
+    )
+    expires_at = serializers.DateTimeField(required=False, help_text="When the key stops working (future).")
+    requests_per_minute = StrictIntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_KEY_RATE,
+        help_text="A rate of the key's own; the lower of it and the plan's rate binds.",
+    )
+
+    def validate_expires_at(self, value: dt.datetime) -> dt.datetime:
+        if value <= timezone.now():
+            raise serializers.ValidationError("Must be in the future.")
+        return value
+
+
+class KeySerializer(serializers.ModelSerializer):
+    """A key as listed: never its secret (only the prefix that names it)."""
+
+    user: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "scopes",
+            "user",
+            "requests_per_minute",
+            "created_at",
+            "expires_at",
+            "last_used_at",
+            "revoked_at",
+        ]
+        read_only_fields = fields
+
+
+class NewKeySerializer(KeySerializer):
+    """A key just created, with its secret: shown this once and never again."""
+
+    secret = serializers.CharField(read_only=True, help_text="The full key; store it now.")
+
+    class Meta(KeySerializer.Meta):
+        fields = [*KeySerializer.Meta.fields, "secret"]
+        read_only_fields = fields
+
+
+class KeyListSerializer(serializers.Serializer):
+    """The shape of ``GET /api/v1/keys`` (for the schema)."""
+
+    results = KeySerializer(many=True)
