@@ -84,18 +84,21 @@ class Engine(Protocol):
     ) -> Iterator[np.ndarray]: ...
 
 
-def resolve_device(device: str) -> str:
-    """Normalise a device string; ``auto`` picks CUDA when onnxruntime offers it."""
+def _onnxruntime_has_cuda() -> bool:
+    try:
+        import onnxruntime
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+def resolve_device(device: str, has_cuda: Callable[[], bool] = _onnxruntime_has_cuda) -> str:
+    """Normalise a device string; ``auto`` picks CUDA when ``has_cuda()`` (default: onnxruntime offers it)."""
     from synth.errors import EngineUnavailable
 
     d = (device or "cpu").strip().lower()
     if d == "auto":
-        try:
-            import onnxruntime
-
-            return "cuda:0" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "cpu"
-        except ImportError:
-            return "cpu"
+        return "cuda:0" if has_cuda() else "cpu"
     if d == "cpu":
         return d
     if d == "cuda":

@@ -82,8 +82,16 @@ class PiperEngine:
 
     # -- loading ---------------------------------------------------------------------------
     def load(self, device: str = "cpu", voice_ids: list[str] | None = None) -> None:
-        self.device = resolve_device(device)
-        if self.device.startswith("cuda"):
+        self.device = self._device_for(device)
+        self._infos = {v.id: v for v in list_voices(self.voices_dir, ["piper"])}
+        for vid in voice_ids if voice_ids is not None else list(self._infos):
+            if vid in self._infos:
+                self._voice(vid)
+
+    def _device_for(self, device: str) -> str:
+        """The device this runtime will use for ``device`` (raises EngineUnavailable)."""
+        resolved = resolve_device(device)
+        if resolved.startswith("cuda"):
             import onnxruntime
 
             if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
@@ -92,10 +100,7 @@ class PiperEngine:
                     f"(available: {', '.join(onnxruntime.get_available_providers())}); "
                     "install onnxruntime-gpu or use device='cpu'"
                 )
-        self._infos = {v.id: v for v in list_voices(self.voices_dir, ["piper"])}
-        for vid in voice_ids if voice_ids is not None else list(self._infos):
-            if vid in self._infos:
-                self._voice(vid)
+        return resolved
 
     def voices(self) -> list[VoiceInfo]:
         if not self._infos:

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from synth.engines.base import VoiceParams
+from synth.engines.base import VoiceParams, resolve_device
 from synth.engines.piper import PiperEngine, read_config
 from synth.errors import Cancelled, EngineUnavailable, SynthError
 
@@ -34,23 +34,15 @@ def resolve_torch_device(device: str) -> str:
     """``cpu``, ``cuda`` -> ``cuda:0``, ``cuda:N``, or ``auto`` (CUDA when torch has it)."""
     import torch
 
-    from synth.engines.base import DEVICES_HELP
-
-    d = (device or "cpu").strip().lower()
-    if d == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if d == "cpu":
-        return d
-    if d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit()):
+    resolved = resolve_device(device, torch.cuda.is_available)
+    if resolved.startswith("cuda"):
         if not torch.cuda.is_available():
             raise EngineUnavailable(
                 f"device {device!r} asked for, but this torch has no CUDA ({torch.__version__})"
             )
-        index = int(d[5:]) if ":" in d else 0
-        if index >= torch.cuda.device_count():
+        if int(resolved[5:]) >= torch.cuda.device_count():
             raise EngineUnavailable(f"device {device!r}: only {torch.cuda.device_count()} CUDA devices")
-        return f"cuda:{index}"
-    raise EngineUnavailable(f"unknown device {device!r}; use {DEVICES_HELP}")
+    return resolved
 
 
 @dataclass
@@ -87,19 +79,14 @@ class PiperTorchEngine(PiperEngine):
         self.last_peak_mb: float | None = None
 
     # -- loading ---------------------------------------------------------------------------
-    def load(self, device: str = "cpu", voice_ids: list[str] | None = None) -> None:
+    def _device_for(self, device: str) -> str:
         import torch
 
-        self.device = resolve_torch_device(device)
-        self.dtype_name = "float16" if self.device.startswith("cuda") else "float32"
-        if self.threads and self.device == "cpu":
+        resolved = resolve_torch_device(device)
+        self.dtype_name = "float16" if resolved.startswith("cuda") else "float32"
+        if self.threads and resolved == "cpu":
             torch.set_num_threads(self.threads)
-        from synth.registry import list_voices
-
-        self._infos = {v.id: v for v in list_voices(self.voices_dir, ["piper"])}
-        for vid in voice_ids if voice_ids is not None else list(self._infos):
-            if vid in self._infos:
-                self._voice(vid)
+        return resolved
 
     @property
     def dtype(self) -> torch.dtype:
@@ -225,6 +212,10 @@ class PiperTorchEngine(PiperEngine):
         results: list[Any],
     ) -> int:
         """After a failed batched pass: each request alone, so a failure stays with its request."""
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()  # after an out-of-memory, give the cached blocks back first
         for i in dict.fromkeys(owners):
             mine = [u for u, owner in zip(utterances, owners, strict=True) if owner == i]
             try:

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import requests
-import urllib3
 
 from tests.dashboard_data import PASSWORD, make_job, make_owner
 from tests.e2e.dashboard_browser import (
@@ -29,7 +28,7 @@ from tests.e2e.dashboard_browser import (
 # Playwright's sync API runs an event loop in this thread; the ORM calls the tests
 # make for set-up are still plain synchronous calls.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+pytestmark = pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
 
 SENTENCES = " ".join(
     f"This is sentence number {n}, and it carries a few more words so that each one takes a moment to speak."

@@ -69,7 +69,7 @@ def test_kill_9_child_mid_job_completes_once_within_seconds(
 def test_kill_9_whole_worker_then_a_new_worker_completes_once(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    from webapp.speech.services import jobs
+    from webapp.speech.services import attempts
 
     flush_queues(stack, "synth.piper")
     env = {"TTS_JOB_LEASE_SECONDS": "2"}
@@ -84,7 +84,7 @@ def test_kill_9_whole_worker_then_a_new_worker_completes_once(
         second = start_worker(stack, "w-node-b", engines="piper", **env)
         # Beat's reaper (called directly here): the dead run's lease runs out, the job is re-queued.
         requeued = wait_until(
-            lambda: jobs.requeue_expired_leases()[0], 30, "the lease reaper to re-queue"
+            lambda: attempts.requeue_expired_leases()[0], 30, "the lease reaper to re-queue"
         )
         assert requeued == 1
         (row,) = wait_status([j.id], timeout=60)

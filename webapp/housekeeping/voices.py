@@ -48,7 +48,7 @@ def _has_any_path(fields: Iterable[str]) -> models.Q:
     return q
 
 
-@job("delete_voice_files", "Delete the prompt files of deleted voices and clear their paths.")
+@job("delete_voice_files", "Delete the prompt files of deleted or rejected voices and clear their paths.")
 def delete_voice_files(ctx: Context) -> None:
     fields = voice_path_fields()
     # Rejected prompts too (biometric data with no use left): reject_stale_voices leaves their files here.

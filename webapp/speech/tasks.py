@@ -282,12 +282,13 @@ def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> Synthe
 
 def _run(state: worker.WorkerState, job_id: str, limits: list[float] | None) -> Outcome:
     """One delivery of a message: claim, synthesise, then settle the job exactly once."""
-    soft_hint, hard_hint = (limits or [None, None])[:2]
-    job = _claim(state, job_id, hard_hint)
+    hinted = (float(limits[0]), float(limits[1])) if limits and len(limits) == 2 else None
+    job = _claim(state, job_id, hinted[1] if hinted else None)
     if job is None:
         return SKIPPED
-    own = str(job.id) == str(job_id) and soft_hint is not None and hard_hint is not None
-    soft, hard = (float(soft_hint), float(hard_hint)) if own else job_time_limits(job.text_chars)
+    # The message's limits are its own job's; any other job claimed gets its own from its length.
+    own = hinted is not None and str(job.id) == str(job_id)
+    soft, hard = hinted if hinted and own else job_time_limits(job.text_chars)
     relative = attempt_path(job)
     attempt = Attempt(job, relative, media_path(relative), soft, hard, time.monotonic(), timezone.now())
     state.current_job = str(job.id)

@@ -45,7 +45,10 @@ def tenant(transactional_db: None, builtin_voices: list[str], no_dispatch: None)
     from webapp.tenants.services import OPERATOR, create_api_key, create_organization
 
     plan = Plan.objects.create(
-        slug=f"lock-order-{uuid.uuid4().hex[:8]}", name="Lock order", requests_per_minute=10_000, max_concurrent_jobs=500
+        slug=f"lock-order-{uuid.uuid4().hex[:8]}",
+        name="Lock order",
+        requests_per_minute=10_000,
+        max_concurrent_jobs=500,
     )
     org = create_organization("Lock order tenant", plan=plan)
     key, raw = create_api_key(org, "k", created_by=OPERATOR)
@@ -75,17 +78,30 @@ def _claim(job_id: Any) -> int:
     return int(job.claim_token)
 
 
+def _session(autocommit: bool = False) -> psycopg.Connection[Any]:
+    db = settings.DATABASES["default"]
+    return psycopg.connect(
+        host=db["HOST"],
+        port=db["PORT"],
+        dbname=db["NAME"],
+        user=db["USER"],
+        password=db["PASSWORD"],
+        autocommit=autocommit,
+    )
+
+
 @pytest.fixture
 def blocker() -> Iterator[psycopg.Connection[Any]]:
-    """A third session of our own, to hold a lock while the two under test queue behind it."""
-    db = settings.DATABASES["default"]
-    conn = psycopg.connect(
-        host=db["HOST"], port=db["PORT"], dbname=db["NAME"], user=db["USER"], password=db["PASSWORD"]
-    )
-    try:
+    """A session of our own, to hold a lock while the two under test queue behind it."""
+    with _session() as conn:
         yield conn
-    finally:
-        conn.close()
+
+
+@pytest.fixture
+def observer() -> Iterator[psycopg.Connection[Any]]:
+    """A session that watches the others wait (pg_stat_activity is read per transaction: autocommit)."""
+    with _session(autocommit=True) as conn:
+        yield conn
 
 
 def _in_thread(fn: Callable[[], Any], results: dict[str, Any], name: str) -> threading.Thread:
@@ -94,7 +110,7 @@ def _in_thread(fn: Callable[[], Any], results: dict[str, Any], name: str) -> thr
             connections["default"].ensure_connection()
             results[f"{name}_pid"] = connection.connection.info.backend_pid
             results[name] = fn()
-        except Exception as exc:  # noqa: BLE001 - the test asserts on it
+        except Exception as exc:
             results[name] = exc
         finally:
             connection.close()
@@ -104,12 +120,12 @@ def _in_thread(fn: Callable[[], Any], results: dict[str, Any], name: str) -> thr
     return thread
 
 
-def _wait_until_blocked(blocker: psycopg.Connection[Any], results: dict[str, Any], name: str) -> None:
+def _wait_until_blocked(observer: psycopg.Connection[Any], results: dict[str, Any], name: str) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and name not in results:
         pid = results.get(f"{name}_pid")
         if pid is not None:
-            row = blocker.execute(
+            row = observer.execute(
                 "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
             ).fetchone()
             if row and row[0] == "Lock":
@@ -119,7 +135,7 @@ def _wait_until_blocked(blocker: psycopg.Connection[Any], results: dict[str, Any
 
 
 def test_a_submit_and_a_charge_of_one_tenant_do_not_deadlock(
-    tenant: Tenant, blocker: psycopg.Connection[Any]
+    tenant: Tenant, blocker: psycopg.Connection[Any], observer: psycopg.Connection[Any]
 ) -> None:
     """Charge first in the queue for the usage row, submit right behind it: both must finish."""
     from webapp.speech.models import UsagePeriod
@@ -131,9 +147,9 @@ def test_a_submit_and_a_charge_of_one_tenant_do_not_deadlock(
     # The blocker holds the usage row, so the charge and then the submit line up behind it.
     blocker.execute("SELECT 1 FROM speech_usageperiod WHERE organization_id = %s FOR UPDATE", [tenant.org.pk])
     charge = _in_thread(lambda: attempts.complete_job(running.id, token, **DONE), results, "charge")
-    _wait_until_blocked(blocker, results, "charge")
+    _wait_until_blocked(observer, results, "charge")
     submit = _in_thread(lambda: _submit(tenant.org), results, "submit")
-    _wait_until_blocked(blocker, results, "submit")
+    _wait_until_blocked(observer, results, "submit")
     blocker.rollback()
     charge.join(30)
     submit.join(30)
@@ -159,7 +175,7 @@ def test_parallel_submits_and_completes_of_one_tenant_all_finish(tenant: Tenant)
                 job = _submit(tenant.org)
                 with lock:
                     submitted.append(job.id)
-        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connection.close()
@@ -173,7 +189,7 @@ def test_parallel_submits_and_completes_of_one_tenant_all_finish(tenant: Tenant)
                     attempts.complete_job(job.id, job.claim_token, **DONE)
                 elif len(submitted) == 3 * per_thread:
                     return
-        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connection.close()

@@ -86,13 +86,13 @@ def test_concurrency_limit_holds_under_parallel_submits(live_tenant: Any) -> Non
 @pytest.mark.usefixtures("synth_worker", "builtin_voices")
 def test_failed_and_canceled_jobs_give_characters_back(make_tenant: Any) -> None:
     from webapp.speech.models import UsageEvent, UsagePeriod
-    from webapp.speech.services import jobs
+    from webapp.speech.services import attempts
 
     t = make_tenant(monthly_characters=25)
     first = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()
     second = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()
     assert t.client.post("/api/v1/speech", {"text": TEN_CHARS}).status_code == 429
-    jobs.fail_job(first["id"], "engine_error", "boom")
+    attempts.fail_job(first["id"], "engine_error", "boom")
     t.client.post(f"/api/v1/speech/{second['id']}/cancel")
     row = UsagePeriod.objects.get(organization=t.org)
     assert (row.characters_used, row.characters_reserved) == (0, 0)
@@ -103,12 +103,13 @@ def test_failed_and_canceled_jobs_give_characters_back(make_tenant: Any) -> None
 @pytest.mark.usefixtures("synth_worker", "builtin_voices")
 def test_redelivered_job_is_charged_once(make_tenant: Any) -> None:
     from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
-    from webapp.speech.services import jobs, ledger
+    from webapp.speech.services import attempts, ledger
 
     t = make_tenant()
     job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
-    assert jobs.claim_job(job_id, "w1") is not None
-    assert jobs.claim_job(job_id, "w2") is None  # the duplicate message finds nothing to claim
+    claimed = attempts.claim_job(job_id, "w1")
+    assert claimed is not None
+    assert attempts.claim_job(job_id, "w2") is None  # the duplicate message finds nothing to claim
     done = {
         "audio_path": "audio/x.wav",
         "audio_bytes": 10,
@@ -116,8 +117,8 @@ def test_redelivered_job_is_charged_once(make_tenant: Any) -> None:
         "metrics": {},
         "applied_instructions": {},
     }
-    assert jobs.complete_job(job_id, "w1", **done) is True
-    assert jobs.complete_job(job_id, "w1", **done) is False
+    assert attempts.complete_job(job_id, claimed.claim_token, **done) is True
+    assert attempts.complete_job(job_id, claimed.claim_token, **done) is False
     assert ledger.charge_usage(SynthesisJob.objects.get(id=job_id)) is False
     assert ledger.release_usage(SynthesisJob.objects.get(id=job_id)) is False
     row = UsagePeriod.objects.get(organization=t.org)
@@ -132,16 +133,23 @@ def test_last_months_usage_does_not_count_this_month(
     from django.utils import timezone
 
     from webapp.speech.models import UsagePeriod
-    from webapp.speech.services import jobs, ledger
+    from webapp.speech.services import attempts, ledger
 
     t = make_tenant(monthly_characters=15)
     real_now = timezone.now()
     last_month = ledger.period_start(real_now) - dt.timedelta(days=3)
     monkeypatch.setattr(timezone, "now", lambda: dt.datetime.combine(last_month, dt.time(12), tzinfo=dt.UTC))
     job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
-    assert jobs.claim_job(job_id, "w1") is not None
-    jobs.complete_job(
-        job_id, "w1", audio_path="", audio_bytes=0, duration_seconds=1.0, metrics={}, applied_instructions={}
+    claimed = attempts.claim_job(job_id, "w1")
+    assert claimed is not None
+    attempts.complete_job(
+        job_id,
+        claimed.claim_token,
+        audio_path="",
+        audio_bytes=0,
+        duration_seconds=1.0,
+        metrics={},
+        applied_instructions={},
     )
     full = t.client.post("/api/v1/speech", {"text": TEN_CHARS})
     assert full.status_code == 429 and problem(full)["code"] == "quota_exceeded"
@@ -182,15 +190,16 @@ def test_storage_limit_blocks_new_jobs(make_tenant: Any, builtin_voices: Any, sy
 def test_a_job_that_finishes_after_its_caller_gave_up_ends_canceled_and_uncharged(make_tenant: Any) -> None:
     """The OpenAI endpoint's timeout path: abandon (cancel + release), then the worker finishes anyway."""
     from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
-    from webapp.speech.services import jobs
+    from webapp.speech.services import attempts, jobs
 
     t = make_tenant()
     job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
-    assert jobs.claim_job(job_id, "w1") is not None
+    claimed = attempts.claim_job(job_id, "w1")
+    assert claimed is not None
     jobs.abandon_job(SynthesisJob.objects.get(id=job_id))  # the caller's wait ran out
-    finished = jobs.complete_job(
+    finished = attempts.complete_job(
         job_id,
-        "w1",
+        claimed.claim_token,
         audio_path=f"audio/{t.org.id}/{job_id}.wav",
         audio_bytes=100,
         duration_seconds=1.0,

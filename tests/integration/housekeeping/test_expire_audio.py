@@ -15,8 +15,8 @@ from webapp.housekeeping import synthesis
 from webapp.housekeeping.jobs import run_job
 from webapp.housekeeping.models import HousekeepingRun
 from webapp.speech.models import SynthesisJob
+from webapp.speech.services import attempts, ledger
 from webapp.speech.services import jobs as speech_jobs
-from webapp.speech.services import ledger
 
 DAY = dt.timedelta(days=1)
 
@@ -70,7 +70,8 @@ def test_a_job_that_finishes_while_cleanup_runs_is_not_expired(
             text="Hi there.", voice=voice, format="wav", sample_rate=None, params={}, billable_chars=9
         ),
     )[0]
-    assert speech_jobs.claim_job(job.id, "worker-1") is not None
+    claimed = attempts.claim_job(job.id, "worker-1")
+    assert claimed is not None
     # Worst case for the cleanup: its listing is stale and names the running job
     # too (a read taken just as the job finished, with an expiry in the past).
     listings = iter([[old.id, job.id]])
@@ -94,9 +95,9 @@ def test_a_job_that_finishes_while_cleanup_runs_is_not_expired(
         try:
             write_file(media / relative, 2222)
             monkeypatch.setattr(ledger, "charge_usage", charge_then_hold)
-            assert speech_jobs.complete_job(
+            assert attempts.complete_job(
                 job.id,
-                "worker-1",
+                claimed.claim_token,
                 audio_path=relative,
                 audio_bytes=2222,
                 duration_seconds=1.0,

@@ -13,8 +13,7 @@ from tests.integration.housekeeping.conftest import Clock, submit
 from tests.stack import TestStack as Stack
 from webapp.housekeeping.jobs import run_job
 from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
-from webapp.speech.services import jobs as speech_jobs
-from webapp.speech.services import ledger
+from webapp.speech.services import attempts, ledger
 
 Status = SynthesisJob.Status
 
@@ -39,7 +38,7 @@ def test_a_stuck_job_is_requeued_once_then_failed_worker_lost(
     job = submit(org, voice, "Twelve chars")
     period = ledger.period_start(clock.now)
     assert UsagePeriod.objects.get(organization=org, period=period).characters_reserved == 12
-    assert speech_jobs.claim_job(job.id, "worker-a") is not None  # attempt 1; then worker-a dies
+    assert attempts.claim_job(job.id, "worker-a") is not None  # attempt 1; then worker-a dies
     assert run_job("reap_stuck_jobs").counts == {"requeued": 0, "failed": 0}  # lease still valid
 
     lease_runs_out(job)  # the reaper judges leases by the database clock
@@ -50,7 +49,7 @@ def test_a_stuck_job_is_requeued_once_then_failed_worker_lost(
     assert job.dispatched_at is not None and r.llen(probe_queue) == 1  # sent again
     assert run_job("reap_stuck_jobs").counts == {"requeued": 0, "failed": 0}  # once only
 
-    assert speech_jobs.claim_job(job.id, "worker-b") is not None  # attempt 2; worker-b dies too
+    assert attempts.claim_job(job.id, "worker-b") is not None  # attempt 2; worker-b dies too
     lease_runs_out(job)  # the reaper judges leases by the database clock
     assert run_job("reap_stuck_jobs").counts == {"requeued": 0, "failed": 1}
     job.refresh_from_db()

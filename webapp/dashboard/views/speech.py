@@ -8,7 +8,6 @@ two polls less than a second apart.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from itertools import groupby
 from typing import Any
@@ -19,6 +18,7 @@ from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Count
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -33,11 +33,11 @@ from webapp.errors import DomainError
 from webapp.problems import Problem
 from webapp.speech.api.serializers import FORMATS, SpeechRequestSerializer, build_job_request
 from webapp.speech.api.views import require_worker_for
+from webapp.speech.api.waiting import request_to_wait, then_wait
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import eta, jobs, queries
 
 WAIT_SECONDS = 10
-POLL_INTERVAL = 0.25
 PAGE_SIZE = 20
 SUBMIT_FIELDS = ("text", "voice", "format", "speed", "instructions")
 
@@ -146,20 +146,24 @@ def _may_change(request: HttpRequest, tenant: Tenant, job: SynthesisJob) -> bool
 
 @tenant_page()
 @require_GET
-def job_status(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> JsonResponse:
+def _job_status_now(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> JsonResponse:
+    """The job as it is; with ``?wait=N`` the wrapper below waits (up to 10 s) for it to change first."""
     job = _job(tenant, job_id)
-    wait = min(
-        WAIT_SECONDS, int(request.GET.get("wait", "0")) if request.GET.get("wait", "").isdigit() else 0
-    )
-    seen = (job.status, job.progress)
-    deadline = time.monotonic() + wait
-    while not job.is_finished and time.monotonic() < deadline:
-        time.sleep(POLL_INTERVAL)
-        now = SynthesisJob.objects.filter(pk=job.pk).values_list("status", "progress").first()
-        if now != seen:
-            job = _job(tenant, job_id)
-            break
+    raw = request.GET.get("wait", "")
+    wait = min(WAIT_SECONDS, int(raw)) if raw.isascii() and raw.isdigit() else 0
+    if wait and not job.is_finished:
+        seen = (str(job.status), float(job.progress))
+        request_to_wait(request, job.pk, wait, lambda state: state != seen)
     return JsonResponse(job_json(job))
+
+
+def _job_status_after_wait(request: HttpRequest, job_id: Any, first: HttpResponseBase) -> HttpResponseBase:
+    job = SynthesisJob.objects.filter(pk=job_id).first()  # the tenant was checked by the first answer
+    return first if job is None else JsonResponse(job_json(job))
+
+
+# Waiting is a coroutine on Redis notifications (speech.api.waiting), not a thread polling the database.
+job_status = then_wait(_job_status_now, _job_status_after_wait)
 
 
 @tenant_page()

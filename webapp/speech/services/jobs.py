@@ -203,13 +203,7 @@ def submit_job(
     """
     now = timezone.now()
     with transaction.atomic(durable=True):
-        # of=("self",): lock the tenant row only. Without it PostgreSQL also locks
-        # the joined plan row, serialising every tenant on the same plan.
-        org = (
-            Organization.objects.select_for_update(of=("self",))
-            .select_related("plan")
-            .get(pk=organization.pk)
-        )
+        org = ledger.lock_tenant(organization.pk)
         if idempotency_key is not None:
             existing = _claim_idempotency_key(org, idempotency_key, fingerprint or "", now)
             if existing is not None:

@@ -57,8 +57,27 @@ def storage_used(organization: Organization) -> int:
 # --------------------------------------------------------------------- limits and reservation
 
 
+def lock_tenant(organization_id: Any) -> Organization:
+    """The tenant row (with its plan), locked for this transaction: the lock that guards its usage rows.
+
+    One lock order everywhere (docs/decisions.md, "Usage periods are locked per
+    tenant row"): a job row, then its tenant row, then the usage period row.
+    FOR NO KEY UPDATE, not FOR UPDATE: Django's foreign keys are checked at
+    COMMIT with a KEY SHARE lock on the tenant row, which FOR UPDATE would
+    block while its holder waits for a usage row the committer holds.
+    ``of=("self",)``: without it PostgreSQL also locks the joined plan row,
+    serialising every tenant on the same plan.
+    """
+    return (
+        Organization.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("plan")
+        .get(pk=organization_id)
+    )
+
+
 def _usage_row(organization_id: Any, period: dt.date) -> UsagePeriod:
-    """The tenant's usage row for a period, locked for this transaction."""
+    """The tenant's usage row for a period, locked for this transaction (after the tenant row)."""
+    lock_tenant(organization_id)
     UsagePeriod.objects.get_or_create(organization_id=organization_id, period=period)
     return UsagePeriod.objects.select_for_update().get(organization_id=organization_id, period=period)
 
@@ -130,6 +149,7 @@ def _settle(job: SynthesisJob, kind: str) -> bool:
         job_key=job.id, kind__in=[UsageEvent.Kind.CHARGE, UsageEvent.Kind.RELEASE]
     ).exists():
         return False
+    lock_tenant(job.organization_id)  # before the usage row, as every other transaction does
     try:
         with transaction.atomic():
             UsageEvent.objects.create(

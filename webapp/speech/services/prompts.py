@@ -25,7 +25,7 @@ from django.utils import timezone
 from synth.prompt import PromptLimits, PromptRejected, prepare_prompt
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.services import files
+from webapp.speech.services import files, ledger
 from webapp.tenants.models import Organization
 
 if TYPE_CHECKING:
@@ -160,11 +160,7 @@ def _insert(
     now = timezone.now()
     with transaction.atomic(durable=True):
         # The tenant row is the lock: parallel uploads cannot both take the last voice slot.
-        org = (
-            Organization.objects.select_for_update(of=("self",))
-            .select_related("plan")
-            .get(pk=organization.pk)
-        )
+        org = ledger.lock_tenant(organization.pk)
         _check_room(org)
         voice = Voice.objects.create(
             id=voice_uuid,
