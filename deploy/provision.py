@@ -393,7 +393,7 @@ def gunicorn_command(cfg: StackConfig, workers: int | None = None) -> list[str]:
         command += ["--group", "nogroup"]
     if workers is not None:
         command += ["--workers", str(workers)]
-    return [*command, "webapp.wsgi:application"]
+    return [*command, "webapp.asgi:application"]
 
 
 def worker_command(

@@ -65,13 +65,23 @@ def output_rate(fmt: str, requested: int | None, native: int) -> int:
     return requested
 
 
+def pcm16_samples(audio: np.ndarray) -> np.ndarray:
+    """Float samples in [-1, 1] as little-endian int16, rounded to nearest (as libsndfile does)."""
+    import numpy as np
+
+    return np.rint(audio * np.float32(32767.0)).astype("<i2")
+
+
 class Encoder:
     """Writes float32 mono chunks to ``path`` in ``fmt`` as they arrive."""
 
-    def __init__(self, path: str, fmt: str, sample_rate: int) -> None:
+    def __init__(
+        self, path: str, fmt: str, sample_rate: int, tap: Callable[[bytes], None] | None = None
+    ) -> None:
         if fmt not in FORMATS:
             raise UnsupportedFormat(f"unsupported format {fmt!r}")
         self.path = path
+        self.tap = tap  # gets every block as 16-bit PCM (the stream file; synth.stream)
         self.format = fmt
         self.sample_rate = sample_rate
         self.frames = 0
@@ -101,10 +111,14 @@ class Encoder:
         if audio.size == 0:
             return
         audio = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0)
+        # WAV and raw PCM get the very samples the tap gets, so a stream of them equals the file.
+        pcm16 = pcm16_samples(audio) if self.tap is not None or self.format in ("wav", "pcm") else None
+        if pcm16 is not None and self.tap is not None:
+            self.tap(pcm16.tobytes())
         if self._sf is not None:
-            self._sf.write(audio)
+            self._sf.write(pcm16 if self.format == "wav" else audio)
         elif self._raw is not None:
-            self._raw.write((audio * 32767.0).astype("<i2").tobytes())
+            self._raw.write(pcm16.tobytes() if pcm16 is not None else b"")
         else:
             import av
 

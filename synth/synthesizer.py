@@ -18,6 +18,7 @@ from synth.errors import InvalidText, SynthError, UnknownVoice
 from synth.normalize import detect_language, is_chinese_language, split_sentences
 from synth.registry import DEFAULT_VOICE, ENGINES, VoiceInfo, get_voice, list_voices
 from synth.request import Plan, SynthesisRequest, SynthesisResult, plan_controls, validate_request
+from synth.stream import StreamWriter
 
 if TYPE_CHECKING:
     import numpy as np
@@ -175,22 +176,32 @@ class Synthesizer:
 
     @staticmethod
     def _audio_with_gaps(
-        job: _Job, progress: ProgressFn | None, should_cancel: CancelFn | None
+        job: _Job, progress: ProgressFn | None, should_cancel: CancelFn | None, stream: StreamWriter | None
     ) -> Iterator[np.ndarray]:
         """The engine's audio, sentence by sentence, with the silence between sentences."""
         import numpy as np
 
         gap = np.zeros(int(round(job.plan.silence * job.native_rate)), dtype=np.float32)
+        chunks = list(job.chunks())
+        if stream is not None:
+            stream.open(job.out_rate, sum(len(c) for c in chunks))
         audio = job.engine.synthesize(
-            job.chunks(), job.plan.params, progress=progress, should_cancel=should_cancel, total=job.sentences
+            iter(chunks), job.plan.params, progress=progress, should_cancel=should_cancel, total=job.sentences
         )
         for i, sentence in enumerate(audio):
             if i and gap.size:
                 yield gap
             yield sentence
+            if stream is not None:  # its audio is written by now: what a partial charge counts
+                stream.sentence_done(len(chunks[i]))
 
     def _encode(
-        self, job: _Job, path: str, progress: ProgressFn | None, should_cancel: CancelFn | None
+        self,
+        job: _Job,
+        path: str,
+        progress: ProgressFn | None,
+        should_cancel: CancelFn | None,
+        stream: StreamWriter | None = None,
     ) -> int:
         """Synthesise and encode into ``path``; the number of frames written."""
         import numpy as np
@@ -199,9 +210,9 @@ class Synthesizer:
         from synth.engines.base import check_cancel
 
         resampler = StreamResampler(job.native_rate, job.out_rate)
-        encoder = Encoder(path, job.request.format, job.out_rate)
+        encoder = Encoder(path, job.request.format, job.out_rate, tap=stream.audio if stream else None)
         try:
-            blocks = self._audio_with_gaps(job, progress, should_cancel)
+            blocks = self._audio_with_gaps(job, progress, should_cancel, stream)
             target = job.request.loudness_lufs
             if target is None:
                 for block in blocks:
@@ -228,7 +239,9 @@ class Synthesizer:
         out_path: str,
         progress: ProgressFn | None = None,
         should_cancel: CancelFn | None = None,
+        stream: StreamWriter | None = None,
     ) -> SynthesisResult:
+        """Synthesise into ``out_path``; ``stream`` also gets the audio as it is encoded (synth.stream)."""
         from synth.telemetry import PeakMemory
 
         started = time.monotonic()
@@ -238,13 +251,17 @@ class Synthesizer:
         tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.part")
         with PeakMemory(job.engine.device) as mem:
             try:
-                frames = self._encode(job, tmp, progress, should_cancel)
+                frames = self._encode(job, tmp, progress, should_cancel, stream)
                 if frames == 0:
                     raise InvalidText("the text produced no audio")
                 os.replace(tmp, out_path)
             except BaseException:
                 _remove(tmp)
+                if stream is not None:
+                    stream.close()
                 raise
+        if stream is not None:
+            stream.finish()
         elapsed = time.monotonic() - started
         duration = frames / job.out_rate
         return SynthesisResult(

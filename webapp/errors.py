@@ -62,6 +62,7 @@ class ErrorCode(StrEnum):
     QUOTA_EXCEEDED = "quota_exceeded"
     CONCURRENCY_LIMIT = "concurrency_limit"
     STORAGE_LIMIT = "storage_limit"
+    TOO_MANY_WAITS = "too_many_waits"
     # 5xx
     SERVER_ERROR = "server_error"
     JOB_FAILED = "job_failed"

@@ -64,9 +64,12 @@ INSTALLED_APPS = [
     "django_otp.plugins.otp_static",
     "axes",
     "webapp.dashboard",
+    "webapp.audit",
 ]
 
 MIDDLEWARE = [
+    # First: the request id (X-Request-Id from Nginx) names every later log line and audit event.
+    "webapp.audit.context.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "webapp.middleware.ProblemJsonMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -374,8 +377,13 @@ LOG_BACKUP_COUNT = env_int("TTS_LOG_BACKUP_COUNT", 5)
 LOG_LEVEL = env_str("TTS_LOG_LEVEL", "INFO")
 LOG_TO_FILE = env_bool("TTS_LOG_TO_FILE", True)
 
+# text: plain lines with the request id; json: one JSON object per line (webapp/audit/logformat.py).
+LOG_FORMAT = env_str("TTS_LOG_FORMAT", "text")
+if LOG_FORMAT not in ("text", "json"):
+    raise ValueError(f"TTS_LOG_FORMAT must be text or json, got {LOG_FORMAT!r}")
+_formatter = "json" if LOG_FORMAT == "json" else "plain"
 _handlers: dict[str, dict[str, object]] = {
-    "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+    "console": {"class": "logging.StreamHandler", "formatter": _formatter, "filters": ["request_id"]},
 }
 if LOG_TO_FILE:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
@@ -384,13 +392,18 @@ if LOG_TO_FILE:
         "filename": str(LOG_DIR / f"{TTS_PROCESS_NAME}.log"),
         "maxBytes": LOG_MAX_BYTES,
         "backupCount": LOG_BACKUP_COUNT,
-        "formatter": "plain",
+        "formatter": _formatter,
+        "filters": ["request_id"],
         "delay": True,
     }
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(process)d %(name)s %(message)s"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(process)d %(name)s %(request_id)s %(message)s"},
+        "json": {"()": "webapp.audit.logformat.JsonFormatter"},
+    },
+    "filters": {"request_id": {"()": "webapp.audit.logformat.RequestIdFilter"}},
     "handlers": _handlers,
     "root": {"handlers": list(_handlers), "level": LOG_LEVEL},
     "loggers": {"django.request": {"level": "ERROR"}},

@@ -8,8 +8,8 @@
 #
 # A GPU machine needs only a copy of the working tree, the prepared folder and a Python
 # with CUDA torch (piper-tts, onnx and the voice package are not needed there). It never
-# installs torch (a multi-GB download); it installs nvidia-ml-py, Django, celery and psutil
-# when missing (the memory readers need them). Checks, each printed as PASS/FAIL/SKIP:
+# installs torch (a multi-GB download); it installs nvidia-ml-py, Django, celery, psutil and numpy
+# when missing (the memory readers and the model code need them). Checks, each printed as PASS/FAIL/SKIP:
 #   engine (tests/gpu/engine_check.py): prepared fp16 weights load; fp32 durations equal
 #      onnxruntime's; fp16 vs fp32 parity (CUDA); throughput at batch 1, 8, 32 and the
 #      batch-8/batch-1 ratio; peak memory per job (torch.cuda.max_memory_allocated).
@@ -77,8 +77,8 @@ export DJANGO_SETTINGS_MODULE=webapp.settings TTS_LOG_TO_FILE=0 TTS_VAR_DIR="${T
 export PYTHONPATH="$PWD${PREPARED:+:$PREPARED/pysrc}${PYTHONPATH:+:$PYTHONPATH}"
 export TTS_WORKER_DEVICE=$DEVICE TTS_GPU_PREPARED=$PREPARED
 
-if ! "$TORCH_PY" -c "import django, celery, psutil" 2>/dev/null; then
-  timeout 120 "$TORCH_PY" -m pip install --quiet "Django>=5.2,<5.3" "celery[redis]>=5.6,<5.7" psutil || {
+if ! "$TORCH_PY" -c "import django, celery, psutil, numpy" 2>/dev/null; then
+  timeout 120 "$TORCH_PY" -m pip install --quiet "Django>=5.2,<5.3" "celery[redis]>=5.6,<5.7" psutil numpy || {
     echo "FAIL: could not install the reader's dependencies"; exit 1; }
 fi
 

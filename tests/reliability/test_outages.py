@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from deploy import stack as deploy_stack
 from deploy.stack import Service
@@ -117,13 +118,17 @@ def test_redis_stopped_with_jobs_queued_then_started(stack: TestStack, builtin_v
         rows = wait_status([j.id for j in [*queued, late]], timeout=60)
         assert [r.status for r in rows] == ["succeeded"] * 4
         assert all(r.attempts == 1 and usage_events(r.id) == ["charge", "reserve"] for r in rows)
-        # The worker rides out a Redis restart too, mid-job.
-        running = submit(org, LONG, voice=PIPER)
-        wait_until(lambda: job(running.id).status == "running", 30, "the job to start")
+        # The worker rides out a Redis restart too, mid-job: one attempt that began
+        # before Redis stopped and ended after, charged once.
+        running = submit(org, " ".join([LONG] * 3), voice=PIPER)
+        wait_until(lambda: 0 < job(running.id).progress < 0.5, 30, "the job mid-synthesis", 0.02)
+        outage = timezone.now()
         with redis_down(stack):
             time.sleep(2)
         (row,) = wait_status([running.id], timeout=90)
         assert row.status == "succeeded" and usage_events(row.id) == ["charge", "reserve"]
+        assert row.started_at < outage < row.finished_at
+        assert (row.attempts, row.claim_token, row.metrics["claim_token"]) == (1, 1, 1)
         after = submit(org, SHORT, voice=PIPER)
         (row,) = wait_status([after.id], timeout=60)
         assert row.status == "succeeded"

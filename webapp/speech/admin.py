@@ -15,7 +15,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from webapp.admin_site import site
-from webapp.speech import admin_views
+from webapp.speech import admin_jobs, admin_tenants, admin_views  # noqa: F401 (admin_tenants registers)
 from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod, Voice
 
 
@@ -65,12 +65,12 @@ class VoiceAdmin(admin.ModelAdmin):
 
 
 @admin.register(SynthesisJob)
-class SynthesisJobAdmin(ReadOnlyAdmin):
-    list_display = ("id", "organization", "status", "voice_name", "text_chars", "created_at")
-    list_filter = ("status", "engine")
+class SynthesisJobAdmin(admin_jobs.JobActionsMixin, ReadOnlyAdmin):
+    list_display = ("id", "organization", "status", "engine", "device", "voice_name", "text_chars", "created_at")
+    list_filter = ("status", "engine", admin_jobs.DeviceFilter, ("created_at", admin.DateFieldListFilter), "organization")
     list_select_related = ("organization",)
     search_fields = ("=id", "text")
-
+    show_full_result_count = False  # one COUNT(*) fewer on a big table
 
 @admin.register(UsagePeriod)
 class UsagePeriodAdmin(ReadOnlyAdmin):

@@ -99,6 +99,12 @@ class SynthesisJob(models.Model):
     params = models.JSONField(default=dict)  # speed, pitch, volume, language, instructions
     cloning_mode = models.CharField(max_length=12, blank=True)  # uploaded voices: zero_shot | approximate
     source = models.CharField(max_length=20, default="api")  # api | openai | dashboard
+    # The X-Request-Id of the submit (Nginx's $request_id): log lines of every attempt carry it.
+    request_id = models.CharField(max_length=64, blank=True)
+    # An operator's Retry of a failed job is a new job (its own reservation) that names the old one.
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+    )
 
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     progress = models.FloatField(default=0.0)
@@ -214,6 +220,22 @@ class UsageEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.characters} for job {self.job_key}"
+
+
+class RetiredUsage(models.Model):
+    """The ledger's totals of deleted tenants: per month and plan, naming no tenant."""
+
+    period = models.DateField()
+    plan = models.CharField(max_length=50)  # the plan's slug
+    tenants = models.PositiveIntegerField(default=0)
+    characters_used = models.PositiveBigIntegerField(default=0)
+    jobs = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["period", "plan"], name="one_retired_usage_row")]
+
+    def __str__(self) -> str:
+        return f"{self.plan} {self.period:%Y-%m}: {self.characters_used} characters"
 
 
 class IdempotencyKey(models.Model):

@@ -33,8 +33,11 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections
 from django.utils import timezone
 
+from synth.stream import StreamWriter, stream_path
+
 # The project's app, not shared_task: a web process that never imported
 # webapp.celery must still send to the configured broker.
+from webapp.audit import context as request_context
 from webapp.celery import app
 from webapp.speech import faults, recycling, worker
 from webapp.speech.models import SynthesisJob
@@ -244,15 +247,8 @@ def synthesize_job(self: Any, job_id: str, limits: list[float] | None = None) ->
     return outcome.name
 
 
-def _owner_gone(job_id: str, me: str) -> tuple[list[str], str]:
-    """(dead, suspect) owner of the message's job when it runs: dead here by its pid, suspect elsewhere."""
-    owner = db_retry(
-        lambda: (
-            SynthesisJob.objects.filter(id=job_id, status=SynthesisJob.Status.RUNNING)
-            .values_list("worker", flat=True)
-            .first()
-        )
-    )
+def _owner_gone(owner: str, me: str) -> tuple[list[str], str]:
+    """(dead, suspect) for a running job's owner: dead here by its pid, a suspect elsewhere."""
     if not owner or not worker.owner_is_dead(owner, me):
         return [], ""
     # Elsewhere a missing heartbeat only makes the owner a suspect: its lease must have run out too.
@@ -261,9 +257,19 @@ def _owner_gone(job_id: str, me: str) -> tuple[list[str], str]:
 
 
 def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> SynthesisJob | None:
-    """The message's job if its owner is gone, else the fairest queued job of this child's engines."""
+    """The message's job if its owner is gone, else the fairest queued job of the message's engine.
+
+    The message's engine, not every engine this child serves: a wake-up for one
+    engine must not use up the message another engine's job is waiting for.
+    """
     me = state.worker_id
-    dead, suspect = _owner_gone(job_id, me)
+    row = db_retry(
+        lambda: SynthesisJob.objects.filter(id=job_id).values_list("status", "worker", "engine").first()
+    )
+    if row is None:
+        return None  # deleted meanwhile
+    status, owner, engine = row
+    dead, suspect = _owner_gone(owner if status == SynthesisJob.Status.RUNNING else "", me)
     if dead or suspect:
         job = db_retry(attempts.claim_job, job_id, me, dead, suspect=suspect, hard_seconds=hard)
         if job is not None and dead:
@@ -273,7 +279,9 @@ def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> Synthe
             _discard_dead_attempt(job_id)
         if job is not None:
             return job
-    job = db_retry(attempts.claim_next, settings.TTS_WORKER_ENGINES, me, job_id, hard)
+    job = None
+    if engine in settings.TTS_WORKER_ENGINES:
+        job = db_retry(attempts.claim_next, engine, me, job_id, hard)
     if job is None or str(job.id) != str(job_id):
         # The message's job may be one no one can claim (spent, canceled): it must not stay open.
         db_retry(attempts.close_unclaimable, job_id)
@@ -286,6 +294,7 @@ def _run(state: worker.WorkerState, job_id: str, limits: list[float] | None) -> 
     job = _claim(state, job_id, hinted[1] if hinted else None)
     if job is None:
         return SKIPPED
+    request_context.bind_job(job)  # from here every log line names this job's request id
     # The message's limits are its own job's; any other job claimed gets its own from its length.
     own = hinted is not None and str(job.id) == str(job_id)
     soft, hard = hinted if hinted and own else job_time_limits(job.text_chars)
@@ -325,6 +334,7 @@ def _run(state: worker.WorkerState, job_id: str, limits: list[float] | None) -> 
         # Canceled or taken over meanwhile: this file is not the job's audio.
         discard_output(job.id, attempt.token, relative)
         return Outcome("lost", result.engine, result.synth_ms / 1000, job.text_chars)
+    _remove_partials(attempt.out_path)  # the stream file: readers still streaming keep it open
     return Outcome("succeeded", result.engine, result.synth_ms / 1000, job.text_chars)
 
 
@@ -391,6 +401,8 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
         attempt.out_path,
         progress=progress,
         should_cancel=lambda: cancel["requested"] or worker.handing_back(),
+        # The audio as it is made, for clients streaming the job (webapp/speech/api/streaming.py).
+        stream=StreamWriter(stream_path(attempt.out_path)),
     )
 
 

@@ -24,6 +24,8 @@ class Plan(models.Model):
     max_upload_bytes = models.PositiveBigIntegerField(default=10 * 1024 * 1024)
     retention_days = models.PositiveIntegerField(default=7)
     storage_bytes = models.PositiveBigIntegerField(default=1024 * 1024 * 1024)
+    # Long-polls and /v1/audio/speech requests waiting at once, across all web processes.
+    max_concurrent_waits = models.PositiveIntegerField(default=20)
     # The dashboard asks this plan's owners for a TOTP second factor.
     owners_need_totp = models.BooleanField(default=False)
 

@@ -21,6 +21,7 @@ from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 from django.utils.text import slugify
 
+from webapp.audit import services as audit
 from webapp.errors import DomainError, ErrorCode
 from webapp.tenants import roles
 from webapp.tenants.models import ApiKey, Membership, Organization, Plan
@@ -103,6 +104,9 @@ def create_api_key(
         expires_at=expires_at,
         requests_per_minute=requests_per_minute,
     )
+    audit.record(
+        "key.created", target=key, organization=organization, actor=created_by, details={"scopes": granted}
+    )
     return key, f"tts_{prefix}_{secret}"
 
 
@@ -110,7 +114,8 @@ def create_api_key(
 def revoke_api_key(key: ApiKey, *, by: Any) -> None:
     """Revoke a key; ``by`` must be an owner or admin of the key's tenant (or :data:`OPERATOR`)."""
     _require_key_manager(by, key.organization)
-    ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    if ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()):
+        audit.record("key.revoked", target=key, organization=key.organization_id, actor=by)
 
 
 def find_api_key(raw: str) -> ApiKey | None:

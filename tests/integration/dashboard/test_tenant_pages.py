@@ -142,3 +142,48 @@ def test_deleting_a_job_never_redirects_to_another_site(owner: tuple[Any, Any]) 
     answer = client_for(owner[0]).post(f"/app/jobs/{job.pk}/delete/", {"next": "https://evil.example/"})
     assert answer.url == "/app/history/"
     assert not SynthesisJob.objects.filter(pk=job.pk).exists()
+
+
+def test_job_status_waits_for_a_change_and_answers_when_it_comes(transactional_db: None, stack: Any) -> None:
+    import threading
+    import time
+
+    from tests.dashboard_data import make_owner
+    from webapp.speech.services.notify import job_changed
+
+    user, org = make_owner()
+    job = make_job(org, user, status="running", progress=0.1)
+
+    def move() -> None:
+        time.sleep(1.0)
+        SynthesisJob.objects.filter(pk=job.pk).update(progress=0.5)
+        job_changed(job.pk)
+
+    mover = threading.Thread(target=move)
+    started = time.monotonic()
+    mover.start()
+    answer = client_for(user).get(f"/app/jobs/{job.pk}/?wait=10").json()
+    mover.join()
+    assert answer["progress"] == 0.5
+    assert 0.9 < time.monotonic() - started < 8
+
+    started = time.monotonic()
+    unchanged = client_for(user).get(f"/app/jobs/{job.pk}/?wait=1").json()
+    assert unchanged["progress"] == 0.5 and 0.9 < time.monotonic() - started < 5
+
+
+def test_submits_beyond_the_plans_rate_get_a_readable_429(
+    owner: tuple[Any, Any], builtin_voices: list[str]
+) -> None:
+    from django.core.cache import cache
+
+    user, org = owner
+    cache.clear()
+    org.plan.requests_per_minute = 1
+    org.plan.save()
+    client = client_for(user)
+    bad = json.dumps({"text": "Say [h][ao please"})  # refused after counting, so no job is made
+    assert client.post("/app/jobs/", bad, content_type="application/json").status_code == 400
+    second = client.post("/app/jobs/", bad, content_type="application/json")
+    assert second.status_code == 429
+    assert "try again in" in second.json()["error"]["message"]

@@ -46,3 +46,18 @@ def test_piper_20k_characters_flat_memory(synthesizer: Synthesizer, tmp_path: Pa
     )
     assert res.duration_seconds > 900  # ~20 minutes: holding it as float32 at 22 kHz would need ~100 MB
     assert res.peak_rss_mb - base < 60, (base, res.peak_rss_mb)
+
+
+@pytest.mark.slow
+def test_loudness_normalisation_keeps_memory_flat(synthesizer: Synthesizer, tmp_path: Path) -> None:
+    def peak(chars: int) -> tuple[float, float]:
+        request = SynthesisRequest(
+            _text(chars), voice="espeak-en-us", format="pcm", sample_rate=8000, loudness_lufs=-16.0
+        )
+        res = synthesizer.synthesize(request, str(tmp_path / f"{chars}.pcm"))
+        return res.peak_rss_mb, res.duration_seconds
+
+    base, _ = peak(2000)
+    long_peak, seconds = peak(100_000)
+    assert seconds > 3600  # an hour of audio: one float64 copy of it would be ~200 MB
+    assert long_peak - base < 60, (base, long_peak)

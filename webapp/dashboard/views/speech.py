@@ -36,6 +36,7 @@ from webapp.speech.api.views import require_worker_for
 from webapp.speech.api.waiting import request_to_wait, then_wait
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import eta, jobs, queries
+from webapp.tenants.api import ratelimit
 
 WAIT_SECONDS = 10
 PAGE_SIZE = 20
@@ -116,6 +117,8 @@ def submit(request: HttpRequest, tenant: Tenant) -> JsonResponse:
     data = {k: v for k, v in body.items() if k in SUBMIT_FIELDS and v not in (None, "")}
     data.setdefault("text", "")
     try:
+        # A submit from the page counts against the tenant's request rate like one from a key.
+        ratelimit.check_rate(request, tenant.organization)
         serializer = SpeechRequestSerializer(data=data)
         serializer.is_valid(raise_exception=True)
         job_request = build_job_request(

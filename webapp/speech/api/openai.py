@@ -27,7 +27,7 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.problems import render
 from webapp.speech.api.serializers import OpenAISpeechSerializer
 from webapp.speech.api.views import TenantAPIView, rate_headers, submit
-from webapp.speech.api.waiting import request_to_wait, then_wait
+from webapp.speech.api.waiting import request_to_wait, reserve_wait, then_wait
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services import jobs
 from webapp.speech.services.files import media_path
@@ -94,6 +94,8 @@ class OpenAISpeechView(TenantAPIView):
             raise DomainError(ErrorCode.INVALID_REQUEST, "The body must be a JSON object.")
         serializer = OpenAISpeechSerializer(data=body)
         serializer.is_valid(raise_exception=True)
+        # Before the submit: a request refused for want of a wait slot leaves no job behind.
+        reserve_wait(request, self.organization, settings.TTS_OPENAI_WAIT_SECONDS)
         try:
             job, _ = submit(request, self.organization, job_body(serializer.validated_data), "openai")
         except DomainError as error:

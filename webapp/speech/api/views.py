@@ -36,7 +36,7 @@ from webapp.speech.api.serializers import (
     VoiceSerializer,
     build_job_request,
 )
-from webapp.speech.api.waiting import request_to_wait, then_wait
+from webapp.speech.api.waiting import request_to_wait, reserve_wait, then_wait
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import jobs, prompts
 from webapp.speech.services.queries import usage_summary, visible_voices
@@ -243,6 +243,7 @@ class SpeechDetailView(TenantAPIView):
         if wait and not job.is_finished:
             # The wait itself happens outside this thread (speech_detail, async).
             seen = (job.status, float(job.progress))
+            reserve_wait(request, self.organization, wait)
             request_to_wait(request, job.pk, wait, lambda now: now != seen)
         return self.job_response(job)
 

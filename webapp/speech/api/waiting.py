@@ -1,16 +1,22 @@
-"""Waiting for a job to change without holding a thread or polling PostgreSQL.
+"""Waiting for a job to change without holding a thread, a connection, or polling PostgreSQL.
 
 A waiter subscribes to the job's channel first and then reads the row, so no
 change between the two is missed; after that it reads the row only when a
 notification arrives (``services.notify``), or at its deadline. If Redis is
 away it falls back to reading the row once a second. The long-poll and the
 OpenAI endpoint both wait here; under the ASGI server the wait is a coroutine.
+
+Before it waits, a request gives back the database connection its sync part
+used (Django would close it only once the response is sent), and it takes
+one of its tenant's wait slots (``services.waits``), given back however the
+request ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,20 +24,27 @@ from typing import Any
 import redis.asyncio as aredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
 from webapp.speech.models import SynthesisJob
+from webapp.speech.services import waits
 from webapp.speech.services.notify import channel
+from webapp.tenants.models import Organization
 
 log = logging.getLogger(__name__)
 
 FALLBACK_POLL_SECONDS = 1.0
+# Sync parts (auth, validation, the final answer) of waiting requests running at
+# once per process: a burst of waiters must not open one database connection each.
+SYNC_SLOTS = 16
 
 JobState = tuple[str, float]
 WAIT_ATTRIBUTE = "tts_wait"
+SLOT_ATTRIBUTE = "tts_wait_slot"
 
 
 @dataclass(frozen=True)
@@ -41,10 +54,39 @@ class PendingWait:
     done: Callable[[JobState], bool]
 
 
+def _django_request(request: Any) -> HttpRequest:
+    return getattr(request, "_request", request)  # a DRF Request wraps Django's
+
+
+def reserve_wait(request: Any, organization: Organization, seconds: float) -> None:
+    """Take a wait slot of the tenant before anything is done for this request (429 when none is free)."""
+    token = waits.acquire(organization, seconds)
+    setattr(_django_request(request), SLOT_ATTRIBUTE, (organization.pk, token))
+
+
 def request_to_wait(request: Any, job_id: Any, seconds: float, done: Callable[[JobState], bool]) -> None:
     """Ask the async view around a sync DRF view to wait for the job before answering."""
-    django_request = getattr(request, "_request", request)
-    setattr(django_request, WAIT_ATTRIBUTE, PendingWait(job_id, seconds, done))
+    setattr(_django_request(request), WAIT_ATTRIBUTE, PendingWait(job_id, seconds, done))
+
+
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _sync_slots() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    if loop not in _slots:
+        _slots[loop] = asyncio.Semaphore(SYNC_SLOTS)
+    return _slots[loop]
+
+
+def _view_then_release_connection(
+    view: Callable[..., HttpResponseBase], request: HttpRequest, *args: Any, **kwargs: Any
+) -> HttpResponseBase:
+    response = view(request, *args, **kwargs)
+    # A test's outer transaction (pytest-django) lives on this connection: keep it.
+    if getattr(request, WAIT_ATTRIBUTE, None) is not None and not connection.in_atomic_block:
+        connection.close()
+    return response
 
 
 def then_wait(
@@ -56,12 +98,19 @@ def then_wait(
     """
 
     async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        first = await sync_to_async(view)(request, *args, **kwargs)
-        pending: PendingWait | None = getattr(request, WAIT_ATTRIBUTE, None)
-        if pending is None or first.status_code >= 300:
-            return first
-        await await_job(pending.job_id, pending.seconds, pending.done)
-        return await sync_to_async(answer)(request, pending.job_id, first)
+        try:
+            async with _sync_slots():
+                first = await sync_to_async(_view_then_release_connection)(view, request, *args, **kwargs)
+            pending: PendingWait | None = getattr(request, WAIT_ATTRIBUTE, None)
+            if pending is None or first.status_code >= 300:
+                return first
+            await await_job(pending.job_id, pending.seconds, pending.done)
+            async with _sync_slots():
+                return await sync_to_async(answer)(request, pending.job_id, first)
+        finally:
+            slot = getattr(request, SLOT_ATTRIBUTE, None)
+            if slot is not None:
+                await sync_to_async(waits.release, thread_sensitive=False)(*slot)
 
     # The schema generator and DRF's own checks read these from the view function.
     async_view.__dict__.update(
@@ -70,10 +119,26 @@ def then_wait(
     return csrf_exempt(async_view)
 
 
-@sync_to_async
-def _read(job_id: Any) -> JobState | None:
-    row = SynthesisJob.objects.filter(pk=job_id).values_list("status", "progress").first()
+def _read_row(job_id: Any) -> JobState | None:
+    for attempt in (1, 2):
+        try:
+            row = SynthesisJob.objects.filter(pk=job_id).values_list("status", "progress").first()
+            break
+        except (InterfaceError, OperationalError):
+            # This pool thread's connection broke (database restarted): one retry on a new one.
+            connection.close()
+            if attempt == 2:
+                raise
     return None if row is None else (str(row[0]), float(row[1]))
+
+
+async def _read(job_id: Any, share_connection: bool) -> JobState | None:
+    """The job's state, read in the loop's thread pool on that thread's own kept connection.
+
+    ``share_connection``: the caller runs inside a transaction (a test's), whose
+    rows only its own connection sees: read there instead.
+    """
+    return await sync_to_async(_read_row, thread_sensitive=share_connection)(job_id)
 
 
 async def _subscribe(job_id: Any) -> Any:
@@ -93,12 +158,13 @@ async def _subscribe(job_id: Any) -> Any:
 
 async def await_job(job_id: Any, seconds: float, done: Callable[[JobState], bool]) -> None:
     """Return once ``done((status, progress))`` holds, the job is gone, or ``seconds`` have passed."""
+    share_connection = await sync_to_async(lambda: connection.in_atomic_block)()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     pubsub = await _subscribe(job_id)
     try:
         while True:
-            state = await _read(job_id)
+            state = await _read(job_id, share_connection)
             left = deadline - loop.time()
             if state is None or done(state) or left <= 0:
                 return

@@ -138,21 +138,21 @@ def claim_job(
 
 
 def claim_next(
-    engines: str | list[str], worker_id: str, hinted: Any = None, hard_seconds: float | None = None
+    engine: str, worker_id: str, hinted: Any = None, hard_seconds: float | None = None
 ) -> SynthesisJob | None:
-    """Take the fairest queued job of ``engines``: the tenant running the fewest jobs, then the oldest.
+    """Take the fairest queued job of ``engine``: the tenant running the fewest jobs, then the oldest.
 
     ``SKIP LOCKED``: concurrent claimers take different jobs instead of waiting
     on each other. ``hinted`` is the message's job, whose hard limit came with it.
     """
     params = _claim_params(worker_id, hinted, hard_seconds)
-    params["engines"] = [engines] if isinstance(engines, str) else list(engines)
+    params["engine"] = engine
     sql = f"""
         WITH running AS (
             SELECT organization_id, count(*) AS n FROM {TABLE} WHERE status = 'running' GROUP BY organization_id
         ), pick AS (
             SELECT j.id FROM {TABLE} j LEFT JOIN running r ON r.organization_id = j.organization_id
-            WHERE j.status = 'queued' AND j.engine = ANY(%(engines)s::text[]) AND NOT j.cancel_requested
+            WHERE j.status = 'queued' AND j.engine = %(engine)s AND NOT j.cancel_requested
               AND j.attempts < %(max_attempts)s
             ORDER BY COALESCE(r.n, 0), j.created_at, j.id
             LIMIT 1 FOR UPDATE OF j SKIP LOCKED

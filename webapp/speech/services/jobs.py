@@ -26,6 +26,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from webapp.audit.context import current_request_id
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import IdempotencyKey, SynthesisJob, Voice
 from webapp.speech.services import dispatch, files, ledger, notify, prompts
@@ -194,6 +195,7 @@ def submit_job(
     user: Any = None,
     idempotency_key: str | None = None,
     fingerprint: str | None = None,
+    retry_of: SynthesisJob | None = None,
 ) -> tuple[SynthesisJob, bool]:
     """Create a queued job with its usage reservation. Returns (job, created).
 
@@ -225,6 +227,8 @@ def submit_job(
             sample_rate=request.sample_rate,
             params=params,
             source=request.source,
+            request_id=current_request_id(),
+            retry_of=retry_of,
             created_at=now,
             queued_at=now,
         )
@@ -283,9 +287,14 @@ def delete_job(job: SynthesisJob) -> None:
 # --------------------------------------------------------------------- housekeeping
 
 
-def expire_audio(job_id: Any) -> int:
-    """Remove a finished job's audio past retention and mark it expired. Returns bytes freed."""
-    due = Q(status=Status.SUCCEEDED, expires_at__lte=timezone.now())
+def expire_audio(job_id: Any, *, immediately: bool = False) -> int:
+    """Remove a finished job's audio past retention (``immediately``: now) and mark it expired.
+
+    Returns bytes freed.
+    """
+    due = Q(status=Status.SUCCEEDED)
+    if not immediately:
+        due &= Q(expires_at__lte=timezone.now())
     with transaction.atomic(durable=True):
         row = (
             SynthesisJob.objects.select_for_update()

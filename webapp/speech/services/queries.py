@@ -38,6 +38,7 @@ def usage_summary(
         "monthly_characters",
         "max_characters_per_request",
         "max_concurrent_jobs",
+        "max_concurrent_waits",
         "requests_per_minute",
         "max_voices",
         "retention_days",

@@ -1,0 +1,1 @@
+"""The operators' audit log and the request context every log line and audit event carries."""
