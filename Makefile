@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 
-.PHONY: run test bootstrap stop clean lint typecheck bench test-fast gpu-check-prepare
+.PHONY: run test bootstrap stop clean lint typecheck bench bench-peer test-fast gpu-check-prepare backup restore
 
 bootstrap:
 	@deploy/bootstrap.sh
@@ -36,6 +36,19 @@ gpu-check-prepare: bootstrap
 
 bench: bootstrap
 	$(PY) -m tests.bench $(BENCH_ARGS)
+
+# Side by side with Piper's own HTTP server (issue 15): writes its table into docs/performance.md.
+bench-peer: bootstrap
+	$(PY) -m tests.bench peer $(BENCH_ARGS)
+
+# One archive of the database (a consistent pg_dump), the media folder and the key secrets
+# (deploy/backup.py); `make restore FILE=...` brings one back into a fresh var/.
+backup: bootstrap
+	@$(PY) -m deploy.backup backup $(if $(OUT),--out $(OUT))
+
+restore: bootstrap
+	@if [ -z "$(FILE)" ]; then echo "usage: make restore FILE=var/backups/tts-backup-....tar.gz"; exit 2; fi
+	@$(PY) -m deploy.backup restore $(FILE)
 
 clean:
 	@if [ "$(CONFIRM)" = "1" ]; then \

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from webapp.env import EnvError, env_int
+from webapp.env import ALLOWED_HOSTS_DEFAULT, EnvError, env_int, env_list
 
 if TYPE_CHECKING:
     from deploy.provision import StackConfig
@@ -112,6 +112,48 @@ def _real_ip_block(sources: str, header: str) -> str:
     # With a chain of trusted proxies, take the last address none of them added.
     lines.append("    real_ip_recursive on;\n")
     return "".join(lines)
+
+
+def allow_lines(name: str, sources: str) -> str:
+    """``allow`` lines for a location from the addresses or CIDRs in setting ``name`` (deny all follows)."""
+    lines = []
+    for item in (s.strip() for s in sources.split(",")):
+        if not item:
+            continue
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise NginxConfigError(f"{name}: {item!r} is not an address or CIDR") from None
+        lines.append(f"            allow {item};\n")
+    return "".join(lines)
+
+
+def metrics_allow(sources: str) -> str:
+    """``allow`` lines for /metrics from TTS_METRICS_ALLOWED_IPS (the list Django checks too)."""
+    return allow_lines("TTS_METRICS_ALLOWED_IPS", sources)
+
+
+_HOST_RE = re.compile(r"^(\.?[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.?|\[[0-9A-Fa-f:.]+\])$")
+
+
+def server_names(hosts: list[str]) -> str:
+    """Nginx ``server_name`` for Django's ALLOWED_HOSTS (one setting, DJANGO_ALLOWED_HOSTS, for both).
+
+    ``.example.com`` means the name and its subdomains in both; ``*`` (any name)
+    becomes a pattern matching every non-empty name. Any other Host gets 421
+    from the default server and never reaches Django.
+    """
+    names = []
+    for host in hosts:
+        if host == "*":
+            names.append("~.")
+        elif _HOST_RE.match(host):
+            names.append(host)
+        else:
+            raise NginxConfigError(f"DJANGO_ALLOWED_HOSTS: {host!r} is not a host name, address or *")
+    if not names:
+        raise NginxConfigError("DJANGO_ALLOWED_HOSTS is empty: Nginx would answer every name with 421")
+    return " ".join(names)
 
 
 def ensure_dhparam(path: Path) -> Path:
@@ -223,6 +265,9 @@ def nginx_values(
         "GUNICORN_SOCKET": str(cfg.gunicorn_socket),
         "SNIPPETS": str(out_dir / "snippets"),
         "PROBLEM_BASE": PROBLEM_BASE,
+        "METRICS_ALLOW": metrics_allow(env.get("TTS_METRICS_ALLOWED_IPS") or "127.0.0.1,::1"),
+        "ADMIN_ALLOW": allow_lines("TTS_ADMIN_ALLOW_CIDRS", env.get("TTS_ADMIN_ALLOW_CIDRS") or "127.0.0.1,::1"),
+        "SERVER_NAMES": server_names(env_list("DJANGO_ALLOWED_HOSTS", ALLOWED_HOSTS_DEFAULT, env)),
     }
 
 

@@ -393,7 +393,7 @@ def gunicorn_command(cfg: StackConfig, workers: int | None = None) -> list[str]:
         command += ["--group", "nogroup"]
     if workers is not None:
         command += ["--workers", str(workers)]
-    return [*command, "webapp.asgi:application"]
+    return command  # the application (webapp.asgi) is named in gunicorn.conf.py
 
 
 def worker_command(

@@ -49,6 +49,7 @@ class SynthesisRequest:
     sentence_silence: float | None = None
     noise_scale: float | None = None
     noise_w: float | None = None
+    seed: int | None = None  # noise seed; the torch runtime honours it (same seed, same audio)
     prompt: VoicePrompt | None = None  # an uploaded voice to clone (zero_shot); needs the cloning capability
 
 
@@ -111,6 +112,8 @@ def _validate_numbers(request: SynthesisRequest) -> None:
         value = getattr(request, name)
         if value is not None:
             _number(name, value, *NOISE_RANGE)
+    if request.seed is not None and (isinstance(request.seed, bool) or not isinstance(request.seed, int)):
+        raise UnsupportedControl("seed must be an integer")
 
 
 def validate_request(request: SynthesisRequest, voice: VoiceInfo) -> None:
@@ -181,6 +184,8 @@ def _apply_noise(request: SynthesisRequest, plan: Plan) -> None:
             plan.applied.append(f"{name}: {value:g}")
         else:
             plan.not_applied.append(f"{name}: eSpeak is not a neural voice")
+    if request.seed is not None and plan.voice.engine != "piper":
+        plan.not_applied.append("seed: eSpeak is not a neural voice")
 
 
 def _describe_levels(request: SynthesisRequest, instr: Instructions, plan: Plan) -> None:
@@ -214,6 +219,7 @@ def plan_controls(
         volume=_clamp(request.volume + instr.volume, VOLUME_RANGE),
         language=request.language,
         prompt=request.prompt,
+        seed=request.seed,
     )
     plan = Plan(
         voice=voice,

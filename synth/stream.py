@@ -91,7 +91,10 @@ class StreamReader:
                 break  # the writer is still writing this record
             payload, self._buffer = self._buffer[_HEAD.size : end], self._buffer[end:]
             if kind == HEADER:
-                self.sample_rate, self.total_chars = _U32.unpack_from(payload)[0], _U32.unpack_from(payload, 4)[0]
+                self.sample_rate, self.total_chars = (
+                    _U32.unpack_from(payload)[0],
+                    _U32.unpack_from(payload, 4)[0],
+                )
             elif kind == AUDIO:
                 out.append(payload)
                 self.audio_bytes += len(payload)

@@ -10,6 +10,9 @@ from deploy.stack import StackConfig
 TEST_STACK = StackConfig.for_tests()
 os.environ.update(TEST_STACK.django_env())
 os.environ["TTS_FAST_PASSWORD_HASHER"] = "1"
+# The suite talks plain HTTP to Django's test client; production defaults are tested
+# through `make run`'s stack (tests/e2e) and tests/integration/test_settings.py.
+os.environ.setdefault("DJANGO_DEBUG", "1")
 os.environ.setdefault("TTS_LOG_TO_FILE", "0")
 os.environ.setdefault("TTS_CACHE_PREFIX", "tts-test")
 # The admin's second factor is off in tests; tests/integration/test_operator_login.py turns it on.

@@ -120,6 +120,8 @@ WORKER_CONCURRENCY_DEFAULT = 2
 HOUSEKEEPING_CONCURRENCY_DEFAULT = 2
 WORKER_ENGINES_DEFAULT = "piper,espeak"
 HOUSEKEEPING_QUEUES = ("default", "housekeeping")
+# The host names the site serves: Django's ALLOWED_HOSTS and Nginx's server_name.
+ALLOWED_HOSTS_DEFAULT = "localhost,127.0.0.1,[::1]"
 
 
 def worker_queues(role: str, engines: list[str]) -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import dj_database_url
 
 from webapp.env import (
+    ALLOWED_HOSTS_DEFAULT,
     HOUSEKEEPING_CONCURRENCY_DEFAULT,
     WORKER_CONCURRENCY_DEFAULT,
     WORKER_ENGINES_DEFAULT,
@@ -30,7 +31,9 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 VAR_DIR = Path(env_str("TTS_VAR_DIR", str(BASE_DIR / "var")))
 
-DEBUG = env_bool("DJANGO_DEBUG", True)
+# Off unless asked for (`DJANGO_DEBUG=1 make run`), and even then debug pages
+# only for clients on this machine (webapp/debug_pages.py).
+DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or secret_file(
     Path(env_str("DJANGO_SECRET_KEY_FILE", str(VAR_DIR / "secrets" / "django_secret_key")))
 )
@@ -40,7 +43,8 @@ API_KEY_HMAC_SECRET = os.environ.get("TTS_API_KEY_SECRET") or secret_file(
     Path(env_str("TTS_API_KEY_SECRET_FILE", str(VAR_DIR / "secrets" / "api_key_secret")))
 )
 
-ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+# Nginx serves the same names and answers any other Host with 421 (deploy/nginx.py).
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ALLOWED_HOSTS_DEFAULT)
 CSRF_TRUSTED_ORIGINS = env_list(
     "DJANGO_CSRF_TRUSTED_ORIGINS", "https://localhost:8443,https://127.0.0.1:8443"
 )
@@ -70,6 +74,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: the request id (X-Request-Id from Nginx) names every later log line and audit event.
     "webapp.audit.context.RequestContextMiddleware",
+    # Counts every request by view, method and status, with its latency (/metrics).
+    "webapp.metrics.http.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "webapp.middleware.ProblemJsonMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -82,6 +88,9 @@ MIDDLEWARE = [
     # Last, as django-axes asks: it turns a locked-out login into its 429 answer.
     "axes.middleware.AxesMiddleware",
 ]
+if DEBUG:
+    # Outermost, so it sees every page: debug pages for loopback clients only.
+    MIDDLEWARE.insert(0, "webapp.debug_pages.LoopbackDebugPagesMiddleware")
 
 ROOT_URLCONF = "webapp.urls"
 WSGI_APPLICATION = "webapp.wsgi.application"
@@ -367,8 +376,13 @@ TTS_HOUSEKEEPING_EVERY = {
         "remove_orphan_files": 3600,
         "purge_temp_files": 3600,
         "prune_records": 3600,
+        "snapshot_operations": 60,
     }.items()
 }
+# The operations page's minute snapshots are kept this long (its charts show 24 hours).
+TTS_OPERATIONS_SNAPSHOT_HOURS = env_int("TTS_OPERATIONS_SNAPSHOT_HOURS", 48)
+# Who may read /metrics (addresses or CIDRs); Nginx enforces the same list (webapp/metrics/).
+TTS_METRICS_ALLOWED_IPS = env_list("TTS_METRICS_ALLOWED_IPS", "127.0.0.1,::1")
 
 # Logging: stdout and a size-rotated file per process (TTS_PROCESS_NAME).
 TTS_PROCESS_NAME = env_str("TTS_PROCESS_NAME", "django")

@@ -71,6 +71,7 @@ def release_free_heap() -> None:
 
 class PiperEngine:
     name = "piper"
+    seeded = False  # whether VoiceParams.seed decides the noise
 
     def __init__(self, voices_dir: str | None = None, threads: int | None = None) -> None:
         self.voices_dir = voices_dir
@@ -157,12 +158,15 @@ class PiperEngine:
         return PiperVoice(session=self._session(model_path), config=read_config(model_path))
 
     def notes(self, params: VoiceParams) -> list[str]:
-        """Controls Piper can only approximate for these parameters."""
+        """Controls Piper can only approximate (or this runtime ignores) for these parameters."""
+        notes = []
         if params.speed > MAX_SPEED:
-            return [
+            notes.append(
                 f"speed {params.speed:g}: Piper voices reach about x{MAX_SPEED:g}; the audio is slower than asked"
-            ]
-        return []
+            )
+        if params.seed is not None and not self.seeded:
+            notes.append("seed: onnxruntime draws its own noise (the torch runtime honours seeds)")
+        return notes
 
     # -- text -> engine input ----------------------------------------------------------------
     def render(self, sentence: str, params: VoiceParams) -> str:

@@ -72,6 +72,7 @@ class BatchOutcome:
 
 class PiperTorchEngine(PiperEngine):
     name = "piper"
+    seeded = True
 
     def __init__(self, voices_dir: str | None = None, threads: int | None = None) -> None:
         super().__init__(voices_dir=voices_dir, threads=threads)

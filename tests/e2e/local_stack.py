@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +104,53 @@ class StackProcess:
             self.proc.kill()
             self.proc.wait(10)
         self.stop_command()
+
+
+# Short housekeeping periods and leases: a job whose worker child was killed
+# (or whose message was lost with a killed worker parent) is reaped and
+# re-dispatched within seconds, not minutes.
+FAST_RECOVERY_ENV = {
+    "TTS_WORKER_ENGINES": "espeak",
+    "TTS_HEARTBEAT_INTERVAL": "1",
+    "TTS_HEARTBEAT_TTL": "4",
+    "TTS_JOB_LEASE_SECONDS": "8",
+    "TTS_DISPATCH_GRACE_SECONDS": "3",
+    "TTS_HOUSEKEEPING_EVERY_REAP_STUCK_JOBS": "3",
+    "TTS_HOUSEKEEPING_EVERY_REDISPATCH_JOBS": "3",
+    "TTS_JOB_REDELIVER_SECONDS": "15",
+    "TTS_HOUSEKEEPING_EVERY_SWEEP_LOST_DELIVERIES": "3",
+}
+
+
+def service_pid(var: Path, name: str) -> int:
+    """The pid the supervisor wrote for a service (var/run/<name>.pid)."""
+    return int(json.loads((var / "run" / f"{name}.pid").read_text())["pid"])
+
+
+def api_session(key: str) -> requests.Session:
+    session = requests.Session()
+    # REQUESTS_CA_BUNDLE and proxy variables of the machine must not replace our settings.
+    session.trust_env = False
+    session.verify = False
+    session.headers["Authorization"] = f"Bearer {key}"
+    return session
+
+
+def submit_until_accepted(stack: StackProcess, session: requests.Session, text: str) -> tuple[str, int]:
+    """POST one eSpeak job, retried with the same Idempotency-Key through outages; (id, refusals)."""
+    idem = str(uuid.uuid4())
+    body = {"text": text, "voice": "espeak-en-us", "format": "wav"}
+    refusals = 0
+    while True:
+        try:
+            response = session.post(
+                stack.url("/api/v1/speech"), json=body, headers={"Idempotency-Key": idem}, timeout=30
+            )
+            if response.status_code in (200, 201, 202):
+                return str(response.json()["id"]), refusals
+            # An outage answers 502/503 (or a busy plan 429); anything else is a bug.
+            assert response.status_code >= 500 or response.status_code == 429, response.text[:300]
+        except requests.RequestException:
+            pass
+        refusals += 1
+        time.sleep(0.5)

@@ -185,6 +185,11 @@ def main() -> int:
     parser.add_argument("--prepared", default=None, help="folder from `make gpu-check-prepare`")
     args = parser.parse_args()
     prepared = _ensure_prepared(args.prepared)
+    if not args.prepared:  # ours: 30 MiB of weights not to leave behind
+        import atexit
+        import shutil
+
+        atexit.register(shutil.rmtree, prepared, True)
     _setup(prepared)
     import torch
 

@@ -3,8 +3,9 @@
 Each job is a function of a :class:`Context` registered in :data:`JOBS` by the
 ``@job`` decorator, in a module per family: ``synthesis`` (audio retention,
 lease reaper, re-dispatch), ``disk`` (orphan files, temp folders),
-``voices`` (stale and deleted voice prompts) and ``records`` (idempotency
-keys, run records, heartbeats). :func:`run_job` runs one under a Redis lock
+``voices`` (stale and deleted voice prompts), ``records`` (idempotency
+keys, run records, heartbeats, operations snapshots) and ``operations`` (the
+operations page's minute snapshot). :func:`run_job` runs one under a Redis lock
 (two runs never overlap), with a time budget, records a
 :class:`HousekeepingRun` row and logs one line with what it did. Celery beat
 calls them through ``webapp.housekeeping.tasks``; ``manage.py housekeeping
@@ -186,4 +187,4 @@ def delete_in_batches(qs: models.QuerySet[Any], ctx: Context) -> int:
 
 # Each family registers its jobs in JOBS when imported; importing this module
 # is enough to know them all. (At the end: the families import from here.)
-from webapp.housekeeping import disk, records, synthesis, voices  # noqa: E402, F401
+from webapp.housekeeping import disk, operations, records, synthesis, voices  # noqa: E402, F401

@@ -1,4 +1,4 @@
-"""What the housekeeping jobs did: one row per run, pruned after TTS_AUDIT_RETENTION_DAYS."""
+"""What the housekeeping jobs did (one row per run, pruned after TTS_AUDIT_RETENTION_DAYS) and the operations snapshots."""
 
 from __future__ import annotations
 
@@ -30,3 +30,17 @@ class HousekeepingRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} at {self.started_at:%Y-%m-%d %H:%M:%S} ({self.outcome})"
+
+
+class OperationsSnapshot(models.Model):
+    """The operations page's figures at one minute (webapp/speech/operations.py), for its 24-hour charts.
+
+    Written by the ``snapshot_operations`` job every minute; ``prune_records``
+    deletes rows older than TTS_OPERATIONS_SNAPSHOT_HOURS.
+    """
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    data = models.JSONField(default=dict)
+
+    def __str__(self) -> str:
+        return f"operations at {self.at:%Y-%m-%d %H:%M}"

@@ -1,4 +1,5 @@
-"""Housekeeping of records: idempotency keys past their TTL, old run records and audit events, heartbeats without a TTL."""
+"""Housekeeping of records: idempotency keys past their TTL, old run records, audit events and
+operations snapshots, heartbeats without a TTL."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ from django.conf import settings
 
 from webapp.audit.models import AuditEvent
 from webapp.housekeeping.jobs import Context, delete_in_batches, job
-from webapp.housekeeping.models import HousekeepingRun
+from webapp.housekeeping.models import HousekeepingRun, OperationsSnapshot
 from webapp.speech import heartbeat
 from webapp.speech.models import IdempotencyKey
 
 
 @job(
     "prune_records",
-    "Delete idempotency keys past their TTL, old run records and audit events; give TTL-less heartbeats a TTL.",
+    "Delete idempotency keys past their TTL, old run records, audit events and operations snapshots; "
+    "give TTL-less heartbeats a TTL.",
 )
 def prune_records(ctx: Context) -> None:
     keys_cutoff = ctx.now - dt.timedelta(hours=settings.TTS_IDEMPOTENCY_TTL_HOURS)
@@ -25,6 +27,11 @@ def prune_records(ctx: Context) -> None:
     runs_cutoff = ctx.now - dt.timedelta(days=settings.TTS_AUDIT_RETENTION_DAYS)
     ctx.add("run_records", delete_in_batches(HousekeepingRun.objects.filter(started_at__lt=runs_cutoff), ctx))
     ctx.add("audit_events", delete_in_batches(AuditEvent.objects.filter(at__lt=runs_cutoff), ctx))
+    snapshots_cutoff = ctx.now - dt.timedelta(hours=settings.TTS_OPERATIONS_SNAPSHOT_HOURS)
+    ctx.add(
+        "operations_snapshots",
+        delete_in_batches(OperationsSnapshot.objects.filter(at__lt=snapshots_cutoff), ctx),
+    )
     # Heartbeats expire by TTL; one written without (a bug, a manual SET) would
     # show a dead worker as live forever. Give it the TTL it should have had.
     r = heartbeat.client()

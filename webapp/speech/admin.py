@@ -15,7 +15,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from webapp.admin_site import site
-from webapp.speech import admin_jobs, admin_tenants, admin_views  # noqa: F401 (admin_tenants registers)
+from webapp.speech import admin_jobs, admin_tenants, admin_views, operations_views  # noqa: F401 (admin_tenants registers)
 from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod, Voice
 
 
@@ -53,6 +53,7 @@ class VoiceAdmin(admin.ModelAdmin):
         "voice_id", "engine", "language", "organization", "status", "cloning_mode", "pitch_median_hz", "last_used_at"
     )  # fmt: skip
     list_filter = ("status", "cloning_mode", UnusedVoiceFilter)
+    list_select_related = ("organization",)
     search_fields = ("voice_id", "name")
     # Stored paths (prompt_path, original_path, ...) point into MEDIA_ROOT: never typed in a form;
     # the analysis (embedding, pitch, closest voice) and the consent record are facts, not settings.
@@ -66,11 +67,17 @@ class VoiceAdmin(admin.ModelAdmin):
 
 @admin.register(SynthesisJob)
 class SynthesisJobAdmin(admin_jobs.JobActionsMixin, ReadOnlyAdmin):
-    list_display = ("id", "organization", "status", "engine", "device", "voice_name", "text_chars", "created_at")
-    list_filter = ("status", "engine", admin_jobs.DeviceFilter, ("created_at", admin.DateFieldListFilter), "organization")
+    list_display = (
+        "id", "organization", "status", "engine", "device", "voice_name", "text_chars", "created_at"
+    )  # fmt: skip
+    list_filter = (
+        "status", "engine", admin_jobs.DeviceFilter, ("created_at", admin.DateFieldListFilter), "organization"
+    )  # fmt: skip
     list_select_related = ("organization",)
     search_fields = ("=id", "text")
+    actions = ["retry", "cancel", "expire_now"]
     show_full_result_count = False  # one COUNT(*) fewer on a big table
+
 
 @admin.register(UsagePeriod)
 class UsagePeriodAdmin(ReadOnlyAdmin):
@@ -93,4 +100,29 @@ site.add_page(
     name="speech_workers",
     title="Workers",
     visible=admin_views.can_view,
+)
+# The live Operations page (operations_views): its JSON refresh and the Recycle workers action.
+site.add_page(
+    "speech",
+    "speech/operations/",
+    operations_views.operations_view,
+    name="speech_operations",
+    title="Operations",
+    visible=admin_views.can_view,
+)
+site.add_page(
+    "speech",
+    "speech/operations/data.json",
+    operations_views.operations_data,
+    name="speech_operations_data",
+    title="Operations data",
+    visible=lambda request: False,
+)
+site.add_page(
+    "speech",
+    "speech/operations/recycle/",
+    operations_views.recycle_workers,
+    name="speech_operations_recycle",
+    title="Recycle workers",
+    visible=lambda request: False,
 )

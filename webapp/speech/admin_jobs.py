@@ -58,8 +58,6 @@ def _run_each(
 class JobActionsMixin:
     """Actions for staff who may change synthesis jobs; the job rows themselves stay read-only."""
 
-    actions = ["retry", "cancel", "expire_now"]
-
     def has_operate_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("speech.change_synthesisjob"))
 
@@ -67,7 +65,9 @@ class JobActionsMixin:
     def device(self, job: SynthesisJob) -> str:
         return str((job.metrics or {}).get("device", ""))
 
-    @admin.action(description="Retry the selected failed jobs (a new job, a new reservation)", permissions=["operate"])
+    @admin.action(
+        description="Retry the selected failed jobs (a new job, a new reservation)", permissions=["operate"]
+    )
     def retry(self, request: HttpRequest, queryset: QuerySet[SynthesisJob]) -> None:
         _run_each(self, request, queryset, operator.retry_job, "Re-queued")  # type: ignore[arg-type]
 

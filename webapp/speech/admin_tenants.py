@@ -32,7 +32,7 @@ LIMIT_USAGE = {
     "monthly_characters": "month_characters",
     "max_concurrent_jobs": "active_jobs",
     "storage_bytes": "storage",
-    "max_voices": "voices",
+    "max_voices": "voice_count",
 }
 
 
@@ -53,13 +53,22 @@ def with_usage(queryset: QuerySet[Organization]) -> QuerySet[Organization]:
         active_jobs=_per_tenant(SynthesisJob.objects.filter(status__in=SynthesisJob.ACTIVE), n=Count("id")),
         storage=_per_tenant(SynthesisJob.objects.all(), n=Sum("audio_bytes"))
         + _per_tenant(Voice.objects.all(), n=Sum("prompt_bytes")),
-        voices=_per_tenant(tenant_voices, n=Count("id")),
+        voice_count=_per_tenant(tenant_voices, n=Count("id")),
     )
 
 
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin):
-    list_display = ("name", "slug", "plan", "characters_this_month", "active_jobs", "storage", "is_active", "created_at")
+    list_display = (
+        "name",
+        "slug",
+        "plan",
+        "characters_this_month",
+        "active_jobs",
+        "storage",
+        "is_active",
+        "created_at",
+    )
     list_filter = ("plan", "is_active")
     list_select_related = ("plan",)
     search_fields = ("name", "slug", "=id")
@@ -159,7 +168,9 @@ class PlanAdmin(admin.ModelAdmin):
             "plan": plan,
             "changes": changes,
             "impact": plan_impact(plan, {name: form.cleaned_data[name] for name in form.changed_data}),
-            "post": [(k, v) for k in request.POST if k != "csrfmiddlewaretoken" for v in request.POST.getlist(k)],
+            "post": [
+                (k, v) for k in request.POST if k != "csrfmiddlewaretoken" for v in request.POST.getlist(k)
+            ],
             "opts": self.model._meta,
         }
         return TemplateResponse(request, "admin/speech/plan_change_preview.html", context)

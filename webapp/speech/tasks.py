@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import glob
 import logging
 import os
 import signal
@@ -45,6 +44,7 @@ from webapp.speech.services import attempts, prompts
 from webapp.speech.services.attempts import Verdict
 from webapp.speech.services.dispatch import job_time_limits
 from webapp.speech.services.files import media_path
+from webapp.speech.services.outputs import attempt_path, discard_attempt, discard_output, remove_partials
 
 log = logging.getLogger(__name__)
 
@@ -129,54 +129,14 @@ def storage_error_code(exc: BaseException) -> str | None:
 # ----------------------------------------------------------------------------- files of one attempt
 
 
-def attempt_path(job: SynthesisJob, token: int | None = None) -> str:
-    """Where attempt ``token`` (default: the job's current claim) writes: ``audio/<org>/<job>.<token>.<fmt>``."""
-    token = job.claim_token if token is None else token
-    return os.path.join("audio", str(job.organization_id), f"{job.id}.{token}.{job.format}")
-
-
-def _remove_partials(out_path: str) -> None:
-    """synth writes ``.<name>.<random>.part`` (and ``.part.f32``) beside the target."""
-    directory, base = os.path.split(out_path)
-    for leftover in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(base)}.*.part*")):
-        try:
-            os.unlink(leftover)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.warning("could not remove partial file %s: %s", leftover, exc)
-
-
-def discard_output(job_id: Any, token: int, relative: str) -> None:
-    """Remove attempt ``token``'s files, unless the job row names its file as the job's audio.
-
-    Only that attempt's files: a path not named with its token is refused, so
-    no run can delete another attempt's output.
-    """
-    if not os.path.basename(relative).startswith(f"{job_id}.{token}."):
-        log.error("job %s: %s is not a file of attempt %s; left alone", job_id, relative, token)
-        return
-    out_path = media_path(relative)
-    _remove_partials(out_path)
-    try:
-        kept = SynthesisJob.objects.filter(
-            id=job_id, status=SynthesisJob.Status.SUCCEEDED, audio_path=relative
-        ).exists()
-    except _DB_ERRORS:
-        return  # cannot tell: the orphan sweep decides later rather than delete a delivered file
-    if not kept:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(out_path)
-
-
 def _discard_dead_attempt(job_id: Any) -> None:
     """A claim found the job's owner dead and the job closed: remove that owner's files."""
     try:
         job = SynthesisJob.objects.filter(id=job_id).only("organization_id", "format", "claim_token").first()
     except _DB_ERRORS:
         return  # the orphan sweep removes them
-    if job is not None and job.claim_token:
-        discard_output(job.id, job.claim_token, attempt_path(job))
+    if job is not None:
+        discard_attempt(job, job.claim_token)
 
 
 def _fsync(path: str) -> None:
@@ -274,7 +234,7 @@ def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> Synthe
         job = db_retry(attempts.claim_job, job_id, me, dead, suspect=suspect, hard_seconds=hard)
         if job is not None and dead:
             # The dead owner ran no cleanup: its files (token - 1) are ours to remove.
-            discard_output(job.id, job.claim_token - 1, attempt_path(job, job.claim_token - 1))
+            discard_attempt(job, job.claim_token - 1)
         elif job is None and dead:
             _discard_dead_attempt(job_id)
         if job is not None:
@@ -295,6 +255,7 @@ def _run(state: worker.WorkerState, job_id: str, limits: list[float] | None) -> 
     if job is None:
         return SKIPPED
     request_context.bind_job(job)  # from here every log line names this job's request id
+    log.info("job %s: attempt %s claimed by %s", job.id, job.claim_token, state.worker_id)
     # The message's limits are its own job's; any other job claimed gets its own from its length.
     own = hinted is not None and str(job.id) == str(job_id)
     soft, hard = hinted if hinted and own else job_time_limits(job.text_chars)
@@ -334,7 +295,7 @@ def _run(state: worker.WorkerState, job_id: str, limits: list[float] | None) -> 
         # Canceled or taken over meanwhile: this file is not the job's audio.
         discard_output(job.id, attempt.token, relative)
         return Outcome("lost", result.engine, result.synth_ms / 1000, job.text_chars)
-    _remove_partials(attempt.out_path)  # the stream file: readers still streaming keep it open
+    remove_partials(attempt.out_path)  # the stream file: readers still streaming keep it open
     return Outcome("succeeded", result.engine, result.synth_ms / 1000, job.text_chars)
 
 

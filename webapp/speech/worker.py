@@ -27,7 +27,7 @@ from celery import current_app
 from celery.signals import worker_process_init, worker_process_shutdown, worker_shutting_down
 from django.conf import settings
 
-from webapp.speech import heartbeat, recycling
+from webapp.speech import heartbeat, recycling, rolling
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ class WorkerState:
         self.node = recycling.node_id()
         self.state = "starting"
         self.loaded_at: float | None = None
+        self.load_seconds: float | None = None
         self.started_at = time.time()
         self.tasks_done = 0
         self.voices: list[str] = []
@@ -113,6 +114,12 @@ class WorkerState:
             "recycle_at": self.health.age_deadline,
             "recycle_reason": recycling.exit_requested() or "",
             "recycle_held_back": self.health.held_back,
+            # What the operations page measures the "closest recycle reason" against.
+            "limits": {
+                "max_rss_mb": self.health.policy.max_rss_mb,
+                "max_gpu_mb": self.health.policy.max_gpu_mb,
+            },
+            "load_seconds": _round(self.load_seconds),
             **stats,
             "load_attempts": self.load_attempts,
             "next_retry_at": self.next_retry_at,
@@ -127,6 +134,8 @@ class WorkerState:
         while not self._stop.is_set():
             try:
                 self.publish()
+                if self.state == "ready" and (plan := rolling.turn(self.worker_id)) is not None:
+                    rolling.leave(self, rolling.reason(plan))
             except Exception as exc:  # Redis down: keep trying, never kill the child
                 log.warning("heartbeat failed: %s", exc)
             self._stop.wait(settings.TTS_HEARTBEAT_INTERVAL)
@@ -199,6 +208,7 @@ def load_models(state: WorkerState) -> None:
     # (it backs off and says why in its heartbeat, like a model that fails to load).
     attempts.check_claim_protocol()
 
+    load_started = time.monotonic()
     synthesizer = Synthesizer(
         device=settings.TTS_WORKER_DEVICE,
         voices_dir=settings.TTS_VOICES_DIR,
@@ -216,6 +226,7 @@ def load_models(state: WorkerState) -> None:
     state.synthesizer = synthesizer
     state.voices = [v.id for v in found]
     state.loaded_at = time.time()
+    state.load_seconds = time.monotonic() - load_started
     state.health.started_at = state.loaded_at
     # Warmed up: what it holds now is what any fresh child holds, the baseline limits count from.
     state.health.set_baseline()
@@ -316,6 +327,7 @@ def _on_process_init(**_: Any) -> None:
     state = current()
     recycling.install_exit_hook()
     signal.signal(HAND_BACK_SIGNAL, _on_hand_back_signal)
+    rolling.install_leave_handler(current)
     threading.Thread(target=state.beat_forever, name="heartbeat", daemon=True).start()
     if not load_with_backoff(state):
         log.error(

@@ -1,48 +1,71 @@
+"""Members, users and API keys in the admin. Tenants and plans are in ``webapp.speech.admin_tenants``.
+
+An API key shows its prefix, name, scopes and last use; its hash is never
+shown, and a secret is never typed in here (keys are issued through the API,
+the dashboard or ``manage.py``). Revoking goes through the key service, which
+records it in the audit log.
+"""
+
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from webapp.tenants.models import ApiKey, Membership, Organization, Plan
+from webapp.tenants.models import ApiKey, Membership
 from webapp.tenants.services import OPERATOR, revoke_api_key
-
-
-@admin.register(Plan)
-class PlanAdmin(admin.ModelAdmin):
-    list_display = (
-        "name",
-        "slug",
-        "is_default",
-        "monthly_characters",
-        "max_concurrent_jobs",
-        "requests_per_minute",
-    )
-
-
-@admin.register(Organization)
-class OrganizationAdmin(admin.ModelAdmin):
-    list_display = ("name", "slug", "plan", "is_active", "created_at")
-    search_fields = ("name", "slug")
 
 
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
-    list_display = ("user", "organization", "role")
+    list_display = ("user", "organization", "role", "created_at")
     list_filter = ("role",)
+    list_select_related = ("user", "organization")
+    search_fields = ("user__username", "user__email", "organization__name", "organization__slug")
+    raw_id_fields = ("user", "organization")
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    fk_name = "user"
+    extra = 0
+    raw_id_fields = ("organization",)
+    fields = ("organization", "role", "created_at")
+    readonly_fields = ("created_at",)
+
+
+User = get_user_model()
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class UserWithMembershipsAdmin(UserAdmin):
+    """Django's user admin, with the tenants each user belongs to."""
+
+    inlines = [MembershipInline]
 
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    """Keys are issued through the API, the dashboard or ``manage.py``: a secret is never typed in here."""
-
-    list_display = ("name", "prefix", "organization", "user", "created_at", "last_used_at", "revoked_at")
+    list_display = (
+        "name",
+        "prefix",
+        "organization",
+        "user",
+        "scopes",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
     list_filter = ("revoked_at",)
     search_fields = ("name", "prefix", "organization__name")
+    exclude = ("secret_hash",)  # never shown, not even read-only
     readonly_fields = (
         "organization",
         "prefix",
-        "secret_hash",
+        "scopes",
         "user",
         "created_by",
         "created_at",

@@ -21,7 +21,7 @@ from django.db import connection, connections
 
 from tests.integration.api.conftest import Tenant
 
-DONE = {
+DONE: dict[str, Any] = {
     "audio_path": "audio/x.wav",
     "audio_bytes": 10,
     "duration_seconds": 1.0,
@@ -61,7 +61,7 @@ def _submit(org: Any, text: str = "short text") -> Any:
 
     request = jobs.JobRequest(
         text=text,
-        voice=Voice.objects.filter(engine="espeak").first(),
+        voice=Voice.objects.filter(engine="espeak").first(),  # type: ignore[arg-type]
         format="wav",
         sample_rate=None,
         params={},
@@ -79,7 +79,7 @@ def _claim(job_id: Any) -> int:
 
 
 def _session(autocommit: bool = False) -> psycopg.Connection[Any]:
-    db = settings.DATABASES["default"]
+    db: dict[str, Any] = settings.DATABASES["default"]
     return psycopg.connect(
         host=db["HOST"],
         port=db["PORT"],

@@ -74,7 +74,9 @@ def test_job_runs_once_with_progress_metrics_and_its_file(worker: Service, built
     assert m["engine"] == "piper" and m["device"] == "cpu"
     assert m["peak_gpu_mb"] is None  # CPU: no GPU reading, not a made-up zero
     assert m["audio_seconds"] > 20 and 0 < m["rtf"] < 1
-    assert m["worker"] == f"{m['host']}:{m['pid']}"
+    # host:<pid namespace>-<process start>-<random>:pid, unique per child start (issue 13)
+    host, nonce, pid = m["worker"].split(":")
+    assert (host, pid) == (m["host"], str(m["pid"])) and nonce.count("-") == 2
     assert m["pid"] in {p.pid for p in children(worker)}
     path = os.path.join(media_root(), row.audio_path)
     assert os.path.getsize(path) == row.audio_bytes > 0

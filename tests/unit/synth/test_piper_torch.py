@@ -11,8 +11,9 @@ import torch
 from synth import DEFAULT_VOICE, SynthesisRequest, Synthesizer
 from synth.engines import vits_torch
 from synth.engines.base import VoiceParams
+from synth.engines.piper import PiperEngine
 from synth.engines.piper_torch import PiperTorchEngine
-from synth.errors import EngineUnavailable, UnknownVoice
+from synth.errors import EngineUnavailable, UnknownVoice, UnsupportedControl
 from synth.registry import piper_voice_files
 
 SENTENCES = [
@@ -126,6 +127,24 @@ def test_same_seed_same_audio_with_noise(engine: PiperTorchEngine) -> None:
     assert isinstance(batched.results[1], np.ndarray)
     assert batched.results[1].size == alone.size
     assert float(np.max(np.abs(batched.results[1] - alone))) < 1e-4
+
+
+def test_the_request_seed_reaches_the_torch_runtime(torch_synthesizer: Synthesizer, tmp_path: Any) -> None:
+    import soundfile as sf
+
+    def speak(name: str, seed: int) -> np.ndarray:
+        result = torch_synthesizer.synthesize(SynthesisRequest(SENTENCES[1], seed=seed), str(tmp_path / name))
+        audio, _ = sf.read(result.path, dtype="float32")
+        return np.asarray(audio)
+
+    assert np.array_equal(speak("a.wav", 3), speak("b.wav", 3))
+    assert not any("seed" in n for n in torch_synthesizer.plan(SynthesisRequest("Hi.", seed=3)).not_applied)
+    ignored = torch_synthesizer.engine("piper").notes(VoiceParams(voice=DEFAULT_VOICE, seed=3))
+    assert ignored == []
+    onnx_notes = PiperEngine().notes(VoiceParams(voice=DEFAULT_VOICE, seed=3))
+    assert any(n.startswith("seed: onnxruntime") for n in onnx_notes)  # reported, not silently dropped
+    with pytest.raises(UnsupportedControl):
+        torch_synthesizer.synthesize(SynthesisRequest("Hi.", seed="3"), str(tmp_path / "c.wav"))  # type: ignore[arg-type]
 
 
 def test_batch_of_eight_equals_eight_single_calls(engine: PiperTorchEngine) -> None:

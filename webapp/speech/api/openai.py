@@ -26,6 +26,7 @@ from synth.audio import content_type
 from webapp.errors import DomainError, ErrorCode
 from webapp.problems import render
 from webapp.speech.api.serializers import OpenAISpeechSerializer
+from webapp.speech.api.streaming import STREAMABLE, JobStream, JobStreamResponse, wants_stream
 from webapp.speech.api.views import TenantAPIView, rate_headers, submit
 from webapp.speech.api.waiting import request_to_wait, reserve_wait, then_wait
 from webapp.speech.models import SynthesisJob
@@ -102,6 +103,9 @@ class OpenAISpeechView(TenantAPIView):
             if error.field == "text":
                 error.field = "input"
             raise
+        if wants_stream(request, serializer.validated_data) and job.format in STREAMABLE:
+            wait = settings.TTS_OPENAI_WAIT_SECONDS  # for the first audio; then the job's own limits
+            return JobStreamResponse(JobStream(job.pk, job.format, abandon_on_close=True, start_within=wait))
         # The wait itself happens outside this thread (openai_speech, async), then deliver() answers.
         request_to_wait(
             request, job.pk, settings.TTS_OPENAI_WAIT_SECONDS, lambda now: now[0] in SynthesisJob.FINISHED

@@ -348,3 +348,6 @@ class OpenAISpeechSerializer(serializers.Serializer):
     )
     speed = StrictNumberField(required=False, min_value=0.25, max_value=4.0)
     instructions = StrictCharField(required=False, allow_blank=True, max_length=4096)
+    stream_format = serializers.ChoiceField(
+        choices=("audio",), required=False, help_text='"audio": chunked audio as the sentences finish.'
+    )

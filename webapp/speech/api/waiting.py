@@ -157,26 +157,32 @@ async def _subscribe(job_id: Any) -> Any:
 
 
 async def await_job(job_id: Any, seconds: float, done: Callable[[JobState], bool]) -> None:
-    """Return once ``done((status, progress))`` holds, the job is gone, or ``seconds`` have passed."""
+    """Return once ``done((status, progress))`` holds, the job is gone, or ``seconds`` have passed.
+
+    The row is read once after subscribing, then only on a notification (or
+    once a second while Redis is away); the caller reads the final state.
+    """
     share_connection = await sync_to_async(lambda: connection.in_atomic_block)()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     pubsub = await _subscribe(job_id)
     try:
-        while True:
-            state = await _read(job_id, share_connection)
+        state = await _read(job_id, share_connection)
+        while state is not None and not done(state):
             left = deadline - loop.time()
-            if state is None or done(state) or left <= 0:
+            if left <= 0:
                 return
             if pubsub is None:
                 await asyncio.sleep(min(FALLBACK_POLL_SECONDS, left))
-                continue
-            try:
-                await pubsub.get_message(timeout=left)
-            except (RedisError, OSError) as exc:
-                log.warning("notifications lost while waiting (polling once a second): %s", exc)
-                await _close(pubsub)
-                pubsub = None
+            else:
+                try:
+                    if await pubsub.get_message(timeout=left) is None:
+                        continue  # the subscribe confirmation, or the deadline: nothing changed
+                except (RedisError, OSError) as exc:
+                    log.warning("notifications lost while waiting (polling once a second): %s", exc)
+                    await _close(pubsub)
+                    pubsub = None
+            state = await _read(job_id, share_connection)
     finally:
         await _close(pubsub)
 

@@ -31,7 +31,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from webapp.speech.models import ClaimProtocol, SynthesisJob
-from webapp.speech.services import dispatch, ledger, notify
+from webapp.speech.services import dispatch, ledger, notify, outputs
 from webapp.speech.services.jobs import _cancel, _end, _fail, _requeue, _transition
 
 log = logging.getLogger(__name__)
@@ -319,32 +319,51 @@ def reap_running(limit: int = 500) -> dict[str, int]:
 
 def _reap_one(job_id: Any) -> str:
     stall = float(settings.TTS_JOB_STALL_SECONDS)
-    with connection.cursor() as cursor:
-        # Locked first, then judged with the database clock: a lease renewed meanwhile counts.
-        cursor.execute(
-            f"SELECT claim_token, cancel_requested, attempts, deadline < now(), "
-            "progress_at < now() - make_interval(secs => %s), lease_until < now() "
+    # Locked first, then judged with the database clock: a lease renewed meanwhile counts.
+    rows = list(
+        SynthesisJob.objects.raw(
+            f"SELECT *, deadline < now() AS past_deadline, "
+            "progress_at < now() - make_interval(secs => %s) AS stalled, lease_until < now() AS expired "
             f"FROM {TABLE} WHERE id = %s AND status = 'running' FOR UPDATE",
             [stall, job_id],
         )
-        row = cursor.fetchone()
-    if row is None:
+    )
+    if not rows:
         return "skipped"
-    token, canceled, attempts, over, stalled, expired = row
-    mine = _current(token)
-    if over or stalled:
-        why = "ran past its time limit" if over else f"made no progress for {stall:g} s"
-        _fail(job_id, "timeout", f"The job {why} and was stopped.", mine)
+    job = rows[0]
+    outcome = _reap_locked(job, stall)
+    if outcome != "skipped":
+        _discard_if_owner_dead(job)
+    return outcome
+
+
+def _reap_locked(job: Any, stall: float) -> str:
+    mine = _current(job.claim_token)
+    if job.past_deadline or job.stalled:
+        why = "ran past its time limit" if job.past_deadline else f"made no progress for {stall:g} s"
+        _fail(job.id, "timeout", f"The job {why} and was stopped.", mine)
         return "timeout"
-    if not expired:
+    if not job.expired:
         return "skipped"
-    if canceled:
-        _cancel(job_id, mine)
+    if job.cancel_requested:
+        _cancel(job.id, mine)
         return "canceled"
-    if attempts >= settings.TTS_JOB_MAX_ATTEMPTS:
-        _fail(job_id, "worker_lost", f"The worker running this job was lost {attempts} times.", mine)
+    if job.attempts >= settings.TTS_JOB_MAX_ATTEMPTS:
+        _fail(job.id, "worker_lost", f"The worker running this job was lost {job.attempts} times.", mine)
         return "failed"
-    return "requeued" if _requeue(job_id, mine, "lease expired", queued_at=timezone.now()) else "skipped"
+    return "requeued" if _requeue(job.id, mine, "lease expired", queued_at=timezone.now()) else "skipped"
+
+
+def _discard_if_owner_dead(job: SynthesisJob) -> None:
+    """The released attempt's files go now when its owner is known dead (same host, pid gone).
+
+    An owner that may be alive (elsewhere, or only paused) still owns its files:
+    it removes them itself when it learns it lost, or the orphan sweep does.
+    """
+    from webapp.speech import worker  # liveness by pid; the reaper runs in a worker process
+
+    if job.worker and worker.owner_is_local(job.worker) and worker.owner_is_dead(job.worker):
+        outputs.discard_attempt(job, job.claim_token)
 
 
 def requeue_expired_leases(limit: int = 500) -> tuple[int, int]:

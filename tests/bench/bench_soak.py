@@ -1,0 +1,249 @@
+"""Soak: short eSpeak jobs through `make run`'s stack while its parts are killed.
+
+Starts ``python -m deploy.stack run`` on its own folder and ports, submits jobs
+through Nginx and the API, and meanwhile SIGKILLs a random worker child every
+``kill_every`` finished jobs, Redis once (at a third) and PostgreSQL once (at
+two thirds); the stack's supervisor brings them back. Then it checks the books:
+no job lost, none charged twice, none left queued or running, every succeeded
+job's file present with the duration its row records; worker RSS after all
+jobs against after 100; the longest gap between two finished jobs.
+
+``make bench`` runs 10,000 jobs (``--quick``: 500); the test suite runs 500
+(tests/e2e/test_soak.py).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import random
+import re
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+import requests
+import soundfile
+
+from tests.e2e.local_stack import (
+    FAST_RECOVERY_ENV,
+    StackProcess,
+    api_session,
+    service_pid,
+    submit_until_accepted,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PORTS = {
+    "TTS_PG_PORT": "55448",
+    "TTS_REDIS_PORT": "56448",
+    "TTS_HTTP_PORT": "18448",
+    "TTS_HTTPS_PORT": "18449",
+}
+SOAK_ENV = {
+    **FAST_RECOVERY_ENV,
+    "TTS_WORKER_CONCURRENCY": "2",
+    # Nginx's per-IP flood guard would hold one client to 2 jobs a second.
+    "TTS_NGINX_RATE_WRITE": "500r/s",
+    "TTS_NGINX_BURST_WRITE": "1000",
+    "TTS_NGINX_RATE_GENERAL": "500r/s",
+    "TTS_NGINX_BURST_GENERAL": "1000",
+}
+IN_FLIGHT = 64  # jobs submitted but not finished, at most
+TERMINAL = ("succeeded", "failed", "canceled", "expired")
+
+
+@dataclass
+class SoakResult:
+    jobs: int
+    seconds: float = 0.0
+    lost: int = 0
+    charged_twice: int = 0
+    not_succeeded: dict[str, int] = field(default_factory=dict)
+    bad_files: list[str] = field(default_factory=list)
+    rss_after_100_mb: float = 0.0
+    rss_after_all_mb: float = 0.0
+    longest_gap_s: float = 0.0
+    child_kills: int = 0
+    refusals: int = 0
+
+    def lines(self) -> list[str]:
+        growth = (self.rss_after_all_mb / self.rss_after_100_mb - 1) * 100 if self.rss_after_100_mb else 0.0
+        return [
+            f"soak: {self.jobs} eSpeak jobs in {self.seconds:.0f} s, {self.child_kills} worker children "
+            "SIGKILLed, Redis and PostgreSQL SIGKILLed once each",
+            f"soak: lost {self.lost}, charged twice {self.charged_twice}, not succeeded {self.not_succeeded}, "
+            f"files missing or wrong {len(self.bad_files)}",
+            f"soak: worker RSS after 100 jobs {self.rss_after_100_mb:.0f} MB, after {self.jobs} "
+            f"{self.rss_after_all_mb:.0f} MB ({growth:+.1f} %)",
+            f"soak: longest gap between two finished jobs {self.longest_gap_s:.1f} s; "
+            f"submissions refused during outages {self.refusals}",
+        ]
+
+
+class Books:
+    """Reads the stack's database directly (the API has no bulk view of every job)."""
+
+    def __init__(self, var: Path) -> None:
+        password = (var / "secrets" / "pg_password").read_text().strip()
+        self.dsn = f"postgresql://tts:{password}@127.0.0.1:{PORTS['TTS_PG_PORT']}/tts"
+
+    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn, connect_timeout=3) as conn:
+            cursor = conn.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def finished(self, ids: list[str]) -> int:
+        try:
+            rows = self.query(
+                "SELECT count(*) FROM speech_synthesisjob WHERE id::text = ANY(%s) AND status = ANY(%s)",
+                ids,
+                list(TERMINAL),
+            )
+        except psycopg.Error:
+            return -1  # PostgreSQL is being restarted
+        return int(rows[0][0])
+
+    def lift_limits(self) -> None:
+        """The demo plan's rate and concurrency caps are for people, not for a soak."""
+        self.query(
+            "UPDATE tenants_plan SET requests_per_minute = 1000000, max_concurrent_jobs = 100000, "
+            "monthly_characters = 1000000000000"
+        )
+
+
+def _submit(stack: StackProcess, session: requests.Session, n: int, counts: dict[str, int]) -> str:
+    job_id, refusals = submit_until_accepted(stack, session, f"Soak job {n} says hello.")
+    counts["refusals"] += refusals
+    return job_id
+
+
+def _worker_tree(var: Path) -> psutil.Process:
+    return psutil.Process(service_pid(var, "worker"))
+
+
+def _rss_mb(var: Path) -> float:
+    parent = _worker_tree(var)
+    return sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)]) / 2**20
+
+
+def _kill_service(var: Path, name: str) -> None:
+    os.kill(service_pid(var, name), signal.SIGKILL)
+
+
+class Chaos:
+    """Kills things as jobs finish: a worker child every ``every`` jobs, Redis and PostgreSQL once."""
+
+    def __init__(self, var: Path, jobs: int, every: int) -> None:
+        self.var = var
+        self.every = every
+        self.plan = {jobs // 3: "redis", 2 * jobs // 3: "postgres"}
+        self.next_child_kill = every
+        self.kills = 0
+
+    def on_progress(self, finished: int) -> None:
+        for mark, name in list(self.plan.items()):
+            if finished >= mark:
+                del self.plan[mark]
+                _kill_service(self.var, name)
+        if finished >= self.next_child_kill:
+            self.next_child_kill += self.every
+            children = _worker_tree(self.var).children()
+            if children:
+                random.choice(children).send_signal(signal.SIGKILL)
+                self.kills += 1
+
+
+def _drive(stack: StackProcess, key: str, result: SoakResult, every: int) -> list[str]:
+    """Submit every job (at most IN_FLIGHT unfinished), killing things on the way; the job ids."""
+    books, chaos = Books(stack.var), Chaos(stack.var, result.jobs, every)
+    session, counts = api_session(key), {"refusals": 0}
+    ids: list[str] = []
+    finished = 0
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        pending: set[concurrent.futures.Future[str]] = set()
+        for n in range(result.jobs):
+            while len(ids) + len(pending) - finished >= IN_FLIGHT:
+                finished = max(finished, books.finished(ids))
+                chaos.on_progress(finished)
+                if not result.rss_after_100_mb and finished >= 100:
+                    result.rss_after_100_mb = _rss_mb(stack.var)
+                time.sleep(0.2)
+                done = {f for f in pending if f.done()}
+                ids.extend(f.result() for f in done)
+                pending -= done
+            pending.add(pool.submit(_submit, stack, session, n, counts))
+        ids.extend(f.result() for f in concurrent.futures.as_completed(pending))
+    result.child_kills, result.refusals = chaos.kills, counts["refusals"]
+    return ids
+
+
+def _wait_all_finished(books: Books, ids: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while books.finished(ids) < len(ids) and time.monotonic() < deadline:
+        time.sleep(1)
+
+
+def _check_books(var: Path, books: Books, ids: list[str], result: SoakResult) -> None:
+    rows = books.query(
+        "SELECT id::text, status, audio_path, duration_seconds, finished_at FROM speech_synthesisjob "
+        "WHERE id::text = ANY(%s)",
+        ids,
+    )
+    result.lost = len(set(ids)) - len(rows)
+    statuses = [r[1] for r in rows]
+    result.not_succeeded = {s: statuses.count(s) for s in set(statuses) if s != "succeeded"}
+    charges = books.query(
+        "SELECT count(*) FROM (SELECT job_key FROM speech_usageevent WHERE job_key::text = ANY(%s) "
+        "AND kind = 'charge' GROUP BY job_key HAVING count(*) > 1) AS twice",
+        ids,
+    )
+    result.charged_twice = int(charges[0][0])
+    for job_id, status, audio_path, duration, _ in rows:
+        if status != "succeeded":
+            continue
+        path = var / "media" / audio_path
+        if not path.exists() or abs(soundfile.info(str(path)).duration - float(duration or 0)) > 0.05:
+            result.bad_files.append(job_id)
+    times = sorted(r[4].timestamp() for r in rows if r[4] is not None)
+    result.longest_gap_s = max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+
+
+def run_soak(jobs: int, kill_every: int = 200, var: Path | None = None) -> SoakResult:
+    var = var or ROOT / "var" / "soak"
+    shutil.rmtree(var, ignore_errors=True)
+    stack = StackProcess(var, PORTS, **SOAK_ENV)
+    result = SoakResult(jobs=jobs)
+    try:
+        stack.wait_healthy(300)
+        found = re.search(r"API key\s+(tts_[A-Za-z0-9]{8}_\S+)", stack.output)
+        assert found, stack.output[-2000:]
+        books = Books(var)
+        books.lift_limits()
+        started = time.monotonic()
+        ids = _drive(stack, found.group(1), result, kill_every)
+        _wait_all_finished(books, ids, timeout=120 + jobs * 0.05)
+        result.seconds = time.monotonic() - started
+        result.rss_after_all_mb = _rss_mb(var)
+        _check_books(var, books, ids, result)
+        assert "giving up" not in stack.output, stack.output[-3000:]
+    finally:
+        stack.stop_command()
+        if stack.proc.poll() is None:
+            stack.kill_all()
+    return result
+
+
+def run(quick: bool) -> list[str]:
+    result = run_soak(500 if quick else 10_000)
+    lines = result.lines()
+    if result.rss_after_100_mb:
+        lines.append(
+            f"soak: RSS within 10 %: {abs(result.rss_after_all_mb / result.rss_after_100_mb - 1) <= 0.10}"
+        )
+    return lines

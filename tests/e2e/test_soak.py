@@ -1,0 +1,18 @@
+"""The soak of tests/bench/bench_soak.py, 500 jobs: nothing lost or charged twice while parts are killed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bench.bench_soak import ROOT, run_soak
+
+
+@pytest.mark.slow
+def test_500_jobs_survive_killed_children_redis_and_postgres() -> None:
+    result = run_soak(500, kill_every=100, var=ROOT / "var" / "test-soak")
+    assert result.child_kills >= 3, result.lines()
+    assert result.lost == 0, result.lines()
+    assert result.charged_twice == 0, result.lines()
+    assert result.not_succeeded == {}, result.lines()
+    assert result.bad_files == [], result.lines()
+    print("\n".join(result.lines()))

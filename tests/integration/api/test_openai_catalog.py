@@ -1,0 +1,38 @@
+"""GET /v1/models and GET /v1/audio/voices: what OpenAI's clients and tools list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def test_models_lists_the_speech_models_in_openai_shape(make_tenant: Any) -> None:
+    t = make_tenant()
+    body = t.client.get("/v1/models").json()
+    assert body["object"] == "list"
+    assert {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= {m["id"] for m in body["data"]}
+    assert all(m["object"] == "model" and isinstance(m["created"], int) for m in body["data"])
+
+
+def test_voices_show_the_openai_names_mapped_to_each(make_tenant: Any, builtin_voices: list[str]) -> None:
+    t = make_tenant()
+    body = t.client.get("/v1/audio/voices").json()
+    by_id = {v["id"]: v for v in body["data"]}
+    assert set(builtin_voices) <= set(by_id)
+    assert "alloy" in by_id["en_US-joe-medium"]["openai_names"]
+    assert body["openai_voice_map"]["alloy"] == "en_US-joe-medium"
+
+
+def test_catalog_needs_a_key_and_answers_in_openai_error_shape(make_tenant: Any) -> None:
+    from django.test import Client
+
+    r = Client().get("/v1/models")
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] in ("invalid_api_key", "not_authenticated")
+
+
+def test_stream_format_sse_is_refused_with_an_openai_error(make_tenant: Any, builtin_voices: list[str]) -> None:
+    t = make_tenant()
+    r = t.client.post(
+        "/v1/audio/speech", {"model": "tts-1", "voice": "alloy", "input": "Hi.", "stream_format": "sse"}
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_format"

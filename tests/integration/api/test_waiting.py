@@ -1,0 +1,186 @@
+"""Waiting for a job: woken by its notification within ~20 ms, no reads while nothing changes,
+once a second with Redis away, and the per-tenant cap on concurrent waits."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from tests.integration.api.conftest import Tenant, problem
+from tests.integration.api.test_lock_order import _submit
+
+
+@pytest.fixture
+def no_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Injected fault: no message reaches a worker, so the jobs stay queued until the test moves them."""
+    from webapp.speech.services import dispatch
+
+    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id: False)
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """When the waiters read the job row (the real read, counted)."""
+    from webapp.speech.api import waiting
+
+    seen: list[float] = []
+    real = waiting._read_row
+
+    def counted(job_id: Any) -> Any:
+        seen.append(time.monotonic())
+        return real(job_id)
+
+    monkeypatch.setattr(waiting, "_read_row", counted)
+    yield seen
+
+
+@pytest.fixture
+def tenant(live_tenant: Any, no_dispatch: None) -> Tenant:
+    t: Tenant = live_tenant(max_concurrent_waits=2)
+    return t
+
+
+def _wait(job_id: Any, seconds: float, woke: dict[Any, float]) -> Any:
+    from webapp.speech.api.waiting import await_job
+
+    async def one() -> None:
+        await await_job(job_id, seconds, lambda state: state[0] != "queued")
+        woke[job_id] = time.monotonic()
+
+    return one()
+
+
+def _wait_all(job_ids: list[Any], seconds: float) -> dict[Any, float]:
+    woke: dict[Any, float] = {}
+
+    async def all_of_them() -> None:
+        await asyncio.gather(*(_wait(j, seconds, woke) for j in job_ids))
+
+    try:
+        asyncio.run(all_of_them())
+    finally:
+        connection.close()
+    return woke
+
+
+def _claim_later(job_ids: list[Any], delay: float, changed: dict[Any, float]) -> threading.Thread:
+    from webapp.speech.services import attempts
+
+    def run() -> None:
+        try:
+            time.sleep(delay)
+            for job_id in job_ids:
+                assert attempts.claim_job(job_id, "test-worker:1") is not None
+                changed[job_id] = time.monotonic()  # committed and published
+                time.sleep(0.05)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_each_waiter_wakes_within_20_ms_of_its_jobs_change(tenant: Tenant, reads: list[float]) -> None:
+    job_ids = [_submit(tenant.org).id for _ in range(10)]
+    changed: dict[Any, float] = {}
+    thread = _claim_later(job_ids, 1.0, changed)
+    woke = _wait_all(job_ids, 10)
+    thread.join()
+    delays = sorted(woke[j] - changed[j] for j in job_ids)
+    assert statistics.median(delays) < 0.02, delays
+    assert delays[-1] < 0.05, delays
+    # One read after subscribing and one per notification: nothing while the jobs sat queued.
+    assert len(reads) == 2 * len(job_ids)
+
+
+def test_a_waiter_reads_nothing_while_its_job_does_not_change(tenant: Tenant, reads: list[float]) -> None:
+    job = _submit(tenant.org)
+    started = time.monotonic()
+    woke = _wait_all([job.id], 2.0)
+    assert woke[job.id] - started >= 2.0
+    assert len(reads) == 1
+
+
+def test_with_redis_away_a_waiter_reads_once_a_second(
+    tenant: Tenant, reads: list[float], settings: Any
+) -> None:
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens on the discard port
+    job = _submit(tenant.org)
+    changed: dict[Any, float] = {}
+    thread = _claim_later([job.id], 2.5, changed)
+    woke = _wait_all([job.id], 10)
+    thread.join()
+    gaps = [b - a for a, b in zip(reads, reads[1:], strict=False)]
+    assert all(gap >= 0.95 for gap in gaps), gaps  # never more than once a second
+    assert 3 <= len(reads) <= 5, reads
+    assert 0 <= woke[job.id] - changed[job.id] <= 1.1
+
+
+# --------------------------------------------------------------------- the cap, through gunicorn (ASGI)
+
+
+def _long_poll(web: Any, raw_key: str, job_id: Any, seconds: int, out: list[Any]) -> threading.Thread:
+    from tests.integration.api.asgi_client import request
+
+    def run() -> None:
+        out.append(request(web, "GET", f"/api/v1/speech/{job_id}?wait={seconds}", raw_key))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _until(predicate: Any, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_one_wait_over_the_plans_cap_gets_429_and_slots_come_back(web: Any, tenant: Tenant) -> None:
+    from tests.integration.api.asgi_client import request
+    from webapp.speech.models import SynthesisJob
+    from webapp.speech.services import waits
+
+    job = _submit(tenant.org)
+    answers: list[Any] = []
+    threads = [_long_poll(web, tenant.raw_key, job.id, 3, answers) for _ in range(2)]
+    _until(lambda: waits.in_use(tenant.org.pk) == 2)
+    refused = request(web, "GET", f"/api/v1/speech/{job.id}?wait=3", tenant.raw_key)
+    assert refused.status == 429
+    assert refused["Retry-After"] == "1"
+    assert problem(refused)["code"] == "too_many_waits"
+    before = SynthesisJob.objects.filter(organization=tenant.org).count()
+    openai = request(
+        web, "POST", "/v1/audio/speech", tenant.raw_key, {"model": "tts-1", "input": "Hi.", "voice": "alloy"}
+    )
+    assert openai.status == 429 and openai.json()["error"]["code"] == "too_many_waits"
+    assert SynthesisJob.objects.filter(organization=tenant.org).count() == before  # nothing submitted
+    assert request(web, "GET", f"/api/v1/speech/{job.id}", tenant.raw_key).status == 200  # no wait: no slot
+    for th in threads:
+        th.join(15)
+    assert [a.status for a in answers] == [200, 200]
+    assert waits.in_use(tenant.org.pk) == 0
+    assert request(web, "GET", f"/api/v1/speech/{job.id}?wait=1", tenant.raw_key).status == 200
+
+
+def test_a_slot_of_a_killed_process_ages_out(tenant: Tenant) -> None:
+    from webapp.speech import heartbeat
+    from webapp.speech.services import waits
+
+    waits.acquire(tenant.org, 1)
+    waits.acquire(tenant.org, 1)  # never released, as if the process died
+    key = waits.key(tenant.org.pk)
+    redis = heartbeat.client()
+    # Move both members' expiry into the past instead of waiting 31 s for it.
+    redis.zadd(key, {member: 0 for member in redis.zrange(key, 0, -1)})  # type: ignore[type-var]
+    assert waits.acquire(tenant.org, 1) is not None
+    assert 0 < redis.pttl(key) <= 31_000

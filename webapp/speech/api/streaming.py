@@ -1,0 +1,295 @@
+"""Streaming a job's audio while it is made (chunked transfer).
+
+The worker appends the audio of its current attempt, as 16-bit PCM records,
+to a stream file beside its output (``synth.stream``). A stream here follows
+one attempt only: it opens that attempt's stream file once and reads it as it
+grows; ``pcm`` and ``wav`` are sent as they are (the same samples the stored
+file gets), ``mp3``, ``opus`` and ``aac`` are encoded on the fly. If the row
+stops naming that attempt (the worker died and another claimed the job, or
+it failed or was canceled), the response is cut off without its closing
+chunk: a client sees a broken transfer, never two attempts spliced together.
+A finished job streams its stored file.
+
+The same steps run under WSGI (a generator) and ASGI (an async generator
+that runs each step in the request's thread), picked by the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import struct
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, BinaryIO, cast
+
+from asgiref.sync import sync_to_async
+from django.http import StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework.request import Request
+
+from synth.audio import content_type
+from synth.stream import StreamReader, stream_path
+from webapp.errors import DomainError, ErrorCode
+from webapp.speech.api.views import TenantAPIView
+from webapp.speech.models import SynthesisJob
+from webapp.speech.services import jobs
+from webapp.speech.services.files import media_path
+
+POLL_SECONDS = 0.05  # how often the stream file is looked at (a stat and a read; no database)
+ROW_CHECK_SECONDS = 0.5  # how often the job row is re-read while streaming
+BLOCK = 64 * 1024
+LIVE_CODECS = {"mp3": ("mp3", "libmp3lame"), "ogg": ("ogg", "libopus"), "aac": ("adts", "aac")}
+STREAMABLE = ("pcm", "wav", *LIVE_CODECS)
+ROW_FIELDS = ("status", "claim_token", "audio_path", "organization_id", "format", "text_chars")
+
+
+class StreamBroken(Exception):
+    """The attempt being streamed is gone: the response ends without its closing chunk."""
+
+
+def wav_stream_header(sample_rate: int) -> bytes:
+    """A 16-bit mono WAV header whose sizes say "unknown" (0xFFFFFFFF), as streaming WAV does."""
+    unknown = 0xFFFFFFFF
+    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
+    return (
+        b"RIFF" + struct.pack("<I", unknown) + b"WAVE"
+        b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", unknown)
+    )
+
+
+class _Sink:
+    """Where PyAV writes: an append-only buffer, emptied by ``take``."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out, self.parts = b"".join(self.parts), []
+        return out
+
+
+class LiveEncoder:
+    """Encodes 16-bit PCM to mp3 / Ogg Opus / ADTS AAC as it arrives (pages flushed every 100 ms)."""
+
+    def __init__(self, fmt: str, sample_rate: int) -> None:
+        import av
+
+        container, codec = LIVE_CODECS[fmt]
+        self.sample_rate = sample_rate
+        self.frames = 0
+        self.sink = _Sink()
+        options = {"page_duration": "100000", "flush_packets": "1"} if fmt == "ogg" else {}
+        self.container: Any = cast(Any, av.open(self.sink, mode="w", format=container, options=options))
+        self.stream: Any = cast(Any, self.container.add_stream(codec, rate=sample_rate))
+        self.stream.layout = "mono"
+
+    def feed(self, pcm16: bytes) -> bytes:
+        import av
+        import numpy as np
+
+        samples = np.frombuffer(pcm16, dtype="<i2")
+        if samples.size:
+            frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+            frame.sample_rate, frame.pts = self.sample_rate, self.frames
+            self.frames += int(samples.size)
+            for packet in self.stream.encode(frame):
+                self.container.mux(packet)
+        return self.sink.take()
+
+    def finish(self) -> bytes:
+        for packet in self.stream.encode(None):
+            self.container.mux(packet)
+        self.container.close()
+        return self.sink.take()
+
+
+class JobStream:
+    """One client's stream of one job: ``step()`` returns what can be sent now, until ``done``."""
+
+    def __init__(
+        self, job_id: Any, fmt: str, abandon_on_close: bool = False, start_within: float | None = None
+    ):
+        self.job_id = job_id
+        self.format = fmt
+        self.abandon_on_close = abandon_on_close  # the OpenAI route: the job exists for this client only
+        self.start_deadline = None if start_within is None else time.monotonic() + start_within
+        self.done = False
+        self.token: int | None = None
+        self.reader: StreamReader | None = None
+        self.stored: BinaryIO | None = None
+        self.encoder: LiveEncoder | None = None
+        self.delivered = 0  # PCM bytes of the attempt handed to the client (or its encoder)
+        self.next_row_check = 0.0
+
+    def _row(self) -> dict[str, Any] | None:
+        return SynthesisJob.objects.filter(pk=self.job_id).values(*ROW_FIELDS).first()
+
+    def step(self) -> bytes:
+        if self.stored is not None:
+            return self._stored_block()
+        if self.reader is None:
+            return self._start()
+        out = self._live(self.reader.read())
+        if self.reader.ended or time.monotonic() >= self.next_row_check:
+            out += self._check_attempt()
+        return out
+
+    def _start(self) -> bytes:
+        """Before any audio: wait for the job to run (or be finished), then pick the source."""
+        row = self._row()
+        status = row["status"] if row else None
+        if row is not None and status == SynthesisJob.Status.SUCCEEDED and row["audio_path"]:
+            self.stored = open(media_path(row["audio_path"]), "rb")  # closed at EOF or by close()
+            return self._stored_block()
+        if status not in (SynthesisJob.Status.QUEUED, SynthesisJob.Status.RUNNING):
+            raise StreamBroken(f"job {self.job_id} is {status}")
+        if self.start_deadline is not None and time.monotonic() > self.start_deadline:
+            raise StreamBroken(f"job {self.job_id} did not start in time")
+        if status == SynthesisJob.Status.RUNNING and row is not None and self.format in STREAMABLE:
+            self._open_attempt(row)  # (flac waits for the finished file)
+        return b""
+
+    def _open_attempt(self, row: dict[str, Any]) -> None:
+        from webapp.speech.tasks import attempt_path
+
+        job = SynthesisJob(id=self.job_id, organization_id=row["organization_id"], format=row["format"])
+        try:
+            handle = open(stream_path(media_path(attempt_path(job, row["claim_token"]))), "rb")
+        except FileNotFoundError:
+            return  # not written yet, or the attempt just finished: the next step reads the row again
+        self.reader, self.token = StreamReader(handle), int(row["claim_token"])
+        self.next_row_check = time.monotonic() + ROW_CHECK_SECONDS
+
+    def _stored_block(self) -> bytes:
+        assert self.stored is not None
+        block = self.stored.read(BLOCK)
+        if not block:
+            self.done = True
+            self.close()
+        return block
+
+    def _live(self, pcm: bytes) -> bytes:
+        """The new PCM in the response's format (the WAV header first, the encoder's output)."""
+        assert self.reader is not None
+        out = b""
+        if self.delivered == 0 and pcm and self.format == "wav":
+            out = wav_stream_header(self.reader.sample_rate)
+        if self.format in LIVE_CODECS and self.reader.sample_rate:
+            if self.encoder is None:
+                self.encoder = LiveEncoder(self.format, self.reader.sample_rate)
+            out += self.encoder.feed(pcm)
+        else:
+            out += pcm
+        self.delivered += len(pcm)
+        return out
+
+    def _check_attempt(self) -> bytes:
+        """Is the attempt being streamed still the job's? Ends the stream once its file is the job's audio."""
+        assert self.reader is not None
+        self.next_row_check = time.monotonic() + ROW_CHECK_SECONDS
+        row = self._row()
+        mine = row is not None and row["claim_token"] == self.token
+        if mine and row is not None and row["status"] == SynthesisJob.Status.RUNNING:
+            return b""  # still going (or its completion is being committed)
+        if mine and row is not None and row["status"] == SynthesisJob.Status.SUCCEEDED and self.reader.ended:
+            self.done = True
+            tail = self.encoder.finish() if self.encoder is not None else b""
+            self.close()
+            return tail
+        if mine and row is not None and row["status"] == SynthesisJob.Status.SUCCEEDED:
+            return b""  # the end record is on its way (read at the next step)
+        raise StreamBroken(f"job {self.job_id}: attempt {self.token} is no longer the job's")
+
+    def close(self) -> None:
+        for handle in (self.stored, self.reader.handle if self.reader else None):
+            if handle is not None:
+                handle.close()
+
+    def give_up(self) -> None:
+        """The response ended early (client gone or attempt lost): on the OpenAI route the job ends too,
+        charged for the sentences the client received."""
+        self.close()
+        if not self.abandon_on_close:
+            return
+        job = SynthesisJob.objects.filter(pk=self.job_id).first()
+        if job is None or job.is_finished:
+            return
+        heard = self.reader.characters_heard(self.delivered) if self.reader else 0
+        total = self.reader.total_chars if self.reader else 0
+        charge = min(job.text_chars, math.ceil(job.text_chars * heard / total)) if total else 0
+        jobs.abandon_job(job, charge_characters=charge)
+
+    # -- the two ways a server iterates a response ------------------------------------------------
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            while not self.done:
+                chunk = self.step()
+                if chunk:
+                    yield chunk
+                elif not self.done:
+                    time.sleep(POLL_SECONDS)
+        finally:
+            if not self.done:
+                self.give_up()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            while not self.done:
+                chunk = await sync_to_async(self.step)()
+                if chunk:
+                    yield chunk
+                elif not self.done:
+                    await asyncio.sleep(POLL_SECONDS)
+        finally:
+            if not self.done:
+                await asyncio.shield(sync_to_async(self.give_up)())
+
+
+class JobStreamResponse(StreamingHttpResponse):
+    """Chunked audio of one job: a generator under WSGI, an async generator under ASGI."""
+
+    def __init__(self, stream: JobStream) -> None:
+        super().__init__(iter(stream), content_type=content_type(stream.format))
+        self.job_stream = stream
+        self["Cache-Control"] = "no-store"
+        self["X-Accel-Buffering"] = "no"  # Nginx passes each chunk on at once
+        self["X-Job-Id"] = str(stream.job_id)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+        async for part in self.job_stream.__aiter__():
+            yield part
+
+
+def wants_stream(request: Any, data: dict[str, Any]) -> bool:
+    """Streaming on /v1/audio/speech: ``stream_format: "audio"`` in the body, or the official client's
+    ``with_streaming_response`` (it sends ``X-Stainless-Raw-Response: stream``)."""
+    if data.get("stream_format") == "audio":
+        return True
+    return str(request.headers.get("X-Stainless-Raw-Response", "")).lower() == "stream"
+
+
+class SpeechStreamView(TenantAPIView):
+    """``GET /api/v1/speech/{id}/stream``: a running job's audio as it is made, or a finished job's file."""
+
+    required_scopes = {"GET": "speech:read"}
+
+    @extend_schema(
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+        summary="Stream the job's audio while it is synthesised (chunked)",
+    )
+    def get(self, request: Request, job_id: str) -> HttpResponseBase:
+        job = self.get_job(job_id)
+        if job.status == SynthesisJob.Status.EXPIRED:
+            raise DomainError(
+                ErrorCode.AUDIO_EXPIRED, "This job's audio passed its retention period and was deleted."
+            )
+        if job.status in (SynthesisJob.Status.FAILED, SynthesisJob.Status.CANCELED):
+            raise DomainError(ErrorCode.AUDIO_NOT_READY, f"The job is {job.status}; it has no audio.")
+        return JobStreamResponse(JobStream(job.pk, job.format))
