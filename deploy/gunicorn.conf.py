@@ -19,3 +19,17 @@ graceful_timeout = 20
 # The socket is for Nginx (same user or shared group) only: never world-writable.
 umask = 0o007
 accesslog = "-"
+
+
+# Prometheus multiprocess mode (webapp/metrics/multiproc.py): one emptied folder
+# per start, set in the master before any worker imports prometheus-client.
+def on_starting(server: object) -> None:
+    from webapp.metrics import multiproc
+
+    multiproc.prepare()
+
+
+def child_exit(server: object, worker: object) -> None:
+    from webapp.metrics import multiproc
+
+    multiproc.mark_dead(int(getattr(worker, "pid", 0)))

@@ -37,8 +37,12 @@ PROBLEM_BASE = "https://docs.tts.local/problems/"
 DEFAULTS: dict[str, str] = {
     "RATE_GENERAL": "20r/s",
     "BURST_GENERAL": "40",
+    # POSTs without credentials (strict) and with an API key (a flood guard well
+    # above the largest plan's rate: Django enforces each tenant's own limit).
     "RATE_WRITE": "2r/s",
     "BURST_WRITE": "5",
+    "RATE_KEYED_WRITE": "50r/s",
+    "BURST_KEYED_WRITE": "200",
     "RATE_LOGIN": "10r/m",
     "BURST_LOGIN": "5",
     "CONN_PER_IP": "50",
@@ -181,9 +185,16 @@ def ensure_dhparam(path: Path) -> Path:
 def _checked_settings(env: Mapping[str, str]) -> dict[str, str]:
     """The TTS_NGINX_* values (without the prefix), each checked against what Nginx accepts."""
     raw = {key: env.get(f"TTS_NGINX_{key}", default) for key, default in DEFAULTS.items()}
-    for key in ("RATE_GENERAL", "RATE_WRITE", "RATE_LOGIN"):
+    for key in ("RATE_GENERAL", "RATE_WRITE", "RATE_KEYED_WRITE", "RATE_LOGIN"):
         _check(key, raw[key], _RATE_RE, "a rate like 5r/s or 10r/m")
-    for key in ("BURST_GENERAL", "BURST_WRITE", "BURST_LOGIN", "CONN_PER_IP", "HSTS_MAX_AGE"):
+    for key in (
+        "BURST_GENERAL",
+        "BURST_WRITE",
+        "BURST_KEYED_WRITE",
+        "BURST_LOGIN",
+        "CONN_PER_IP",
+        "HSTS_MAX_AGE",
+    ):
         _check(key, raw[key], re.compile(r"^[0-9]+$"), "a whole number")
     if raw["WORKER_PROCESSES"] != "auto":
         _check("WORKER_PROCESSES", raw["WORKER_PROCESSES"], re.compile(r"^[1-9][0-9]*$"), "auto or a number")
@@ -240,7 +251,7 @@ def nginx_values(
         listen += ":"  # "127.0.0.1" -> "127.0.0.1:" in front of the port
     out_dir = cfg.path(name)
     limits = {key: raw[key] for key in ("CONN_PER_IP", "CSP", "WORKER_PROCESSES")}
-    for zone in ("GENERAL", "WRITE", "LOGIN"):
+    for zone in ("GENERAL", "WRITE", "KEYED_WRITE", "LOGIN"):
         limits[f"RATE_{zone}"] = raw[f"RATE_{zone}"]
         limits[f"BURST_{zone}"] = raw[f"BURST_{zone}"]
         limits[f"RETRY_{zone}"] = str(retry_after_seconds(raw[f"RATE_{zone}"]))
@@ -266,7 +277,9 @@ def nginx_values(
         "SNIPPETS": str(out_dir / "snippets"),
         "PROBLEM_BASE": PROBLEM_BASE,
         "METRICS_ALLOW": metrics_allow(env.get("TTS_METRICS_ALLOWED_IPS") or "127.0.0.1,::1"),
-        "ADMIN_ALLOW": allow_lines("TTS_ADMIN_ALLOW_CIDRS", env.get("TTS_ADMIN_ALLOW_CIDRS") or "127.0.0.1,::1"),
+        "ADMIN_ALLOW": allow_lines(
+            "TTS_ADMIN_ALLOW_CIDRS", env.get("TTS_ADMIN_ALLOW_CIDRS") or "127.0.0.1,::1"
+        ),
         "SERVER_NAMES": server_names(env_list("DJANGO_ALLOWED_HOSTS", ALLOWED_HOSTS_DEFAULT, env)),
     }
 

@@ -32,6 +32,7 @@ from webapp.env import (
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_SYSTEM_USER = "tts-pg"
+APP_SYSTEM_USER = "tts-app"
 
 
 class StackError(RuntimeError):
@@ -182,18 +183,28 @@ def wait_for_port(port: int, timeout: float, host: str = "127.0.0.1") -> None:
     raise StackError(f"nothing listens on {host}:{port} after {timeout:.0f}s")
 
 
-def _pg_user() -> pwd.struct_passwd | None:
-    """PostgreSQL refuses to run as root: then it runs as an unprivileged system user."""
+def system_user(name: str) -> pwd.struct_passwd | None:
+    """As root: the unprivileged system user ``name`` (created on first use, with its own group)."""
     if not is_root():
         return None
     try:
-        return pwd.getpwnam(PG_SYSTEM_USER)
+        return pwd.getpwnam(name)
     except KeyError:
         subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_SYSTEM_USER],
+            ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
             check=True,
         )
-        return pwd.getpwnam(PG_SYSTEM_USER)
+        return pwd.getpwnam(name)
+
+
+def _pg_user() -> pwd.struct_passwd | None:
+    """PostgreSQL refuses to run as root: then it runs as an unprivileged system user."""
+    return system_user(PG_SYSTEM_USER)
+
+
+def app_user() -> pwd.struct_passwd | None:
+    """As root, gunicorn's workers and Celery run as this user; Nginx's workers share its group."""
+    return system_user(APP_SYSTEM_USER)
 
 
 def _chown_tree(path: Path, user: pwd.struct_passwd | None) -> None:
@@ -209,6 +220,41 @@ def _as_user(user: pwd.struct_passwd | None) -> dict[str, Any]:
     if user is None:
         return {}
     return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+
+
+def as_app_user() -> dict[str, Any]:
+    """Popen arguments for a Celery process of `make run`: the app user, files not world-readable."""
+    user = app_user()
+    return {**_as_user(user), "umask": 0o027} if user is not None else {}
+
+
+# Folders the app user writes (audio, uploads, temporary files, its HOME for caches).
+APP_WRITABLE = ("media", "tmp", "voices", "home")
+
+
+def secure_var_dir(cfg: StackConfig) -> None:
+    """As root, before `make run` starts the app tier: who may read and write what under var/.
+
+    Media and temporary files belong to the app user (mode 0750: Nginx reads audio
+    through the group); logs (written by the supervisor) are 0750 root; var/run
+    takes the app user's files (beat's schedule) through the group. The app's
+    two secrets become the app user's; the PostgreSQL and Redis passwords stay root's.
+    """
+    user = app_user()
+    if user is None:
+        return
+    for folder in APP_WRITABLE:
+        cfg.path(folder).mkdir(parents=True, exist_ok=True)
+        _chown_tree(cfg.path(folder), user)
+        cfg.path(folder).chmod(0o750)
+    for folder, mode in (("log", 0o750), ("run", 0o770), ("secrets", 0o711)):
+        cfg.path(folder).mkdir(parents=True, exist_ok=True)
+        os.chown(cfg.path(folder), 0, user.pw_gid)
+        cfg.path(folder).chmod(mode)
+    for name in ("django_secret_key", "api_key_secret"):
+        secret = cfg.path("secrets", name)
+        if secret.exists():
+            os.chown(secret, user.pw_uid, user.pw_gid)
 
 
 def _ensure_traversable(path: Path) -> None:
@@ -374,7 +420,7 @@ def venv_bin(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
-def gunicorn_command(cfg: StackConfig, workers: int | None = None) -> list[str]:
+def gunicorn_command(cfg: StackConfig, workers: int | None = None, as_app_user: bool = False) -> list[str]:
     """gunicorn with deploy/gunicorn.conf.py, as tts-web.service runs it; only the socket is ours."""
     command = [
         venv_bin("gunicorn"),
@@ -388,9 +434,12 @@ def gunicorn_command(cfg: StackConfig, workers: int | None = None) -> list[str]:
         "--chdir",
         str(ROOT),
     ]
-    if is_root():
-        # Nginx's workers run as nobody:nogroup; the socket (mode 0660) is shared through the group.
-        command += ["--group", "nogroup"]
+    user = app_user()
+    if user is not None:
+        # Nginx's workers run as nobody in the app user's group: the socket (0660) is shared through it.
+        command += ["--group", APP_SYSTEM_USER]
+        if as_app_user:
+            command += ["--user", APP_SYSTEM_USER]
     if workers is not None:
         command += ["--workers", str(workers)]
     return command  # the application (webapp.asgi) is named in gunicorn.conf.py

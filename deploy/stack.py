@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -47,7 +48,7 @@ from deploy.supervisor import (
     signals_stop,
     stop_pids,
 )
-from webapp.env import env_int
+from webapp.env import ALLOWED_HOSTS_DEFAULT, env_int, env_str
 
 __all__ = [
     "ROOT",
@@ -134,6 +135,17 @@ def _start_everything(sup: Supervisor, cfg: StackConfig) -> None:
         sup.start(service)
 
 
+def _up_message(cfg: StackConfig) -> str:
+    port = "" if cfg.https_port == 443 else f":{cfg.https_port}"
+    name = socket.gethostname()
+    hosts = env_str("DJANGO_ALLOWED_HOSTS", ALLOWED_HOSTS_DEFAULT)
+    return (
+        f"\n  The service is up: https://localhost{port}  (Ctrl-C stops everything)\n"
+        f"  It answers only to {hosts} (others get 421). To reach it as {name}, run:\n"
+        f"    DJANGO_ALLOWED_HOSTS={hosts},{name} DJANGO_CSRF_TRUSTED_ORIGINS=https://{name}{port} make run\n"
+    )
+
+
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, subprocess.CalledProcessError):
         return f"{' '.join(map(str, exc.cmd[:3]))} failed with status {exc.returncode}"
@@ -154,10 +166,7 @@ def cmd_run(cfg: StackConfig) -> int:
             sup.starting = True
             _start_everything(sup, cfg)
             sup.starting = False
-            print(
-                f"\n  The service is up: https://localhost:{cfg.https_port}  (Ctrl-C stops everything)\n",
-                flush=True,
-            )
+            print(_up_message(cfg), flush=True)
             status = sup.watch()
         except StackInterrupted:
             status = 0

@@ -11,9 +11,10 @@ from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 # Each request's sync code runs in a thread that ends with the request, so a
-# kept (persistent) connection would outlive its only user: Django advises
-# CONN_MAX_AGE = 0 under ASGI. The waiting views' reads use the loop's
-# thread pool, whose threads keep theirs (webapp/speech/api/waiting.py).
-os.environ["DATABASE_CONN_MAX_AGE"] = "0"
+# connection kept per thread would outlive its only user (Django advises no
+# persistent connections under ASGI): connections come from a per-process
+# pool instead, and closing one gives it back. Only here: a pool created in
+# a Celery parent would be shared by its forked children.
+os.environ.setdefault("DATABASE_POOL_SIZE", "20")
 
 application = get_asgi_application()

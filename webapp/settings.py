@@ -131,6 +131,15 @@ DATABASES = {
         env_str("DATABASE_URL", "postgres://tts:tts@127.0.0.1:55432/tts"),
     )
 }
+# The ASGI web tier (webapp/asgi.py sets it) runs each request's sync code in a
+# thread that ends with the request: connections come from a per-process pool.
+DATABASE_POOL_SIZE = env_int("DATABASE_POOL_SIZE", 0)
+if DATABASE_POOL_SIZE > 0:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django's pool requires it
+    DATABASES["default"]["OPTIONS"] = {
+        **dict(DATABASES["default"].get("OPTIONS") or {}),  # type: ignore[call-overload]
+        "pool": {"min_size": 2, "max_size": DATABASE_POOL_SIZE, "timeout": 10},
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "redis://:tts@127.0.0.1:56379/0")

@@ -89,7 +89,7 @@ def _timed_get_body(response: requests.Response, started: float) -> tuple[bytes,
 
 def peer_request(session: requests.Session, text: str) -> tuple[bytes, float]:
     started = time.monotonic()
-    r = session.post(f"http://127.0.0.1:{PEER_PORT}/", json={"text": text}, stream=True, timeout=300)
+    r = session.post(f"http://127.0.0.1:{PEER_PORT}/synthesize", json={"text": text}, stream=True, timeout=300)
     return _timed_get_body(r, started)
 
 

@@ -36,31 +36,42 @@ def _report(result: Any, long_polls: int, openai: int) -> list[str]:
         f"over {len(result.other_tenant)} calls",
         f"  long-poll answered after its job's claim: {summary_ms(result.poll_wake_ms)}",
         f"  OpenAI answered after its job finished: {summary_ms(result.openai_wake_ms)}",
-        f"  PostgreSQL connections while the long-polls wait: {result.db_connections_while_waiting}",
+        f"  while the long-polls wait: {result.db_connections_while_waiting} PostgreSQL connections, "
+        f"{result.web_threads_while_waiting} threads in the gunicorn workers",
     ]
 
 
 def run(quick: bool) -> list[str]:
     stack, owned = _setup()  # Django on the test stack's settings first: then the scenario's imports
+    try:
+        result, long_polls, openai = _scenario(stack, quick)
+    finally:
+        if owned:
+            stack.stop_all()
+    lines = _report(result, long_polls, openai)
+    print("\n".join(lines), flush=True)
+    return lines
+
+
+def _scenario(stack: Any, quick: bool) -> tuple[Any, int, int]:
+    from django.core.management import call_command
+
     from tests.e2e.waiting_load import ROOMY, make_tenant, run_scenario
 
     _voices()
     long_polls, openai = (50, 16) if quick else (200, 64)
-    from django.core.management import call_command
-
     call_command("collectstatic", "--noinput", verbosity=0)
     web = stack.start_web()
     worker = stack.start_worker("bench-waiting", concurrency="2")
     try:
         busy, busy_key = make_tenant("bench-busy", **ROOMY)
         _, other_key = make_tenant("bench-other", requests_per_minute=10_000)
-        result = run_scenario(stack, busy, busy_key, other_key, long_polls=long_polls, openai=openai)
+        return (
+            run_scenario(stack, busy, busy_key, other_key, long_polls=long_polls, openai=openai),
+            long_polls,
+            openai,
+        )
     finally:
         stack.stop_service(worker)
         for service in reversed(web):
             stack.stop_service(service)
-        if owned:
-            stack.stop_all()
-    lines = _report(result, long_polls, openai)
-    print("\n".join(lines), flush=True)
-    return lines

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import requests
 
+from deploy import nginx as deploy_nginx
 from tests.e2e.nginx_helpers import HSTS, PROBLEM_JSON, NginxInstance, client, start_nginx, wait_for_log
 from tests.stack import TestStack as Stack
 
@@ -145,3 +146,22 @@ def test_login_pages_are_very_strict(limited: NginxInstance) -> None:
     assert sessions[0].get(limited.url("/accounts/login/"), timeout=30).status_code != 429
     # The admin login shares the zone (same address, zone still full).
     assert sessions[0].post(limited.url("/admin/login/"), data={}, timeout=30).status_code == 429
+
+
+def test_writes_with_an_api_key_pass_the_strict_zone(web: Stack) -> None:
+    """12 simultaneous OpenAI requests from one backend: Nginx's defaults let every one through."""
+    defaults = {f"TTS_NGINX_{name}": value for name, value in deploy_nginx.DEFAULTS.items()}
+    instance = start_nginx(web, "nginx-default-limits", env=defaults)
+    try:
+        sessions = [_warm("127.0.0.9", instance) for _ in range(12)]
+        headers = {"Authorization": "Bearer tts_notakey0_x"}
+        responses = _burst(sessions, instance.url("/v1/audio/speech"), json={"input": "hi"}, headers=headers)
+        # Django answers each (401 for this key); Nginx refuses none.
+        assert [r.status_code for r in responses] == [401] * 12
+        # Without credentials the strict zone still applies.
+        anonymous = _burst(
+            [_warm("127.0.0.10", instance) for _ in range(12)], instance.url("/v1/audio/speech"), json={}
+        )
+        assert [r.status_code for r in anonymous].count(429) >= 5
+    finally:
+        web.stop_service(instance.service)

@@ -50,6 +50,7 @@ class LoadResult:
     poll_wake_ms: list[float] = field(default_factory=list)  # answer - the job's claim
     openai_wake_ms: list[float] = field(default_factory=list)  # answer - the job's finish
     db_connections_while_waiting: int = 0
+    web_threads_while_waiting: int = 0  # all gunicorn worker threads, idle ones included
     wall_seconds: float = 0.0
 
     def every_answer(self) -> list[Timed]:
@@ -132,6 +133,18 @@ def _db_connections() -> int:
         return int(cursor.fetchone()[0])
 
 
+def _web_threads() -> int:
+    import psutil
+
+    from tests.stack import CFG
+
+    socket_path = str(CFG.gunicorn_socket)
+    masters = [
+        p for p in psutil.process_iter(["cmdline"]) if socket_path in " ".join(p.info["cmdline"] or [])
+    ]
+    return sum(child.num_threads() for master in masters for child in master.children())
+
+
 def _start(target: Callable[[], None]) -> threading.Thread:
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
@@ -192,6 +205,7 @@ def run_scenario(
         ),
     )
     result.db_connections_while_waiting = _db_connections()
+    result.web_threads_while_waiting = _web_threads()
     waiters += [_start(speak) for _ in range(openai)]
     for job_id in job_ids:
         dispatch_for_real(job_id)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,3 +77,29 @@ def test_secrets_are_generated_once_and_kept(tmp_path: Path) -> None:
     assert first == second and len(first.strip()) >= 50
     secret_file = tmp_path / "secrets" / "django_secret_key"
     assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
+
+
+def test_debug_is_off_unless_asked_for(tmp_path: Path) -> None:
+    env = _production_env(tmp_path)
+    del env["DJANGO_DEBUG"]
+    code = "import django; django.setup(); from django.conf import settings; print(settings.DEBUG)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
+
+
+def test_debug_pages_are_shown_to_loopback_clients_only(settings: Any) -> None:
+    from django.test import Client
+
+    # The suite's settings load with DJANGO_DEBUG=1 (tests/settings.py), so the guard is
+    # installed; pytest-django turns DEBUG off while tests run, as Django's runner does.
+    assert "webapp.debug_pages.LoopbackDebugPagesMiddleware" in settings.MIDDLEWARE
+    settings.DEBUG = True
+    local = Client(REMOTE_ADDR="127.0.0.1").get("/no-such-page/")
+    remote = Client(REMOTE_ADDR="203.0.113.7").get("/no-such-page/")
+    assert local.status_code == remote.status_code == 404
+    assert "URLconf" in local.content.decode()  # Django's debug page, listing the URL patterns
+    page = remote.content.decode()
+    assert "URLconf" not in page and "admin/" not in page and "redis" not in page.lower()
+    assert "404 Not found" in page

@@ -18,7 +18,6 @@ forked by Celery, loads, warms up and reports ready, and the next turn comes.
 
 from __future__ import annotations
 
-import _thread
 import json
 import logging
 import os
@@ -175,7 +174,7 @@ class Child(Protocol):
     def publish(self, ttl: int | None = None) -> None: ...
 
 
-# Raised in the main thread by the heartbeat thread (``_thread.interrupt_main``, no real signal).
+# Sent to the main thread by the heartbeat thread of the same child, never by another process.
 # Not SIGUSR1 (billiard's soft time limit) nor SIGUSR2 (the warm-shutdown hand-back); a real
 # SIGWINCH is harmless: the handler acts only once this child decided to leave.
 LEAVE_SIGNAL = signal.SIGWINCH
@@ -218,7 +217,9 @@ def leave(child: Child, why: str) -> None:
         log.warning("heartbeat failed: %s", exc)
     _leave_if_still_at[:] = [child.tasks_done]
     if not _in_task.is_set():
-        _thread.interrupt_main(LEAVE_SIGNAL)
+        # A real signal to the main thread: idle, it blocks in a read of billiard's pipe,
+        # which only a signal interrupts (the handler runs, and the read is never finished).
+        signal.pthread_kill(threading.main_thread().ident or 0, LEAVE_SIGNAL)
 
 
 def install_leave_handler(current: Callable[[], Child]) -> None:

@@ -21,6 +21,7 @@ import errno
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -310,6 +311,9 @@ def _hard_limit(attempt: Attempt) -> Iterator[None]:
     def expired(signum: int, frame: Any) -> None:
         raise HardLimitReached()
 
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach only the main thread: the row's deadline and the reaper remain
+        return
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, max(0.01, attempt.hard - (time.monotonic() - attempt.started)))
     try:

@@ -74,3 +74,21 @@ def test_jobs_are_found_by_text_and_by_id(make_tenant: Any) -> None:
         response = client.get("/admin/speech/synthesisjob/", {"q": query})
         assert response.status_code == 200
         assert response.context["cl"].result_count == expected, query
+
+
+def test_a_users_page_lists_the_tenants_they_belong_to(make_tenant: Any) -> None:
+    from django.contrib.auth.models import User
+
+    from webapp.tenants.models import Membership
+
+    tenant = make_tenant()
+    member = User.objects.create_user("zz-listed-member", "m@example.test", "pw-member-123")
+    Membership.objects.create(user=member, organization=tenant.org, role="viewer")
+    client, _ = staff_client()
+    assert client.get("/admin/").status_code == 200
+    page = client.get(f"/admin/auth/user/{member.pk}/change/")
+    assert page.status_code == 200
+    formset = page.context["inline_admin_formsets"][0].formset
+    assert [(f.instance.organization_id, f.instance.role) for f in formset.forms] == [
+        (tenant.org.pk, "viewer")
+    ]

@@ -125,15 +125,17 @@ def _read_row(job_id: Any) -> JobState | None:
             row = SynthesisJob.objects.filter(pk=job_id).values_list("status", "progress").first()
             break
         except (InterfaceError, OperationalError):
-            # This pool thread's connection broke (database restarted): one retry on a new one.
+            # This thread's connection broke (database restarted): one retry on a new one.
             connection.close()
             if attempt == 2:
                 raise
+    if connection.pool is not None:  # type: ignore[attr-defined]
+        connection.close()  # back to the pool (ASGI), not kept by this pool thread
     return None if row is None else (str(row[0]), float(row[1]))
 
 
 async def _read(job_id: Any, share_connection: bool) -> JobState | None:
-    """The job's state, read in the loop's thread pool on that thread's own kept connection.
+    """The job's state, read in the loop's thread pool.
 
     ``share_connection``: the caller runs inside a transaction (a test's), whose
     rows only its own connection sees: read there instead.
