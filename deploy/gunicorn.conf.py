@@ -24,9 +24,14 @@ accesslog = "-"
 # Prometheus multiprocess mode (webapp/metrics/multiproc.py): one emptied folder
 # per start, set in the master before any worker imports prometheus-client.
 def on_starting(server: object) -> None:
+    import os
+
     from webapp.metrics import multiproc
 
-    multiproc.prepare()
+    folder = multiproc.prepare()
+    cfg = getattr(server, "cfg", None)
+    if os.geteuid() == 0 and cfg is not None and cfg.uid != 0:
+        os.chown(folder, cfg.uid, cfg.gid)  # the workers run as the app user (--user)
 
 
 def child_exit(server: object, worker: object) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -240,6 +241,13 @@ def _tls_values(cfg: StackConfig, env: Mapping[str, str]) -> dict[str, str]:
     return {"TLS_CERT": str(cert), "TLS_KEY": str(tls_key), "TLS_DHPARAM": str(dhparam)}
 
 
+def _user_line() -> str:
+    """As root, Nginx's workers run as nobody in the app user's group (the socket and audio are 0660/0640)."""
+    from deploy.provision import APP_SYSTEM_USER, app_user
+
+    return f"user nobody {APP_SYSTEM_USER};" if app_user() is not None else ""
+
+
 def nginx_values(
     cfg: StackConfig, env: Mapping[str, str] | None = None, name: str = "nginx"
 ) -> dict[str, str]:
@@ -260,7 +268,7 @@ def nginx_values(
         **_shared_limits(env),
         **_tls_values(cfg, env),
         "HSTS_VALUE": f"max-age={raw['HSTS_MAX_AGE']}; includeSubDomains",
-        "USER_LINE": "user nobody nogroup;" if os.geteuid() == 0 else "",
+        "USER_LINE": _user_line(),
         "REAL_IP_BLOCK": _real_ip_block(raw["REAL_IP_FROM"], raw["REAL_IP_HEADER"]),
         "HTTP_PORT": str(cfg.http_port),
         "HTTPS_PORT": str(cfg.https_port),
@@ -316,9 +324,11 @@ def render_nginx_conf(
     out_dir = Path(values["NGINX_DIR"])
     for sub in ("snippets", "tmp", "tmp/client_body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:
-            # Workers run as nobody and write request bodies here.
-            os.chmod(out_dir / sub, 0o777 if sub.startswith("tmp") else 0o755)
+        if os.geteuid() == 0 and sub.startswith("tmp"):
+            # Nginx's workers run as nobody and write request bodies here: theirs alone.
+            nobody = pwd.getpwnam("nobody")
+            os.chown(out_dir / sub, nobody.pw_uid, nobody.pw_gid)
+            os.chmod(out_dir / sub, 0o700)
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
     for snippet in sorted(SNIPPET_DIR.glob("*.conf")):
         _write(out_dir / "snippets" / snippet.name, render(snippet.read_text(), values))

@@ -20,6 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deploy.privileges import (
+    APP_SYSTEM_USER,
+    PG_SYSTEM_USER,
+    app_user,
+    as_user,
+    chown_tree,
+    pg_user,
+    process_user,
+)
 from webapp.env import (
     WORKER_ENGINES_DEFAULT,
     env_int,
@@ -31,8 +40,6 @@ from webapp.env import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-PG_SYSTEM_USER = "tts-pg"
-APP_SYSTEM_USER = "tts-app"
 
 
 class StackError(RuntimeError):
@@ -153,10 +160,6 @@ class StackConfig:
 # ----------------------------------------------------------------------------- ports and users
 
 
-def is_root() -> bool:
-    return os.geteuid() == 0
-
-
 def port_in_use(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -181,80 +184,6 @@ def wait_for_port(port: int, timeout: float, host: str = "127.0.0.1") -> None:
             return
         time.sleep(0.1)
     raise StackError(f"nothing listens on {host}:{port} after {timeout:.0f}s")
-
-
-def system_user(name: str) -> pwd.struct_passwd | None:
-    """As root: the unprivileged system user ``name`` (created on first use, with its own group)."""
-    if not is_root():
-        return None
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-            check=True,
-        )
-        return pwd.getpwnam(name)
-
-
-def _pg_user() -> pwd.struct_passwd | None:
-    """PostgreSQL refuses to run as root: then it runs as an unprivileged system user."""
-    return system_user(PG_SYSTEM_USER)
-
-
-def app_user() -> pwd.struct_passwd | None:
-    """As root, gunicorn's workers and Celery run as this user; Nginx's workers share its group."""
-    return system_user(APP_SYSTEM_USER)
-
-
-def _chown_tree(path: Path, user: pwd.struct_passwd | None) -> None:
-    if user is None:
-        return
-    for dirpath, _dirnames, filenames in os.walk(path):
-        os.chown(dirpath, user.pw_uid, user.pw_gid)
-        for name in filenames:
-            os.chown(os.path.join(dirpath, name), user.pw_uid, user.pw_gid)
-
-
-def _as_user(user: pwd.struct_passwd | None) -> dict[str, Any]:
-    if user is None:
-        return {}
-    return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-
-
-def as_app_user() -> dict[str, Any]:
-    """Popen arguments for a Celery process of `make run`: the app user, files not world-readable."""
-    user = app_user()
-    return {**_as_user(user), "umask": 0o027} if user is not None else {}
-
-
-# Folders the app user writes (audio, uploads, temporary files, its HOME for caches).
-APP_WRITABLE = ("media", "tmp", "voices", "home")
-
-
-def secure_var_dir(cfg: StackConfig) -> None:
-    """As root, before `make run` starts the app tier: who may read and write what under var/.
-
-    Media and temporary files belong to the app user (mode 0750: Nginx reads audio
-    through the group); logs (written by the supervisor) are 0750 root; var/run
-    takes the app user's files (beat's schedule) through the group. The app's
-    two secrets become the app user's; the PostgreSQL and Redis passwords stay root's.
-    """
-    user = app_user()
-    if user is None:
-        return
-    for folder in APP_WRITABLE:
-        cfg.path(folder).mkdir(parents=True, exist_ok=True)
-        _chown_tree(cfg.path(folder), user)
-        cfg.path(folder).chmod(0o750)
-    for folder, mode in (("log", 0o750), ("run", 0o770), ("secrets", 0o711)):
-        cfg.path(folder).mkdir(parents=True, exist_ok=True)
-        os.chown(cfg.path(folder), 0, user.pw_gid)
-        cfg.path(folder).chmod(mode)
-    for name in ("django_secret_key", "api_key_secret"):
-        secret = cfg.path("secrets", name)
-        if secret.exists():
-            os.chown(secret, user.pw_uid, user.pw_gid)
 
 
 def _ensure_traversable(path: Path) -> None:
@@ -297,7 +226,7 @@ def _initdb(cfg: StackConfig, user: pwd.struct_passwd | None) -> None:
             + ["--auth-local=scram-sha-256", "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8"],
             check=True,
             stdout=subprocess.DEVNULL,
-            **_as_user(user),
+            **as_user(user),
         )
     finally:
         pwfile.unlink(missing_ok=True)
@@ -306,11 +235,11 @@ def _initdb(cfg: StackConfig, user: pwd.struct_passwd | None) -> None:
 def init_postgres(cfg: StackConfig) -> None:
     if pg_initialised(cfg):
         return
-    user = _pg_user()
+    user = pg_user()
     cfg.pg_data.mkdir(parents=True, exist_ok=True)
     socket_dir = cfg.path("pg", "socket")
     socket_dir.mkdir(parents=True, exist_ok=True)
-    _chown_tree(cfg.path("pg"), user)
+    chown_tree(cfg.path("pg"), user)
     _ensure_traversable(cfg.path("pg"))
     _initdb(cfg, user)
     listen = os.environ.get("TTS_PG_LISTEN", "127.0.0.1")
@@ -336,7 +265,7 @@ def init_postgres(cfg: StackConfig) -> None:
 
 
 def postgres_command(cfg: StackConfig) -> tuple[list[str], dict[str, Any]]:
-    return [str(_pg_bindir() / "postgres"), "-D", str(cfg.pg_data)], _as_user(_pg_user())
+    return [str(_pg_bindir() / "postgres"), "-D", str(cfg.pg_data)], as_user(pg_user())
 
 
 def create_database(cfg: StackConfig) -> None:
@@ -420,7 +349,9 @@ def venv_bin(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
-def gunicorn_command(cfg: StackConfig, workers: int | None = None, as_app_user: bool = False) -> list[str]:
+def gunicorn_command(
+    cfg: StackConfig, workers: int | None = None, drop_privileges: bool = False
+) -> list[str]:
     """gunicorn with deploy/gunicorn.conf.py, as tts-web.service runs it; only the socket is ours."""
     command = [
         venv_bin("gunicorn"),
@@ -438,7 +369,7 @@ def gunicorn_command(cfg: StackConfig, workers: int | None = None, as_app_user: 
     if user is not None:
         # Nginx's workers run as nobody in the app user's group: the socket (0660) is shared through it.
         command += ["--group", APP_SYSTEM_USER]
-        if as_app_user:
+        if drop_privileges and process_user() is not None:  # the master binds the socket as root
             command += ["--user", APP_SYSTEM_USER]
     if workers is not None:
         command += ["--workers", str(workers)]

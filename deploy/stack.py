@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 
+from deploy.privileges import as_app_user, process_user, secure_var_dir
 from deploy.provision import (
     ROOT,
     StackConfig,
@@ -110,26 +111,39 @@ def worker_service(cfg: StackConfig, name: str = "worker", role: str = "synth") 
     return Service(name, command, env=env, stop_group=False, stop_timeout=worker_stop_timeout())
 
 
+def _as_app_user(cfg: StackConfig, service: Service) -> Service:
+    """As root, a Django process of `make run` runs as the unprivileged app user (deploy/provision.py)."""
+    kwargs = as_app_user()
+    if kwargs:
+        service.popen_kwargs.update(kwargs)
+        service.env["HOME"] = str(cfg.path("home"))
+    return service
+
+
 def app_services(cfg: StackConfig) -> list[Service]:
     """gunicorn, the workers, beat and Nginx, in start order (data services run already)."""
-    return [
-        Service(
-            "gunicorn",
-            gunicorn_command(cfg),
-            env=django_env_for(cfg, "gunicorn"),
-            before_start=lambda: cfg.gunicorn_socket.unlink(missing_ok=True),
-        ),
+    gunicorn = Service(
+        "gunicorn",
+        gunicorn_command(cfg, drop_privileges=True),
+        env=django_env_for(cfg, "gunicorn"),
+        before_start=lambda: cfg.gunicorn_socket.unlink(missing_ok=True),
+    )
+    if process_user() is not None:
+        gunicorn.env["HOME"] = str(cfg.path("home"))
+    celery = [
         worker_service(cfg, "worker"),
         worker_service(cfg, "housekeeping", role="housekeeping"),
         worker_service(cfg, "analysis", role="analysis"),
         Service("beat", beat_command(cfg), env=django_env_for(cfg, "beat")),
-        Service("nginx", nginx_command(cfg), ready_port=cfg.https_port),
     ]
+    nginx = Service("nginx", nginx_command(cfg), ready_port=cfg.https_port)
+    return [gunicorn, *[_as_app_user(cfg, s) for s in celery], nginx]
 
 
 def _start_everything(sup: Supervisor, cfg: StackConfig) -> None:
     start_data_services(sup, cfg)
     prepare_django(cfg, seed=True)
+    secure_var_dir(cfg)
     ensure_certificate(cfg)
     for service in app_services(cfg):
         sup.start(service)

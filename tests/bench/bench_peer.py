@@ -345,8 +345,9 @@ def run(quick: bool) -> list[str]:
     n = 8 if quick else 48
     results: list[Result] = [raw_engine(n)]
     stack, base, key, org_id = start_ours()
-    peer = start_peer()
+    peer = None
     try:
+        peer = start_peer()
         for clients in CLIENTS:
             results.append(run_clients("Piper HTTP server", clients, n, peer_request))
         extra = measure_ours(stack, base, key, org_id, peer, n, results)
@@ -359,7 +360,8 @@ def run(quick: bool) -> list[str]:
             *rss_lines(process_groups(stack, peer)),
         ]
     finally:
-        peer.terminate()
+        if peer is not None:
+            peer.terminate()
         stack.stop_all()
     table = [
         "| system | clients | requests | audio-s per wall-s | p50 s | p95 s | p99 s | first byte p50 s |",

@@ -16,7 +16,7 @@ from django.http import HttpRequest
 
 from webapp.admin_site import site
 from webapp.speech import admin_jobs, admin_tenants, admin_views, operations_views  # noqa: F401 (admin_tenants registers)
-from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod, Voice
+from webapp.speech.models import RetiredUsage, SynthesisJob, UsageEvent, UsagePeriod, Voice
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -89,6 +89,14 @@ class UsagePeriodAdmin(ReadOnlyAdmin):
 class UsageEventAdmin(ReadOnlyAdmin):
     list_display = ("organization", "job_key", "kind", "characters", "period", "created_at")
     list_select_related = ("organization",)
+
+
+@admin.register(RetiredUsage)
+class RetiredUsageAdmin(ReadOnlyAdmin):
+    """The ledger's totals of deleted tenants, per month and plan (webapp.speech.services.operator)."""
+
+    list_display = ("period", "plan", "tenants", "characters_used", "jobs")
+    list_filter = ("plan",)
 
 
 # Not a model: a read-only view of the worker heartbeats in Redis, listed under
