@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,11 +63,21 @@ def postgres_running(cfg: StackConfig) -> Iterator[None]:
     command, as_user = provision.postgres_command(cfg)
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_user)
     try:
-        provision.wait_for_port(cfg.pg_port, 60)
+        _wait_until_accepting(cfg, 60)
         yield
     finally:
         server.terminate()  # smart shutdown: a clean checkpoint, then exit
         server.wait(60)
+
+
+def _wait_until_accepting(cfg: StackConfig, timeout: float) -> None:
+    """The port opens before recovery ends ("the database system is starting up"): ask pg_isready."""
+    deadline = time.monotonic() + timeout
+    command = [str(provision._pg_bindir() / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(cfg.pg_port)]
+    while subprocess.run(command, check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise StackError(f"PostgreSQL on port {cfg.pg_port} not ready after {timeout:.0f}s")
+        time.sleep(0.2)
 
 
 def _media_dir(cfg: StackConfig) -> Path:

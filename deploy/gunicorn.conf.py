@@ -38,3 +38,13 @@ def child_exit(server: object, worker: object) -> None:
     from webapp.metrics import multiproc
 
     multiproc.mark_dead(int(getattr(worker, "pid", 0)))
+
+
+def when_ready(server: object) -> None:
+    """The socket is read-write for its owner and Nginx's group only (0660)."""
+    import os
+    import socket
+
+    for listener in getattr(server, "LISTENERS", []):
+        if listener.FAMILY == socket.AF_UNIX:
+            os.chmod(listener.cfg_addr, 0o660)

@@ -70,6 +70,7 @@ class SynthesisResult:
     voice: str
     applied: list[str] = field(default_factory=list)
     not_applied: list[str] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)  # per sentence: the batch it ran in (batching only)
 
 
 @dataclass

@@ -27,11 +27,13 @@ MAX_CHUNK_CHARS = 300  # bounds memory per inference step whatever the text leng
 PIPER_RUNTIMES = ("onnxruntime", "torch")
 
 
-def _make_engine(name: str, voices_dir: str | None, threads: int | None, piper_runtime: str) -> Engine:
+def _make_engine(
+    name: str, voices_dir: str | None, threads: int | None, piper_runtime: str, batch: tuple[int, float]
+) -> Engine:
     if name == "piper" and piper_runtime == "torch":
         from synth.engines.piper_torch import PiperTorchEngine
 
-        return PiperTorchEngine(voices_dir=voices_dir, threads=threads)
+        return PiperTorchEngine(voices_dir=voices_dir, threads=threads, batch_jobs=batch[0], batch_wait_ms=batch[1])
     if name == "piper":
         from synth.engines.piper import PiperEngine
 
@@ -72,6 +74,9 @@ class Synthesizer:
 
     ``piper_runtime`` runs Piper voices on ``onnxruntime`` (default) or
     ``torch`` (fp16 and batching on CUDA; docs/decisions.md says which to use where).
+    ``batch_jobs`` > 1 (torch only): ``synthesize`` called from that many threads at
+    once puts their sentences into shared batches, waiting at most ``batch_wait_ms``
+    for a batch to fill (synth.batching; docs/gpu.md).
     """
 
     def __init__(
@@ -81,6 +86,8 @@ class Synthesizer:
         engines: list[str] | None = None,
         threads: int | None = None,
         piper_runtime: str = "onnxruntime",
+        batch_jobs: int = 1,
+        batch_wait_ms: float = 5.0,
     ) -> None:
         self.device = device
         self.voices_dir = voices_dir
@@ -91,13 +98,14 @@ class Synthesizer:
         if piper_runtime not in PIPER_RUNTIMES:
             raise ValueError(f"unknown Piper runtime {piper_runtime!r}; known: {', '.join(PIPER_RUNTIMES)}")
         self.piper_runtime = piper_runtime
+        self.batch = (batch_jobs, batch_wait_ms)
         self.threads = threads
         self._engines: dict[str, Engine] = {}
         self._lock = threading.Lock()
 
     # -- engines ---------------------------------------------------------------------------
     def _new_engine(self, name: str) -> Engine:
-        return _make_engine(name, self.voices_dir, self.threads, self.piper_runtime)
+        return _make_engine(name, self.voices_dir, self.threads, self.piper_runtime, self.batch)
 
     def _engine_device(self, name: str) -> str:
         return self.device if name == "piper" else "cpu"
@@ -242,6 +250,7 @@ class Synthesizer:
         stream: StreamWriter | None = None,
     ) -> SynthesisResult:
         """Synthesise into ``out_path``; ``stream`` also gets the audio as it is encoded (synth.stream)."""
+        from synth.batching import recording
         from synth.telemetry import PeakMemory
 
         started = time.monotonic()
@@ -249,7 +258,7 @@ class Synthesizer:
         out_path = os.path.abspath(out_path)
         directory, base = os.path.split(out_path)
         tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.part")
-        with PeakMemory(job.engine.device) as mem:
+        with PeakMemory(job.engine.device) as mem, recording() as batches:
             try:
                 frames = self._encode(job, tmp, progress, should_cancel, stream)
                 if frames == 0:
@@ -274,12 +283,14 @@ class Synthesizer:
             synth_ms=int(elapsed * 1000),
             rtf=elapsed / duration if duration else 0.0,
             peak_rss_mb=round(mem.peak_rss_mb, 1),
-            peak_gpu_mb=mem.peak_gpu_mb,
+            # Batched: the largest peak of the batches the job was in (jobs running at once share the device).
+            peak_gpu_mb=mem.peak_gpu_mb if batches.peak_mb is None else round(batches.peak_mb, 1),
             engine=job.plan.voice.engine,
             device=job.engine.device,
             voice=job.plan.voice.id,
             applied=job.plan.applied,
             not_applied=job.plan.not_applied,
+            batch_sizes=batches.sizes,
         )
 
 

@@ -113,9 +113,7 @@ TEMPLATES = [
 
 def _database_from_url(url: str) -> dict[str, object]:
     config: dict[str, object] = dict(
-        dj_database_url.parse(
-            url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60), conn_health_checks=True
-        )
+        dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60), conn_health_checks=True)
     )
     if config["ENGINE"] != "django.db.backends.postgresql":
         raise ValueError(f"DATABASE_URL must be a postgres:// URL, got {url.split(':', 1)[0]!r}")
@@ -138,7 +136,7 @@ if DATABASE_POOL_SIZE > 0:
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django's pool requires it
     DATABASES["default"]["OPTIONS"] = {
         **dict(DATABASES["default"].get("OPTIONS") or {}),  # type: ignore[call-overload]
-        "pool": {"min_size": 2, "max_size": DATABASE_POOL_SIZE, "timeout": 10},
+        "pool": {"min_size": DATABASE_POOL_SIZE, "max_size": DATABASE_POOL_SIZE, "timeout": 10},
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -281,6 +279,13 @@ TTS_WORKER_DEVICE = env_str("TTS_WORKER_DEVICE", "cpu")  # cpu | cuda | cuda:N |
 # threads (docs/performance.md, "workers"); on a GPU run one worker per GPU with 1 child.
 TTS_WORKER_CONCURRENCY = env_int("TTS_WORKER_CONCURRENCY", WORKER_CONCURRENCY_DEFAULT)
 TTS_WORKER_THREADS = env_int("TTS_WORKER_THREADS", 1)
+# Piper on onnxruntime or torch; a torch child with TTS_WORKER_BATCH_JOBS > 1 runs that many jobs
+# at once and synthesises their sentences in shared batches (docs/gpu.md). CPU workers keep
+# onnxruntime and one job at a time: torch and padded batches measured slower there.
+_ON_GPU = TTS_WORKER_DEVICE.startswith("cuda")
+TTS_WORKER_PIPER_RUNTIME = env_str("TTS_WORKER_PIPER_RUNTIME", "torch" if _ON_GPU else "onnxruntime")
+TTS_WORKER_BATCH_JOBS = env_int("TTS_WORKER_BATCH_JOBS", 8 if _ON_GPU else 1)
+TTS_WORKER_BATCH_WAIT_MS = env_float("TTS_WORKER_BATCH_WAIT_MS", 5.0)
 # Two housekeeping children: a long orphan sweep must not hold up the 30-second lease reaper.
 TTS_HOUSEKEEPING_CONCURRENCY = env_int("TTS_HOUSEKEEPING_CONCURRENCY", HOUSEKEEPING_CONCURRENCY_DEFAULT)
 # Neither the local stack nor the systemd units pass --concurrency: this is the one value.
@@ -321,9 +326,11 @@ TTS_JOB_MAX_ATTEMPTS = env_int("TTS_JOB_MAX_ATTEMPTS", 3)
 TTS_JOB_BASE_SECONDS = env_float("TTS_JOB_BASE_SECONDS", 30.0)
 TTS_JOB_SECONDS_PER_CHAR = env_float("TTS_JOB_SECONDS_PER_CHAR", 0.02)
 TTS_DISPATCH_GRACE_SECONDS = env_int("TTS_DISPATCH_GRACE_SECONDS", 10)
-# Time limits follow the row (docs/workers.md): hard ceiling = soft limit + this grace (the row's
-# deadline); a run whose progress stalls this long ends `timeout`.
+# Time limits follow progress (docs/workers.md): the soft limit is a budget of the child's CPU
+# time; the hard ceiling (wall clock, the row's deadline) = min(soft x WALL_FACTOR, max) + this
+# grace, the slack a busy host gets; a run whose progress stalls this long ends `timeout`.
 TTS_JOB_HARD_GRACE_SECONDS = env_int("TTS_JOB_HARD_GRACE_SECONDS", 30)
+TTS_JOB_WALL_FACTOR = env_float("TTS_JOB_WALL_FACTOR", 3.0)
 TTS_JOB_STALL_SECONDS = env_int("TTS_JOB_STALL_SECONDS", 120)
 # A queued job's message is re-sent once per this period (a lost delivery costs at most this);
 # a job queued longer than the maximum ends `queue_timeout`.
@@ -339,6 +346,8 @@ TTS_FAULT_OOM_MARKER = env_str("TTS_FAULT_OOM_MARKER", "")
 TTS_FAULT_HANG_MARKER = env_str("TTS_FAULT_HANG_MARKER", "")
 TTS_FAULT_PAUSE_BEFORE_COMMIT_MARKER = env_str("TTS_FAULT_PAUSE_BEFORE_COMMIT_MARKER", "")
 TTS_FAULT_CRASH_BEFORE_COMMIT_MARKER = env_str("TTS_FAULT_CRASH_BEFORE_COMMIT_MARKER", "")
+# ... a sentence containing it fails in the batched call, alone (batching children only).
+TTS_FAULT_SENTENCE_MARKER = env_str("TTS_FAULT_SENTENCE_MARKER", "")
 
 # API behaviour.
 TTS_LONG_POLL_MAX_SECONDS = env_int("TTS_LONG_POLL_MAX_SECONDS", 30)

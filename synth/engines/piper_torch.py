@@ -14,13 +14,14 @@ docs/performance.md.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from synth.engines.base import VoiceParams, resolve_device
-from synth.engines.piper import PiperEngine, read_config
+from synth.batching import SentenceBatcher
+from synth.engines.base import CancelFn, ProgressFn, VoiceParams, check_cancel, resolve_device
+from synth.engines.piper import PiperEngine, read_config, release_free_heap
 from synth.errors import Cancelled, EngineUnavailable, SynthError
 
 if TYPE_CHECKING:
@@ -70,14 +71,33 @@ class BatchOutcome:
     forward_passes: int
 
 
+@dataclass(frozen=True)
+class _Sentence:
+    """One job's next sentence chunk, waiting in the batcher with the job's own seed stream."""
+
+    text: str
+    params: VoiceParams
+    seeds: Any  # torch.Generator | None
+
+
 class PiperTorchEngine(PiperEngine):
     name = "piper"
     seeded = True
 
-    def __init__(self, voices_dir: str | None = None, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        voices_dir: str | None = None,
+        threads: int | None = None,
+        batch_jobs: int = 1,
+        batch_wait_ms: float = 5.0,
+    ) -> None:
+        """``batch_jobs`` > 1: concurrent ``synthesize`` calls (one thread per job) share batched passes."""
         super().__init__(voices_dir=voices_dir, threads=threads)
         self.dtype_name = "float32"
         self.last_peak_mb: float | None = None
+        self.batcher: SentenceBatcher[_Sentence, np.ndarray] | None = None
+        if batch_jobs > 1:
+            self.batcher = SentenceBatcher(self._run_batch, batch_jobs, batch_wait_ms / 1000.0)
 
     # -- loading ---------------------------------------------------------------------------
     def _device_for(self, device: str) -> str:
@@ -148,8 +168,39 @@ class PiperTorchEngine(PiperEngine):
         with self._peak_memory(rss=False):
             yield lambda voice, text, p: self._chunk_audio(voice, text, p, seeds)
 
+    def synthesize(
+        self,
+        chunks: Iterable[str],
+        params: VoiceParams,
+        progress: ProgressFn | None = None,
+        should_cancel: CancelFn | None = None,
+        total: int | None = None,
+    ) -> Iterator[np.ndarray]:
+        """As PiperEngine's; with a batcher, each chunk waits for the next batch of the jobs running now."""
+        if self.batcher is None:
+            yield from super().synthesize(chunks, params, progress, should_cancel, total)
+            return
+        seeds = _seed_stream(params.seed)  # drawn in the job's order: the same noise as unbatched
+        with self.batcher.member():
+            for done, chunk in enumerate(chunks, 1):
+                check_cancel(should_cancel)
+                yield self.batcher.submit(_Sentence(chunk, params, seeds))
+                if progress is not None:
+                    progress(done, total if total is not None else done)
+
+    def _run_batch(self, sentences: list[_Sentence]) -> tuple[list[Any], float | None]:
+        """The batcher's call: one chunk per waiting job; the CUDA peak of the batch (None on the CPU)."""
+        outcome = self.synthesize_batch(
+            [(s.text, s.params) for s in sentences], seeds=[s.seeds for s in sentences]
+        )
+        release_free_heap()
+        return outcome.results, outcome.peak_memory_mb if self.device.startswith("cuda") else None
+
     def synthesize_batch(
-        self, requests: list[tuple[str, VoiceParams]], max_batch: int = DEFAULT_MAX_BATCH
+        self,
+        requests: list[tuple[str, VoiceParams]],
+        max_batch: int = DEFAULT_MAX_BATCH,
+        seeds: list[Any] | None = None,
     ) -> BatchOutcome:
         """One sentence chunk per request (e.g. the next sentence of each waiting job), synthesised together.
 
@@ -158,6 +209,9 @@ class PiperTorchEngine(PiperEngine):
         sentences. A request whose text fails, or whose pass fails, gets its
         own SynthError (a failed pass is retried one request at a time, so only
         the request that fails alone is failed); the others get their audio.
+        ``seeds``: per request, the seed stream of its job (``_seed_stream``), so that
+        a job's sentences draw the noise they draw unbatched; default: a new stream
+        from each request's ``params.seed``.
         """
         results: list[np.ndarray | SynthError | None] = [None] * len(requests)
         passes = 0
@@ -165,8 +219,9 @@ class PiperTorchEngine(PiperEngine):
             by_voice: dict[str, list[int]] = {}
             for i, (_, params) in enumerate(requests):
                 by_voice.setdefault(params.voice, []).append(i)
+            streams = seeds if seeds is not None else [_seed_stream(p.seed) for _, p in requests]
             for indices in by_voice.values():
-                passes += self._batch_one_voice(requests, indices, results, max_batch)
+                passes += self._batch_one_voice(requests, indices, streams, results, max_batch)
         assert all(r is not None for r in results)
         return BatchOutcome(results, peak[0], passes)  # type: ignore[arg-type]
 
@@ -174,10 +229,13 @@ class PiperTorchEngine(PiperEngine):
         self,
         requests: list[tuple[str, VoiceParams]],
         indices: list[int],
+        seeds: list[Any],
         results: list[Any],
         max_batch: int,
     ) -> int:
         import math
+
+        import numpy as np
 
         owners: list[int] = []
         utterances: list[Any] = []
@@ -185,9 +243,12 @@ class PiperTorchEngine(PiperEngine):
             text, params = requests[i]
             try:
                 voice = self._voice(params.voice)
-                found = self._utterances(voice, self.render(text, params), params, _seed_stream(params.seed))
+                found = self._utterances(voice, self.render(text, params), params, seeds[i])
             except SynthError as exc:
                 results[i] = exc
+                continue
+            if not found:  # nothing speakable in this chunk: no audio, as unbatched
+                results[i] = np.zeros(0, np.float32)
                 continue
             owners.extend([i] * len(found))
             utterances.extend(found)

@@ -128,6 +128,7 @@ def run_clients(
     def worker(share: list[str]) -> None:
         with requests.Session() as session:
             session.verify = False
+            session.trust_env = False  # no REQUESTS_CA_BUNDLE or proxy from the environment
             session.headers.update(headers or {})
             for text in share:
                 started = time.monotonic()

@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -40,6 +41,25 @@ def _listening(port: str) -> bool:
     return listening(port)
 
 
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _assert_least_privilege() -> None:
+    """Nothing of var/ is world-readable or writable that need not be; as root, Nginx's folders are its own."""
+    assert _mode(VAR / "run" / "gunicorn.sock") == 0o660
+    for folder in ("media", "log", "tmp", "secrets"):
+        assert _mode(VAR / folder) & 0o006 == 0, folder
+    for name in ("pg_password", "redis_password", "django_secret_key", "api_key_secret"):
+        assert _mode(VAR / "secrets" / name) == 0o600, name
+    assert _mode(VAR / "redis" / "redis.conf") == 0o600
+    assert _mode(VAR / "tls" / "key.pem") == 0o600
+    if os.geteuid() == 0:
+        temp = VAR / "nginx" / "tmp" / "client_body"
+        assert (temp.owner(), _mode(temp)) == ("nobody", 0o700)
+        assert (VAR / "media").owner() == "tts-app" and (VAR / "media").group() == "tts-app"
+
+
 def test_run_serves_stops_cleanly_and_reuses_data() -> None:
     shutil.rmtree(VAR, ignore_errors=True)  # a first run, as on a new machine
     first = Stack()
@@ -60,6 +80,7 @@ def test_run_serves_stops_cleanly_and_reuses_data() -> None:
 
         for name in ("postgres", "redis", "gunicorn", "worker", "beat", "nginx"):
             assert (VAR / "log" / f"{name}.log").stat().st_size > 0, name
+        _assert_least_privilege()
     finally:
         status = first.interrupt()
     assert status == 0, first.output[-3000:]

@@ -1,13 +1,19 @@
-"""Time limits follow the row: a hung job ends `timeout` after one attempt; a stalled one too."""
+"""Time limits follow the row and progress: a hung job ends `timeout` after one attempt, a stalled
+one too; a job slowed by a busy host but advancing is not stopped (its soft limit is CPU time)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any
 
 import pytest
 from django.test import override_settings
 
 from tests.reliability.helpers import (
+    LONG,
+    PIPER,
     SHORT,
     flush_queues,
     job,
@@ -83,3 +89,36 @@ def test_a_job_whose_progress_stalls_ends_timeout(stack: TestStack, builtin_voic
     assert "60 s" in row.error_message
     assert usage_events(j.id) == ["release", "reserve"]
     assert attempts.report_progress(j.id, claimed.claim_token, 2, 3) == attempts.Verdict.LOST
+
+
+def test_a_job_slowed_by_a_busy_host_but_advancing_is_not_stopped_by_its_soft_limit(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    flush_queues(stack, "synth.piper")
+    worker = start_worker(stack, "w-busy", engines="piper")
+    budget = 10.0
+    try:
+        org = make_org("busy")
+        # A soft limit of 10 s for about 2-4 s of CPU work; the wall-clock ceiling is far above.
+        with override_settings(TTS_JOB_BASE_SECONDS=budget, TTS_JOB_SECONDS_PER_CHAR=0.0):
+            slow = submit(org, LONG, voice=PIPER)
+        row = wait_until(lambda: (r := job(slow.id)).status == "running" and r, 60, "the job to start")
+        pid = int(row.worker.rpartition(":")[2])
+        # The host is "busy": the child gets no CPU for 12 s of its run, in slices short of
+        # the heartbeat TTL, and advances in between.
+        paused = 0.0
+        while paused < budget + 2 and job(slow.id).status == "running":
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(2.0)
+            os.kill(pid, signal.SIGCONT)
+            paused += 2.0
+            time.sleep(0.2)
+        (done,) = wait_status([slow.id], timeout=90)
+        assert done.status == "succeeded", (done.error_code, done.error_message)
+        assert paused > budget  # the test did what it says: paused the run past its budget
+        wall = (done.finished_at - done.started_at).total_seconds()
+        assert wall > budget, wall
+        assert done.metrics["cpu_ms"] < budget * 1000
+        assert done.attempts == 1
+    finally:
+        stack.stop_service(worker)

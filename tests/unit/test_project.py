@@ -52,7 +52,10 @@ def _setting_names() -> set[str]:
     names |= set(re.findall(r'os\.environ\.get\("([A-Z0-9_]+)"', settings_src))
     for path in (ROOT / "deploy").glob("*.py"):
         names |= set(
-            re.findall(r'(?:environ\.get|env_(?:str|int|float|bool|list|map)|env\.get)\(\s*"([A-Z0-9_]+)"', path.read_text())
+            re.findall(
+                r'(?:environ\.get|env_(?:str|int|float|bool|list|map)|env\.get)\(\s*"([A-Z0-9_]+)"',
+                path.read_text(),
+            )
         )
     from deploy.nginx import DEFAULTS
 

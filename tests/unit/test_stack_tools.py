@@ -183,3 +183,20 @@ def test_stop_finds_the_services_of_a_killed_supervisor(tmp_path: Path) -> None:
     assert cmd_stop(_unit_cfg(tmp_path)) == 0
     _wait(lambda: not Path(f"/proc/{sleeper}").exists(), 10, "the orphan to be stopped")
     assert not (tmp_path / "run" / "sleeper.pid").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists(), reason="needs root")
+def test_the_app_user_runs_django_processes_with_a_private_umask(tmp_path: Path) -> None:
+    from deploy.privileges import APP_SYSTEM_USER, app_user, as_user
+
+    user = app_user()
+    assert user is not None and user.pw_name == APP_SYSTEM_USER
+    sup = Supervisor(_unit_cfg(tmp_path), echo=False)
+    # What as_app_user() gives a Celery process of `make run` (system Python: any user may run it).
+    kwargs = {**as_user(user), "umask": 0o027}
+    code = "import os; print('ids', os.geteuid(), os.getegid(), oct(os.umask(0)))"
+    service = sup.start(Service("whoami", ["/usr/bin/python3", "-c", code], popen_kwargs=kwargs))
+    assert service.process is not None and service.process.wait(20) == 0
+    log = tmp_path / "log" / "whoami.log"
+    _wait(lambda: log.exists() and "ids" in log.read_text(), 10, "the output")
+    assert f"ids {user.pw_uid} {user.pw_gid} 0o27" in log.read_text()

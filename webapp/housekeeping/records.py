@@ -26,9 +26,7 @@ def prune_records(ctx: Context) -> None:
     )
     runs_cutoff = ctx.now - dt.timedelta(days=settings.TTS_AUDIT_RETENTION_DAYS)
     ctx.add("run_records", delete_in_batches(HousekeepingRun.objects.filter(started_at__lt=runs_cutoff), ctx))
-    audit_events = delete_in_batches(AuditEvent.objects.filter(at__lt=runs_cutoff), ctx)
-    if audit_events:  # counted only when some went: the run's counts stay as they were otherwise
-        ctx.add("audit_events", audit_events)
+    ctx.add("audit_events", delete_in_batches(AuditEvent.objects.filter(at__lt=runs_cutoff), ctx))
     snapshots_cutoff = ctx.now - dt.timedelta(hours=settings.TTS_OPERATIONS_SNAPSHOT_HOURS)
     ctx.add(
         "operations_snapshots",

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import time
+from typing import Any
 
 from django.conf import settings
 
@@ -46,3 +47,30 @@ def before_commit(job: SynthesisJob) -> None:
     if crash and crash in job.text:
         log.error("fault injection: job %s kills its child before the commit", job.id)
         os._exit(70)
+
+
+def fail_marked_sentences(synthesizer: Any) -> None:
+    """On a batching child: a sentence containing the marker fails in its batched call, alone.
+
+    The batch runs as it would; then the marked sentence's audio is replaced by
+    the error the engine gives a sentence that fails on its own.
+    """
+    marker = settings.TTS_FAULT_SENTENCE_MARKER
+    if not marker or "piper" not in synthesizer.engine_names:
+        return
+    engine = synthesizer.engine("piper")
+    if getattr(engine, "batcher", None) is None:
+        return
+    from synth.errors import SynthError
+
+    real = engine.synthesize_batch
+
+    def synthesize_batch(requests: list[Any], *args: Any, **kwargs: Any) -> Any:
+        outcome = real(requests, *args, **kwargs)
+        for i, (text, _params) in enumerate(requests):
+            if marker in text:
+                log.error("fault injection: a sentence of a batch of %d fails", len(requests))
+                outcome.results[i] = SynthError("synthesis failed: fault injection", code="synthesis_failed")
+        return outcome
+
+    engine.synthesize_batch = synthesize_batch

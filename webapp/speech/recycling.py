@@ -9,9 +9,11 @@ after every task:
 - GPU memory over ``TTS_WORKER_MAX_GPU_MB`` (read through an injectable reader,
   by default ``synth.telemetry.read_gpu_memory_mb``'s current figure);
 - age over ``TTS_WORKER_MAX_AGE_SECONDS``;
-- degradation: the rolling median seconds of synthesis per character of an
-  engine above the child's own baseline for that engine by
-  ``TTS_WORKER_RTF_DRIFT_FACTOR``;
+- degradation: the rolling median CPU seconds per character of an engine
+  above the child's own baseline for that engine by
+  ``TTS_WORKER_RTF_DRIFT_FACTOR``. CPU time, not wall time: on a busy host
+  (other children, other services) wall time per character doubles while the
+  child is as healthy as ever, and replacing it would not make it faster;
 - an out-of-memory error during the task.
 
 Memory limits count from the child's own baseline (its reading after warm-up,
@@ -136,12 +138,12 @@ def weighted_median(samples: Iterable[tuple[float, float]]) -> float | None:
     return ordered[-1][0]
 
 
-Sample = tuple[float, float]  # (seconds of synthesis per character, characters)
+Sample = tuple[float, float]  # (CPU seconds of synthesis per character, characters)
 
 
 @dataclass
 class RtfTracker:
-    """Per engine: seconds of synthesis per character, a baseline and a rolling window.
+    """Per engine: CPU seconds of synthesis per character, a baseline and a rolling window.
 
     Each figure is a median over characters, not over jobs: a job of 2,000
     characters weighs 2,000 times one of a single character, so a run of short

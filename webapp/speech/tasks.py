@@ -8,8 +8,9 @@ the attempt carries it too, and the attempt writes only files named with it
 (``attempt_path``), so a stale attempt can neither change the row nor touch
 the live attempt's audio. Progress is written sentence by sentence (renewing
 the lease, reading the cancel flag); a write that comes back "lost" stops the
-run at once. The soft limit is checked at each sentence, the hard limit is an
-alarm in the child and the deadline on the row. Whatever goes wrong, the
+run at once. The soft limit is a budget of the child's CPU time, checked at
+each sentence (a busy host slows a job without using it up); the hard limit is
+an alarm in the child and the deadline on the row, both wall clock. Whatever goes wrong, the
 attempt removes its own files, and the child decides afterwards whether it
 should be replaced (``worker.after_task``). docs/workers.md tells the whole flow.
 """
@@ -24,7 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import tenacity
@@ -39,7 +40,7 @@ from synth.stream import StreamWriter, stream_path
 # webapp.celery must still send to the configured broker.
 from webapp.audit import context as request_context
 from webapp.celery import app
-from webapp.speech import faults, recycling, worker
+from webapp.speech import batching, faults, recycling, worker
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services import attempts, prompts
 from webapp.speech.services.attempts import Verdict
@@ -64,7 +65,7 @@ class AttemptLost(Exception):
 
 
 class SoftLimitReached(Exception):
-    """The job's soft time limit passed: stop before the next sentence."""
+    """The job used up its CPU-time budget (the soft limit): stop before the next sentence."""
 
 
 class HardLimitReached(BaseException):
@@ -159,7 +160,7 @@ class Outcome:
 
     name: str  # succeeded, canceled, lost, skipped, failed:<code>, requeued:oom, requeued:shutdown
     engine: str | None = None
-    synth_seconds: float | None = None  # with characters: the child's drift check (seconds per character)
+    cpu_seconds: float | None = None  # with characters: the child's drift check (CPU seconds per character)
     characters: int = 0
     out_of_memory: bool = False
 
@@ -174,14 +175,32 @@ class Attempt:
     job: SynthesisJob
     relative: str
     out_path: str
-    soft: float
-    hard: float
+    soft: float  # seconds of CPU time per inference thread
+    hard: float  # wall-clock seconds from the claim
     started: float  # time.monotonic() at the claim
     claimed_at: Any
+    # The soft limit's clock: this process's CPU time (all its threads: the
+    # runtime's inference threads too). Wall time would also count the time a
+    # busy host gave to other processes, and stop a job that is advancing.
+    cpu_clock: Callable[[], float] = time.process_time
+    cpu_started: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self.cpu_started = self.cpu_clock()
 
     @property
     def token(self) -> int:
         return int(self.job.claim_token)
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time spent on this attempt so far."""
+        return self.cpu_clock() - self.cpu_started
+
+    @property
+    def cpu_budget(self) -> float:
+        """The soft limit in CPU seconds: inference threads run in parallel, each may spend it."""
+        return self.soft * max(1, settings.TTS_WORKER_THREADS)
 
 
 @app.task(
@@ -194,6 +213,8 @@ def synthesize_job(self: Any, job_id: str, limits: list[float] | None = None) ->
         # Should not happen (the child loads before taking work); never run without a model.
         recycling.request_exit("not_loaded child took a task without a model")
         raise Reject("worker child has no model", requeue=True)
+    if batching.enabled():  # a GPU child on torch: several jobs at once (webapp/speech/batching.py)
+        return batching.run_group(state, job_id, limits)
     outcome = SKIPPED
     try:
         outcome = _run(state, job_id, limits)
@@ -203,7 +224,7 @@ def synthesize_job(self: Any, job_id: str, limits: list[float] | None = None) ->
     finally:
         state.current_job = None
         worker.after_task(
-            state, outcome.engine, outcome.synth_seconds, outcome.characters, oom=outcome.out_of_memory
+            state, outcome.engine, outcome.cpu_seconds, outcome.characters, oom=outcome.out_of_memory
         )
     return outcome.name
 
@@ -251,23 +272,40 @@ def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> Synthe
 
 def _run(state: worker.WorkerState, job_id: str, limits: list[float] | None) -> Outcome:
     """One delivery of a message: claim, synthesise, then settle the job exactly once."""
+    claimed = claim_for_message(state, job_id, limits)
+    return SKIPPED if claimed is None else run_claimed(state, *claimed)
+
+
+def claim_for_message(
+    state: worker.WorkerState, job_id: str, limits: list[float] | None
+) -> tuple[SynthesisJob, tuple[float, float]] | None:
+    """The job this message claims (see ``_claim``) and its (soft, hard) limits; None: nothing to run."""
     hinted = (float(limits[0]), float(limits[1])) if limits and len(limits) == 2 else None
     job = _claim(state, job_id, hinted[1] if hinted else None)
     if job is None:
-        return SKIPPED
-    request_context.bind_job(job)  # from here every log line names this job's request id
-    log.info("job %s: attempt %s claimed by %s", job.id, job.claim_token, state.worker_id)
+        return None
     # The message's limits are its own job's; any other job claimed gets its own from its length.
     own = hinted is not None and str(job.id) == str(job_id)
-    soft, hard = hinted if hinted and own else job_time_limits(job.text_chars)
+    return job, hinted if hinted and own else job_time_limits(job.text_chars)
+
+
+def run_claimed(state: worker.WorkerState, job: SynthesisJob, limits: tuple[float, float]) -> Outcome:
+    """Synthesise a claimed job, then settle it exactly once (a batching child runs several at once)."""
+    request_context.bind_job(job)  # from here every log line names this job's request id
+    log.info("job %s: attempt %s claimed by %s", job.id, job.claim_token, state.worker_id)
+    soft, hard = limits
     relative = attempt_path(job)
-    attempt = Attempt(job, relative, media_path(relative), soft, hard, time.monotonic(), timezone.now())
+    started, now = time.monotonic(), timezone.now()
+    attempt = Attempt(
+        job, relative, media_path(relative), soft, hard, started, now, cpu_clock=batching.cpu_clock()
+    )
     state.current_job = str(job.id)
     rss_before = round(state.health.last_rss_mb or recycling.read_rss_mb(), 1)
     try:
         with _hard_limit(attempt):
             faults.before_synthesis(job)
             result = _synthesize(state, attempt)
+            cpu_seconds = attempt.cpu_seconds
             _fsync(attempt.out_path)
         faults.before_commit(job)
         done = db_retry(
@@ -277,7 +315,7 @@ def _run(state: worker.WorkerState, job_id: str, limits: list[float] | None) -> 
             audio_path=relative,
             audio_bytes=result.bytes,
             duration_seconds=result.duration_seconds,
-            metrics=_metrics(state, attempt, result, rss_before),
+            metrics=_metrics(state, attempt, result, rss_before, cpu_seconds),
             applied_instructions={"applied": result.applied, "not_applied": result.not_applied},
         )
     except JobLost:
@@ -295,9 +333,9 @@ def _run(state: worker.WorkerState, job_id: str, limits: list[float] | None) -> 
     if not done:
         # Canceled or taken over meanwhile: this file is not the job's audio.
         discard_output(job.id, attempt.token, relative)
-        return Outcome("lost", result.engine, result.synth_ms / 1000, job.text_chars)
+        return Outcome("lost", result.engine, cpu_seconds, job.text_chars)
     remove_partials(attempt.out_path)  # the stream file: readers still streaming keep it open
-    return Outcome("succeeded", result.engine, result.synth_ms / 1000, job.text_chars)
+    return Outcome("succeeded", result.engine, cpu_seconds, job.text_chars)
 
 
 @contextlib.contextmanager
@@ -329,7 +367,8 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
     After each sentence one fenced write records progress, renews the lease and
     reads the cancel flag. Its answer is acted on at once, in the same call:
     "lost" raises AttemptLost and the run stops before its next sentence; so
-    does the soft limit. A cancel is read at the next sentence's check.
+    does a spent CPU budget (the soft limit). A cancel is read at the next
+    sentence's check.
     """
     from synth import SynthesisRequest
 
@@ -343,7 +382,7 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
         if verdict is Verdict.LOST:
             raise AttemptLost()
         cancel["requested"] = verdict is Verdict.CANCEL
-        if done < total and time.monotonic() - attempt.started > attempt.soft:
+        if done < total and attempt.cpu_seconds > attempt.cpu_budget:
             raise SoftLimitReached()
 
     os.makedirs(os.path.dirname(attempt.out_path), exist_ok=True)
@@ -358,6 +397,7 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
         language=params.get("language"),
         instructions=params.get("instructions"),
         loudness_lufs=params.get("loudness"),
+        seed=params.get("seed"),  # not an API field yet; the torch runtime honours it
         # An uploaded voice cloned zero-shot: the engine gets its prompt (docs/voices.md).
         prompt=prompts.voice_prompt(job.voice) if job.cloning_mode == prompts.ZERO_SHOT else None,
     )
@@ -371,12 +411,15 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
     )
 
 
-def _metrics(state: worker.WorkerState, attempt: Attempt, result: Any, rss_before: float) -> dict[str, Any]:
+def _metrics(
+    state: worker.WorkerState, attempt: Attempt, result: Any, rss_before: float, cpu_seconds: float
+) -> dict[str, Any]:
     """What the job row keeps about its run (the API shows only the public part)."""
     job = attempt.job
     return {
         "queue_ms": max(0, int((attempt.claimed_at - job.created_at).total_seconds() * 1000)),
         "synth_ms": result.synth_ms,
+        "cpu_ms": int(cpu_seconds * 1000),
         "audio_seconds": round(result.duration_seconds, 3),
         "rtf": round(result.rtf, 4),
         "peak_rss_mb": result.peak_rss_mb,
@@ -392,6 +435,7 @@ def _metrics(state: worker.WorkerState, attempt: Attempt, result: Any, rss_befor
         "child_task_no": state.tasks_done + 1,
         "child_rss_before_mb": rss_before,
         "chunks": result.chunks,
+        "batch_sizes": result.batch_sizes,  # per sentence, on a batching child; [] elsewhere
     }
 
 
@@ -417,7 +461,8 @@ def _settle_failure(attempt: Attempt, exc: Exception) -> Outcome:
         return Outcome("canceled" if canceled else "lost")
     if isinstance(exc, SoftLimitReached):
         message = (
-            f"Synthesis took longer than the {attempt.soft:g} s allowed for {job.text_chars} characters."
+            f"Synthesis needed more than the {attempt.soft:g} s of CPU time allowed "
+            f"for {job.text_chars} characters."
         )
         return _failed(attempt, "timeout", message)
     if isinstance(exc, SynthError):

@@ -202,6 +202,7 @@ def owner_is_dead(owner: str, me: str | None = None) -> bool:
 
 def load_models(state: WorkerState) -> None:
     from synth import Synthesizer
+    from webapp.speech import faults
     from webapp.speech.services import attempts
 
     # Before any model: a worker from older code must not claim against a newer schema
@@ -214,8 +215,12 @@ def load_models(state: WorkerState) -> None:
         voices_dir=settings.TTS_VOICES_DIR,
         engines=settings.TTS_WORKER_ENGINES,
         threads=settings.TTS_WORKER_THREADS,
+        piper_runtime=settings.TTS_WORKER_PIPER_RUNTIME,
+        batch_jobs=settings.TTS_WORKER_BATCH_JOBS,
+        batch_wait_ms=settings.TTS_WORKER_BATCH_WAIT_MS,
     )
     synthesizer.load()
+    faults.fail_marked_sentences(synthesizer)
     state.state = "warming_up"
     synthesizer.warm_up()
     found = synthesizer.voices()
@@ -383,19 +388,20 @@ def _on_process_shutdown(**_: Any) -> None:
 def after_task(
     state: WorkerState,
     engine: str | None,
-    synth_seconds: float | None,
+    cpu_seconds: float | None,
     characters: int,
     oom: bool = False,
 ) -> str | None:
     """Count the task, feed the health check, and ask to leave when the child should be replaced.
 
-    ``synth_seconds`` and ``characters`` (of a succeeded synthesis; None/0
-    otherwise) feed the drift check, which compares seconds per character.
+    ``cpu_seconds`` and ``characters`` (of a succeeded synthesis; None/0
+    otherwise) feed the drift check, which compares CPU seconds per character:
+    a busy host slows a child without degrading it.
     """
     state.tasks_done += 1
     state.current_job = None
-    if engine and synth_seconds and characters > 0:
-        state.health.rtf.add(engine, synth_seconds / characters, characters)
+    if engine and cpu_seconds and characters > 0:
+        state.health.rtf.add(engine, cpu_seconds / characters, characters)
     if oom:
         # Not held back by the minimum task count: after an out-of-memory error
         # the runtime's state is suspect, and the job's retry wants a fresh child.

@@ -15,8 +15,25 @@ def test_the_beat_schedule_contains_every_job() -> None:
     schedule: dict[str, dict[str, Any]] = settings.CELERY_BEAT_SCHEDULE
     entries = {e["task"]: e for e in schedule.values() if e["task"].startswith("housekeeping.")}
     assert set(entries) == {f"housekeeping.{name}" for name in JOBS}
-    assert len(JOBS) == 9  # issue 13 added sweep_lost_deliveries
-    for entry in entries.values():
+    # Issue 13 added sweep_lost_deliveries, issue 17 snapshot_operations.
+    assert (
+        set(JOBS)
+        == set(settings.TTS_HOUSEKEEPING_EVERY)
+        == {
+            "reap_stuck_jobs",
+            "redispatch_jobs",
+            "sweep_lost_deliveries",
+            "expire_audio",
+            "reject_stale_voices",
+            "delete_voice_files",
+            "remove_orphan_files",
+            "purge_temp_files",
+            "prune_records",
+            "snapshot_operations",
+        }
+    )
+    for task, entry in entries.items():
+        assert entry["schedule"] == settings.TTS_HOUSEKEEPING_EVERY[task.removeprefix("housekeeping.")]
         assert entry["options"]["queue"] == "housekeeping"
         assert 0 < entry["schedule"] <= entry["options"]["expires"]
 

@@ -38,9 +38,12 @@ from webapp.tenants.models import Organization
 log = logging.getLogger(__name__)
 
 FALLBACK_POLL_SECONDS = 1.0
-# Sync parts (auth, validation, the final answer) of waiting requests running at
-# once per process: a burst of waiters must not open one database connection each.
-SYNC_SLOTS = 16
+# Sync parts of waiting requests running at once per process, each phase on its
+# own: the first (auth, validation, submit) and the answer. A burst of waiters
+# then takes at most 2 x 6 of the process's pooled connections (DATABASE_POOL_SIZE,
+# 20), leaving the rest to other requests, and answers never queue behind
+# submits waiting for their tenant's lock.
+SYNC_SLOTS = 6
 
 JobState = tuple[str, float]
 WAIT_ATTRIBUTE = "tts_wait"
@@ -69,14 +72,16 @@ def request_to_wait(request: Any, job_id: Any, seconds: float, done: Callable[[J
     setattr(_django_request(request), WAIT_ATTRIBUTE, PendingWait(job_id, seconds, done))
 
 
-_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _sync_slots() -> asyncio.Semaphore:
-    loop = asyncio.get_running_loop()
-    if loop not in _slots:
-        _slots[loop] = asyncio.Semaphore(SYNC_SLOTS)
-    return _slots[loop]
+def _sync_slots(phase: str) -> asyncio.Semaphore:
+    per_loop = _slots.setdefault(asyncio.get_running_loop(), {})
+    if phase not in per_loop:
+        per_loop[phase] = asyncio.Semaphore(SYNC_SLOTS)
+    return per_loop[phase]
 
 
 def _view_then_release_connection(
@@ -99,13 +104,13 @@ def then_wait(
 
     async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         try:
-            async with _sync_slots():
+            async with _sync_slots("first"):
                 first = await sync_to_async(_view_then_release_connection)(view, request, *args, **kwargs)
             pending: PendingWait | None = getattr(request, WAIT_ATTRIBUTE, None)
             if pending is None or first.status_code >= 300:
                 return first
             await await_job(pending.job_id, pending.seconds, pending.done)
-            async with _sync_slots():
+            async with _sync_slots("answer"):
                 return await sync_to_async(answer)(request, pending.job_id, first)
         finally:
             slot = getattr(request, SLOT_ATTRIBUTE, None)

@@ -80,7 +80,8 @@ _SET_CLAIMED = f"""
     lease_until = now() + make_interval(secs => %(lease)s),
     deadline = now() + make_interval(secs => COALESCE(
         CASE WHEN {TABLE}.id = %(hinted)s::uuid THEN %(hard)s::float8 END,
-        LEAST(%(base)s::float8 + %(per_char)s::float8 * {TABLE}.text_chars, %(max)s::float8) + %(grace)s::float8)),
+        LEAST(%(wall)s::float8 * LEAST(%(base)s::float8 + %(per_char)s::float8 * {TABLE}.text_chars,
+                                       %(max)s::float8), %(max)s::float8) + %(grace)s::float8)),
     progress_at = now(), started_at = COALESCE({TABLE}.started_at, now())
 """
 
@@ -94,6 +95,7 @@ def _claim_params(worker_id: str, hinted: Any = None, hard: float | None = None)
         "base": float(settings.TTS_JOB_BASE_SECONDS),
         "per_char": float(settings.TTS_JOB_SECONDS_PER_CHAR),
         "max": float(settings.TTS_MAX_JOB_SECONDS),
+        "wall": float(settings.TTS_JOB_WALL_FACTOR),
         "grace": float(settings.TTS_JOB_HARD_GRACE_SECONDS),
         "max_attempts": settings.TTS_JOB_MAX_ATTEMPTS,
     }

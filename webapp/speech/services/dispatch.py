@@ -29,14 +29,22 @@ def queue_for_engine(engine: str) -> str:
 
 
 def job_time_limits(text_chars: int) -> tuple[float, float]:
-    """(soft, hard) seconds for a job: grow with text length, capped by TTS_MAX_JOB_SECONDS.
+    """(soft, hard) seconds for a job, both growing with its text length.
 
-    The worker stops at the first sentence past the soft limit; the hard limit
-    (soft + TTS_JOB_HARD_GRACE_SECONDS) is the deadline on the row.
+    soft: a budget of the child's CPU time (per inference thread) =
+    TTS_JOB_BASE_SECONDS + TTS_JOB_SECONDS_PER_CHAR x characters, capped by
+    TTS_MAX_JOB_SECONDS; the worker stops at the first sentence past it. CPU
+    time, not wall time: a busy host slows a job without using up its budget.
+    hard: the wall-clock ceiling, the row's deadline = soft x
+    TTS_JOB_WALL_FACTOR (the slack a busy host gets), capped by
+    TTS_MAX_JOB_SECONDS, + TTS_JOB_HARD_GRACE_SECONDS.
     """
-    soft = settings.TTS_JOB_BASE_SECONDS + settings.TTS_JOB_SECONDS_PER_CHAR * text_chars
-    soft = min(soft, settings.TTS_MAX_JOB_SECONDS)
-    return float(soft), float(soft + settings.TTS_JOB_HARD_GRACE_SECONDS)
+    soft = min(
+        settings.TTS_JOB_BASE_SECONDS + settings.TTS_JOB_SECONDS_PER_CHAR * text_chars,
+        settings.TTS_MAX_JOB_SECONDS,
+    )
+    wall = min(soft * settings.TTS_JOB_WALL_FACTOR, settings.TTS_MAX_JOB_SECONDS)
+    return float(soft), float(wall + settings.TTS_JOB_HARD_GRACE_SECONDS)
 
 
 def celery_time_limit() -> int:

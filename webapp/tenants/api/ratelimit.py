@@ -72,8 +72,10 @@ def _count(request: Any, counter: str, limit: int, scope: str) -> RateUsage:
     usage = get_usage(
         request, group=GROUP, key=lambda _group, _request: counter, rate=f"{limit}/m", increment=True
     )
-    if usage is None or int(usage["time_left"]) < 0:
-        # django-ratelimit reports a cache it could not write as time_left -1.
+    if usage is None or int(usage["count"]) < 1:
+        # django-ratelimit reports a cache it could not write as count 0 (and time_left -1);
+        # a counted request is at least 1. time_left alone also goes negative when the
+        # window ends while the cache calls run (a slow request), which is no failure.
         raise RedisError("rate counter not updated")
     count = int(usage["count"])
     return RateUsage(

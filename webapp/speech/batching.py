@@ -1,0 +1,156 @@
+"""A batching child: several jobs at once in one worker child (GPU workers on the torch runtime).
+
+On a worker with ``TTS_WORKER_PIPER_RUNTIME=torch`` and ``TTS_WORKER_BATCH_JOBS``
+over 1, a message does not run one job. It claims its job as any message does
+(``tasks.claim_for_message``), then more queued jobs of the same engine,
+fairest first (``attempts.claim_next``), up to ``TTS_WORKER_BATCH_JOBS``, and
+runs each in its own thread with ``tasks.run_claimed``: the same claim and
+fencing token, progress, cancel flag, limits, per-attempt file and settling as
+a job of a CPU child. Their sentences meet in the engine's batcher
+(``synth.batching``), which synthesises what is waiting in one batched pass;
+an error of one sentence reaches only its own job. A job that ends makes room
+for the next queued one while a job claimed now still ends inside the
+message's Celery time limit; jobs queued meanwhile join within half a
+second while there is room. The message returns once all its jobs are
+settled; each of them counts as a task for the child's recycle check.
+docs/gpu.md, "Execution model for GPU batching".
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING
+
+from celery.exceptions import Reject
+from django.conf import settings
+from django.db import connections
+
+from webapp.speech import recycling, worker
+from webapp.speech.services import attempts
+from webapp.speech.services.dispatch import job_time_limits
+
+if TYPE_CHECKING:
+    from webapp.speech.models import SynthesisJob
+    from webapp.speech.tasks import Outcome
+
+log = logging.getLogger(__name__)
+
+REFILL_POLL_SECONDS = 0.5
+
+Claimed = tuple["SynthesisJob", tuple[float, float]]
+
+
+def enabled() -> bool:
+    """Whether this worker's children run several jobs at once (CPU workers: never by default)."""
+    return settings.TTS_WORKER_PIPER_RUNTIME == "torch" and settings.TTS_WORKER_BATCH_JOBS > 1
+
+
+def cpu_clock() -> Callable[[], float]:
+    """The clock of a job's soft limit (CPU seconds) in this child.
+
+    A batching child runs several jobs in one process, so its process CPU time
+    is all of theirs: each job counts its own thread's CPU time plus its share
+    of every batch its sentences were in (synth.batching.thread_cpu_time).
+    """
+    if not enabled():
+        return time.process_time
+    from synth.batching import thread_cpu_time
+
+    return thread_cpu_time
+
+
+def run_group(state: worker.WorkerState, job_id: str, limits: list[float] | None) -> str:
+    """One message on a batching child: its job and the jobs claimed beside it, each in a thread."""
+    from webapp.speech import tasks
+
+    try:
+        first = tasks.claim_for_message(state, job_id, limits)
+    except tasks.JobLost as exc:
+        log.error("job %s: %s; message handed back", job_id, exc)
+        raise Reject(str(exc), requeue=True) from exc
+    if first is None:
+        worker.after_task(state, None, None, 0)
+        return tasks.SKIPPED.name
+    group = _Group(state, first[0].engine)
+    names = group.run(first)
+    if group.lost:
+        # The database stayed away: the jobs it could not settle wait for their owner to be seen gone.
+        raise Reject("database unreachable", requeue=True)
+    return "group:" + ",".join(names)
+
+
+class _Group:
+    """The jobs one message runs at once, and the claims that refill it."""
+
+    def __init__(self, state: worker.WorkerState, engine: str) -> None:
+        self.state = state
+        self.engine = engine
+        self.size = settings.TTS_WORKER_BATCH_JOBS
+        self.started = time.monotonic()
+        self.lost = False
+
+    def run(self, first: Claimed) -> list[str]:
+        names: list[str] = []
+        with ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="batch-job") as pool:
+            running: set[Future[Outcome | None]] = {pool.submit(self._one, *first)}
+            while running:
+                while len(running) < self.size and (claimed := self._claim_more()) is not None:
+                    running.add(pool.submit(self._one, *claimed))
+                # With room left, look for newly queued jobs now and then: their messages
+                # wait behind this one in this child, and they should join the batches now.
+                room = len(running) < self.size and self._may_claim()
+                done, running = wait(running, REFILL_POLL_SECONDS if room else None, FIRST_COMPLETED)
+                for future in done:
+                    names.append(self._count(future.result()))
+        return names
+
+    def _may_claim(self) -> bool:
+        """Room for one more job: the child is staying, and a job claimed now ends inside the message's limit.
+
+        Celery's limit is TTS_MAX_JOB_SECONDS + 2 x grace; no job's deadline is
+        later than TTS_MAX_JOB_SECONDS + grace after its claim.
+        """
+        return (
+            time.monotonic() - self.started < settings.TTS_JOB_HARD_GRACE_SECONDS
+            and not recycling.exit_requested()
+            and not worker.handing_back()
+            and not self.lost
+        )
+
+    def _claim_more(self) -> Claimed | None:
+        from webapp.speech import tasks
+
+        if not self._may_claim():
+            return None
+        try:
+            job = tasks.db_retry(attempts.claim_next, self.engine, self.state.worker_id)
+        except tasks.JobLost:
+            self.lost = True
+            return None
+        return None if job is None else (job, job_time_limits(job.text_chars))
+
+    def _one(self, job: SynthesisJob, limits: tuple[float, float]) -> Outcome | None:
+        """One job in its own thread; None when the database stayed away."""
+        from webapp.speech import tasks
+
+        try:
+            return tasks.run_claimed(self.state, job, limits)
+        except tasks.JobLost as exc:
+            log.error("job %s: %s; left to the lease reaper", job.id, exc)
+            self.lost = True
+            return None
+        finally:
+            connections.close_all()  # this thread's own connections
+
+    def _count(self, outcome: Outcome | None) -> str:
+        """Each job is a task for the child's health check (drift, memory, out-of-memory)."""
+        if outcome is None:
+            worker.after_task(self.state, None, None, 0)
+            return "lost"
+        worker.after_task(
+            self.state, outcome.engine, outcome.cpu_seconds, outcome.characters, oom=outcome.out_of_memory
+        )
+        return outcome.name
