@@ -33,11 +33,15 @@ def system_user(name: str) -> pwd.struct_passwd | None:
     try:
         return pwd.getpwnam(name)
     except KeyError:
+        # Another stack starting at the same moment may create it first: check again after.
         subprocess.run(
             ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-            check=True,
+            capture_output=True,
         )
+    try:
         return pwd.getpwnam(name)
+    except KeyError:
+        raise RuntimeError(f"could not create the system user {name} (useradd)") from None
 
 
 def pg_user() -> pwd.struct_passwd | None:

@@ -112,7 +112,7 @@ def worker_service(cfg: StackConfig, name: str = "worker", role: str = "synth") 
 
 
 def _as_app_user(cfg: StackConfig, service: Service) -> Service:
-    """As root, a Django process of `make run` runs as the unprivileged app user (deploy/provision.py)."""
+    """As root, a Celery process of `make run` runs as the unprivileged app user (deploy/privileges.py)."""
     kwargs = as_app_user()
     if kwargs:
         service.popen_kwargs.update(kwargs)

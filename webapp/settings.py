@@ -136,7 +136,7 @@ if DATABASE_POOL_SIZE > 0:
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django's pool requires it
     DATABASES["default"]["OPTIONS"] = {
         **dict(DATABASES["default"].get("OPTIONS") or {}),  # type: ignore[call-overload]
-        "pool": {"min_size": DATABASE_POOL_SIZE, "max_size": DATABASE_POOL_SIZE, "timeout": 10},
+        "pool": {"min_size": 2, "max_size": DATABASE_POOL_SIZE, "timeout": 10},
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -64,9 +64,16 @@ class _TorchVoice:
 
 @dataclass
 class BatchOutcome:
-    """One entry per request, in order: its audio, or the SynthError that failed it alone."""
+    """One entry per request, in order: its audio, or the error that failed it alone.
 
-    results: list[np.ndarray | SynthError]
+    The error is a SynthError (``synthesis_failed`` for a pass that failed),
+    except when the request ran out of memory on its own: then it is that
+    error itself (``MemoryError``, ``torch.cuda.OutOfMemoryError``), so the
+    caller can treat it as out-of-memory (the worker re-queues the job once
+    on a fresh child).
+    """
+
+    results: list[np.ndarray | Exception]
     peak_memory_mb: float  # CUDA: max_memory_allocated over the batch; CPU: peak RSS of the process
     forward_passes: int
 
@@ -283,7 +290,7 @@ class PiperTorchEngine(PiperEngine):
             try:
                 audio = self._forward(voice, mine, len(mine))
             except Exception as exc:
-                results[i] = exc if isinstance(exc, SynthError) else SynthError(f"synthesis failed: {exc}")
+                results[i] = _request_error(exc)
                 continue
             self._collect(voice, requests, [i] * len(mine), audio, results)
         return len(set(owners))
@@ -324,6 +331,13 @@ class PiperTorchEngine(PiperEngine):
             box[0] = self.last_peak_mb = mem.peak_rss_mb
         else:
             yield box
+
+
+def _request_error(exc: Exception) -> Exception:
+    """What a request whose pass failed on its own gets (see BatchOutcome)."""
+    if isinstance(exc, SynthError | MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return exc
+    return SynthError(f"synthesis failed: {exc}", code="synthesis_failed")
 
 
 def _peak_normalised(audio: np.ndarray) -> np.ndarray:

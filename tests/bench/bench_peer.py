@@ -89,7 +89,9 @@ def _timed_get_body(response: requests.Response, started: float) -> tuple[bytes,
 
 def peer_request(session: requests.Session, text: str) -> tuple[bytes, float]:
     started = time.monotonic()
-    r = session.post(f"http://127.0.0.1:{PEER_PORT}/synthesize", json={"text": text}, stream=True, timeout=300)
+    r = session.post(
+        f"http://127.0.0.1:{PEER_PORT}/synthesize", json={"text": text}, stream=True, timeout=300
+    )
     return _timed_get_body(r, started)
 
 
@@ -164,6 +166,12 @@ def process_groups(stack: Any, peer: subprocess.Popen[bytes] | None) -> dict[str
             groups[name] = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             continue
+    for name, marker in (("postgres", str(stack.cfg.path("pg"))), ("redis", f":{stack.cfg.redis_port}")):
+        if name not in groups:  # already running before this run, so not among its services
+            groups[name] = [
+                p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])
+            ]
+            groups[name] += [c for p in groups[name] for c in p.children(recursive=True)]
     return groups
 
 
@@ -255,8 +263,12 @@ def start_ours() -> tuple[Any, str, str, Any]:
     from django.core.management import call_command
 
     call_command("collectstatic", "--noinput", verbosity=0)
-    stack.start_worker("worker", concurrency=str(settings.TTS_WORKER_CONCURRENCY), timeout=300)
-    stack.start_web()
+    try:
+        stack.start_worker("worker", concurrency=str(settings.TTS_WORKER_CONCURRENCY), timeout=300)
+        stack.start_web()
+    except BaseException:
+        stack.stop_all()
+        raise
     from webapp.tenants.models import Plan
     from webapp.tenants.services import OPERATOR, create_api_key, create_organization
 

@@ -54,6 +54,8 @@ SOAK_ENV = {
     "TTS_NGINX_RATE_GENERAL": "500r/s",
     "TTS_NGINX_BURST_GENERAL": "1000",
 }
+# A loaded eSpeak child is about 110 MB; one below this is still starting.
+SETTLED_CHILD_MB = 50
 IN_FLIGHT = 64  # jobs submitted but not finished, at most
 TERMINAL = ("succeeded", "failed", "canceled", "expired")
 
@@ -68,6 +70,7 @@ class SoakResult:
     bad_files: list[str] = field(default_factory=list)
     rss_after_100_mb: float = 0.0
     rss_after_all_mb: float = 0.0
+    rss_breakdown: list[str] = field(default_factory=list)  # MB per process (parent first), per mark
     longest_gap_s: float = 0.0
     child_kills: int = 0
     refusals: int = 0
@@ -80,7 +83,7 @@ class SoakResult:
             f"soak: lost {self.lost}, charged twice {self.charged_twice}, not succeeded {self.not_succeeded}, "
             f"files missing or wrong {len(self.bad_files)}",
             f"soak: worker RSS after 100 jobs {self.rss_after_100_mb:.0f} MB, after {self.jobs} "
-            f"{self.rss_after_all_mb:.0f} MB ({growth:+.1f} %)",
+            f"{self.rss_after_all_mb:.0f} MB ({growth:+.1f} %); per process: {' / '.join(self.rss_breakdown)}",
             f"soak: longest gap between two finished jobs {self.longest_gap_s:.1f} s; "
             f"submissions refused during outages {self.refusals}",
         ]
@@ -127,9 +130,29 @@ def _worker_tree(var: Path) -> psutil.Process:
     return psutil.Process(service_pid(var, "worker"))
 
 
-def _rss_mb(var: Path) -> float:
+def _rss_mb(var: Path, result: SoakResult) -> float | None:
+    """Worker parent and children together, or None while a child is being replaced.
+
+    A child just forked (after a kill or a recycle) has not loaded its engine
+    yet: counted then, the figure would be one child short and not comparable.
+    """
     parent = _worker_tree(var)
-    return sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)]) / 2**20
+    children = parent.children(recursive=True)
+    sizes = [p.memory_info().rss / 2**20 for p in [parent, *children]]
+    if (
+        len(children) != int(SOAK_ENV["TTS_WORKER_CONCURRENCY"])
+        or min(sizes[1:], default=0) < SETTLED_CHILD_MB
+    ):
+        return None
+    result.rss_breakdown.append(" + ".join(f"{size:.0f}" for size in sizes))
+    return sum(sizes)
+
+
+def _settled_rss_mb(var: Path, result: SoakResult, timeout: float = 60) -> float:
+    deadline = time.monotonic() + timeout
+    while (rss := _rss_mb(var, result)) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return rss or 0.0
 
 
 def _kill_service(var: Path, name: str) -> None:
@@ -172,7 +195,7 @@ def _drive(stack: StackProcess, key: str, result: SoakResult, every: int) -> lis
                 finished = max(finished, books.finished(ids))
                 chaos.on_progress(finished)
                 if not result.rss_after_100_mb and finished >= 100:
-                    result.rss_after_100_mb = _rss_mb(stack.var)
+                    result.rss_after_100_mb = _rss_mb(stack.var, result) or 0.0
                 time.sleep(0.2)
                 done = {f for f in pending if f.done()}
                 ids.extend(f.result() for f in done)
@@ -229,7 +252,7 @@ def run_soak(jobs: int, kill_every: int = 200, var: Path | None = None) -> SoakR
         ids = _drive(stack, found.group(1), result, kill_every)
         _wait_all_finished(books, ids, timeout=120 + jobs * 0.05)
         result.seconds = time.monotonic() - started
-        result.rss_after_all_mb = _rss_mb(var)
+        result.rss_after_all_mb = _settled_rss_mb(var, result)
         _check_books(var, books, ids, result)
         assert "giving up" not in stack.output, stack.output[-3000:]
     finally:

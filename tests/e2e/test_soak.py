@@ -15,4 +15,7 @@ def test_500_jobs_survive_killed_children_redis_and_postgres() -> None:
     assert result.charged_twice == 0, result.lines()
     assert result.not_succeeded == {}, result.lines()
     assert result.bad_files == [], result.lines()
+    # Memory stays flat: the worker (parent and loaded children) within 10 % of its size after 100 jobs.
+    assert result.rss_after_100_mb > 0, result.lines()
+    assert abs(result.rss_after_all_mb / result.rss_after_100_mb - 1) <= 0.10, result.lines()
     print("\n".join(result.lines()))

@@ -111,14 +111,9 @@ def held_back() -> Iterator[Callable[[Any], bool]]:
 
 
 def _submit_held(org: Any, n: int) -> list[Any]:
-    from webapp.speech.models import Voice
-    from webapp.speech.services import jobs
+    from tests.integration.api.direct_jobs import submit_espeak
 
-    voice = Voice.objects.get(voice_id=VOICE, organization__isnull=True)
-    request_ = jobs.JobRequest(
-        text=TEXT, voice=voice, format="wav", sample_rate=None, params={}, billable_chars=len(TEXT)
-    )
-    return [jobs.submit_job(org, request_)[0].id for _ in range(n)]
+    return [submit_espeak(org, TEXT).id for _ in range(n)]
 
 
 def _db_connections() -> int:

@@ -92,6 +92,22 @@ def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.1)
         time.sleep(interval)
 
 
+def pause_while_running(job_id: Any, seconds: float, slice_seconds: float = 1.5) -> float:
+    """A busy host: the job's worker child gets no CPU for ``seconds`` of its run, in slices
+    (SIGSTOP/SIGCONT) shorter than the heartbeat TTL, advancing a little in between. Returns
+    the seconds it was paused (less when the job ended first)."""
+    row = wait_until(lambda: (r := job(job_id)).status == "running" and r, 60, "the job to start")
+    pid = int(row.worker.rpartition(":")[2])
+    paused = 0.0
+    while paused < seconds and job(job_id).status == "running":
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(slice_seconds)
+        os.kill(pid, signal.SIGCONT)
+        paused += slice_seconds
+        time.sleep(0.2)
+    return paused
+
+
 def usage_events(job_id: Any) -> list[str]:
     from webapp.speech.models import UsageEvent
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -9,10 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.helpers import (
+    LONG,
+    PIPER,
     SHORT,
     children,
     flush_queues,
     make_org,
+    pause_while_running,
     start_worker,
     submit,
     wait_status,
@@ -177,5 +181,45 @@ def test_children_born_over_the_memory_limit_serve_on_and_age_out_at_different_t
         assert {r.metrics["pid"] for r in rows} <= pids  # no child was replaced
         assert {p.pid for p in children(worker)} == pids
         assert recycling.node_stats(stack.redis_client(), beats[0]["node"])["recycles"] == 0
+    finally:
+        stack.stop_service(worker)
+
+
+def test_a_child_slowed_by_a_busy_host_is_not_recycled_for_drift(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    from webapp.speech import recycling
+
+    flush_queues(stack, "synth.piper")
+    worker = start_worker(
+        stack,
+        "w-drift",
+        engines="piper",
+        TTS_WORKER_RTF_DRIFT_FACTOR="2",
+        TTS_WORKER_RTF_BASELINE_TASKS="2",
+        TTS_WORKER_RTF_WINDOW="3",
+        TTS_WORKER_MIN_TASKS_BEFORE_RECYCLE="0",
+    )
+    try:
+        org = make_org("drift")
+        baseline = [wait_status([submit(org, LONG, voice=PIPER).id], timeout=60)[0] for _ in range(2)]
+        base_ms = statistics.median(r.metrics["synth_ms"] for r in baseline)
+        window = []
+        for _ in range(3):
+            slowed = submit(org, LONG, voice=PIPER)
+            pause_while_running(slowed.id, 2.5 * base_ms / 1000)
+            window.extend(wait_status([slowed.id], timeout=90))
+        rows = baseline + window
+        assert [r.status for r in rows] == ["succeeded"] * 5
+        # Wall time per character more than doubled over the baseline: drift, had it counted wall time.
+        assert statistics.median(r.metrics["synth_ms"] for r in window) > 2 * base_ms
+        assert statistics.median(r.metrics["cpu_ms"] for r in window) < 2 * statistics.median(
+            r.metrics["cpu_ms"] for r in baseline
+        )
+        # The child was not replaced: the next job runs on it, and the node counts no recycle.
+        (after,) = wait_status([submit(org, SHORT, voice=PIPER).id], timeout=60)
+        assert after.status == "succeeded"
+        assert {r.metrics["pid"] for r in rows} == {after.metrics["pid"]}
+        assert recycling.node_stats(stack.redis_client(), after.metrics["node"])["recycles"] == 0
     finally:
         stack.stop_service(worker)

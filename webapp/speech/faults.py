@@ -1,7 +1,8 @@
 """Test-only faults for tests/reliability: each is off unless its TTS_FAULT_* setting names a marker.
 
 A job whose text contains the marker kills its child, runs out of memory,
-hangs, or stops (SIGSTOP) or dies between its file's rename and its commit.
+hangs, or stops (SIGSTOP) or dies between its file's rename and its commit;
+on a batching child, a sentence containing its marker fails in its batch.
 """
 
 from __future__ import annotations

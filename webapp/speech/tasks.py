@@ -18,7 +18,6 @@ should be replaced (``worker.after_task``). docs/workers.md tells the whole flow
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import signal
@@ -46,14 +45,20 @@ from webapp.speech.services import attempts, prompts
 from webapp.speech.services.attempts import Verdict
 from webapp.speech.services.dispatch import job_time_limits
 from webapp.speech.services.files import media_path
-from webapp.speech.services.outputs import attempt_path, discard_attempt, discard_output, remove_partials
+from webapp.speech.services.outputs import (
+    attempt_path,
+    discard_attempt,
+    discard_output,
+    fsync_output,
+    remove_partials,
+    storage_error_code,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 _DB_ERRORS = (OperationalError, InterfaceError)
-_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 class JobLost(Exception):
@@ -109,25 +114,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return "out of memory" in text or "failed to allocate memory" in text
 
 
-def storage_error_code(exc: BaseException) -> str | None:
-    """``disk_full`` / ``storage_error`` when ``exc`` is a failure to write the audio, else None.
-
-    libsndfile reports a failed write as "System error." (SF_ERR_SYSTEM) and
-    leaves the reason in the C errno, which cffi keeps for the calling thread.
-    """
-    if isinstance(exc, OSError):
-        return "disk_full" if exc.errno in _DISK_FULL_ERRNOS else "storage_error"
-    if type(exc).__name__ == "LibsndfileError" and getattr(exc, "code", None) == 2:
-        try:
-            import soundfile
-
-            err = int(soundfile._ffi.errno)
-        except Exception:
-            err = 0
-        return "disk_full" if err in _DISK_FULL_ERRNOS else "storage_error"
-    return None
-
-
 # ----------------------------------------------------------------------------- files of one attempt
 
 
@@ -139,16 +125,6 @@ def _discard_dead_attempt(job_id: Any) -> None:
         return  # the orphan sweep removes them
     if job is not None:
         discard_attempt(job, job.claim_token)
-
-
-def _fsync(path: str) -> None:
-    """The file and its folder on disk before the row says succeeded (a power cut keeps both)."""
-    for target, flags in ((path, os.O_RDONLY), (os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)):
-        fd = os.open(target, flags)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # ----------------------------------------------------------------------------- the task
@@ -306,7 +282,7 @@ def run_claimed(state: worker.WorkerState, job: SynthesisJob, limits: tuple[floa
             faults.before_synthesis(job)
             result = _synthesize(state, attempt)
             cpu_seconds = attempt.cpu_seconds
-            _fsync(attempt.out_path)
+            fsync_output(attempt.out_path)
         faults.before_commit(job)
         done = db_retry(
             attempts.complete_job,

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import connection, connections
 
 from tests.integration.api.conftest import Tenant
+from tests.integration.api.direct_jobs import submit_espeak
 
 DONE: dict[str, Any] = {
     "audio_path": "audio/x.wav",
@@ -53,21 +54,6 @@ def tenant(transactional_db: None, builtin_voices: list[str], no_dispatch: None)
     org = create_organization("Lock order tenant", plan=plan)
     key, raw = create_api_key(org, "k", created_by=OPERATOR)
     return Tenant(org=org, key=key, raw_key=raw, client=ApiClient(raw))
-
-
-def _submit(org: Any, text: str = "short text") -> Any:
-    from webapp.speech.models import Voice
-    from webapp.speech.services import jobs
-
-    request = jobs.JobRequest(
-        text=text,
-        voice=Voice.objects.filter(engine="espeak").first(),  # type: ignore[arg-type]
-        format="wav",
-        sample_rate=None,
-        params={},
-        billable_chars=len(text),
-    )
-    return jobs.submit_job(org, request)[0]
 
 
 def _claim(job_id: Any) -> int:
@@ -141,14 +127,14 @@ def test_a_submit_and_a_charge_of_one_tenant_do_not_deadlock(
     from webapp.speech.models import UsagePeriod
     from webapp.speech.services import attempts
 
-    running = _submit(tenant.org)
+    running = submit_espeak(tenant.org)
     token = _claim(running.id)
     results: dict[str, Any] = {}
     # The blocker holds the usage row, so the charge and then the submit line up behind it.
     blocker.execute("SELECT 1 FROM speech_usageperiod WHERE organization_id = %s FOR UPDATE", [tenant.org.pk])
     charge = _in_thread(lambda: attempts.complete_job(running.id, token, **DONE), results, "charge")
     _wait_until_blocked(observer, results, "charge")
-    submit = _in_thread(lambda: _submit(tenant.org), results, "submit")
+    submit = _in_thread(lambda: submit_espeak(tenant.org), results, "submit")
     _wait_until_blocked(observer, results, "submit")
     blocker.rollback()
     charge.join(30)
@@ -172,7 +158,7 @@ def test_parallel_submits_and_completes_of_one_tenant_all_finish(tenant: Tenant)
     def submitter() -> None:
         try:
             for _ in range(per_thread):
-                job = _submit(tenant.org)
+                job = submit_espeak(tenant.org)
                 with lock:
                     submitted.append(job.id)
         except BaseException as exc:

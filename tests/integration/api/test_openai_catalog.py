@@ -30,9 +30,34 @@ def test_catalog_needs_a_key_and_answers_in_openai_error_shape(make_tenant: Any)
     assert r.json()["error"]["code"] in ("invalid_api_key", "not_authenticated")
 
 
-def test_stream_format_sse_is_refused_with_an_openai_error(make_tenant: Any, builtin_voices: list[str]) -> None:
+def test_stream_format_sse_is_refused_with_an_openai_error(
+    make_tenant: Any, builtin_voices: list[str]
+) -> None:
     t = make_tenant()
     r = t.client.post(
         "/v1/audio/speech", {"model": "tts-1", "voice": "alloy", "input": "Hi.", "stream_format": "sse"}
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_format"
+
+
+def test_speed_and_instructions_reach_the_job_as_on_the_native_api(live_tenant: Any, settings: Any) -> None:
+    from django.test import Client
+
+    from webapp.speech.models import SynthesisJob
+
+    settings.TTS_OPENAI_WAIT_SECONDS = 0  # only the job it submits matters here
+    t = live_tenant()
+    Client().post(
+        "/v1/audio/speech",
+        {
+            "model": "tts-1",
+            "voice": "alloy",
+            "input": "Hi there.",
+            "speed": 1.25,
+            "instructions": "Speak slowly.",
+        },
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {t.raw_key}",
+    )
+    job = SynthesisJob.objects.get(organization=t.org)
+    assert job.params["speed"] == 1.25 and job.params["instructions"] == "Speak slowly."

@@ -21,7 +21,9 @@ import requests
 from tests.integration.api.conftest import base_url
 
 # Sentences of similar length, so a stream is still going after the first few.
-LONG_TEXT = " ".join(f"This is sentence number {n} of a text that keeps the worker busy." for n in range(1, 25))
+LONG_TEXT = " ".join(
+    f"This is sentence number {n} of a text that keeps the worker busy." for n in range(1, 25)
+)
 
 
 def _client(web: Any, key: str) -> openai.OpenAI:

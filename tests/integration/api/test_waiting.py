@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 
 from tests.integration.api.conftest import Tenant, problem
-from tests.integration.api.test_lock_order import _submit
+from tests.integration.api.direct_jobs import submit_espeak
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def _claim_later(job_ids: list[Any], delay: float, changed: dict[Any, float]) ->
 
 
 def test_each_waiter_wakes_within_20_ms_of_its_jobs_change(tenant: Tenant, reads: list[float]) -> None:
-    job_ids = [_submit(tenant.org).id for _ in range(10)]
+    job_ids = [submit_espeak(tenant.org).id for _ in range(10)]
     changed: dict[Any, float] = {}
     thread = _claim_later(job_ids, 1.0, changed)
     woke = _wait_all(job_ids, 10)
@@ -102,7 +102,7 @@ def test_each_waiter_wakes_within_20_ms_of_its_jobs_change(tenant: Tenant, reads
 
 
 def test_a_waiter_reads_nothing_while_its_job_does_not_change(tenant: Tenant, reads: list[float]) -> None:
-    job = _submit(tenant.org)
+    job = submit_espeak(tenant.org)
     started = time.monotonic()
     woke = _wait_all([job.id], 2.0)
     assert woke[job.id] - started >= 2.0
@@ -113,7 +113,7 @@ def test_with_redis_away_a_waiter_reads_once_a_second(
     tenant: Tenant, reads: list[float], settings: Any
 ) -> None:
     settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens on the discard port
-    job = _submit(tenant.org)
+    job = submit_espeak(tenant.org)
     changed: dict[Any, float] = {}
     thread = _claim_later([job.id], 2.5, changed)
     woke = _wait_all([job.id], 10)
@@ -150,7 +150,7 @@ def test_one_wait_over_the_plans_cap_gets_429_and_slots_come_back(web: Any, tena
     from webapp.speech.models import SynthesisJob
     from webapp.speech.services import waits
 
-    job = _submit(tenant.org)
+    job = submit_espeak(tenant.org)
     answers: list[Any] = []
     threads = [_long_poll(web, tenant.raw_key, job.id, 3, answers) for _ in range(2)]
     _until(lambda: waits.in_use(tenant.org.pk) == 2)

@@ -128,3 +128,35 @@ def test_concurrent_jobs_on_a_batching_synthesizer_sound_as_they_do_alone(
         a, b = _read(result.path), _read(alone.path)
         assert a.shape == b.shape
         assert float(np.max(np.abs(a - b))) < 1e-3
+
+
+@pytest.mark.parametrize(
+    "fault", [RuntimeError("kernel failed"), MemoryError("fault injection: out of memory")]
+)
+def test_a_sentence_whose_pass_fails_fails_alone(
+    unbatched: Synthesizer, monkeypatch: pytest.MonkeyPatch, fault: Exception
+) -> None:
+    from synth.engines import vits_torch
+    from synth.engines.base import VoiceParams
+
+    engine: Any = unbatched.engine("piper")
+    params = VoiceParams(voice=DEFAULT_VOICE, noise_scale=0.0, noise_w=0.0)
+    bad = "This sentence breaks its pass."
+    voice = engine._voice(DEFAULT_VOICE)
+    bad_ids = list(voice.piper.phonemes_to_ids(voice.phonemize(engine.render(bad, params))[0]))
+    real = vits_torch.infer
+
+    def infer(model: Any, utterances: list[Any], *args: Any) -> Any:  # the injected fault
+        if any(list(u.phoneme_ids) == bad_ids for u in utterances):
+            raise fault
+        return real(model, utterances, *args)
+
+    monkeypatch.setattr(vits_torch, "infer", infer)
+    outcome = engine.synthesize_batch([(TEXTS[2], params), (bad, params), (TEXTS[3], params)])
+    first, failed, last = outcome.results
+    assert isinstance(first, np.ndarray) and first.size > 10_000
+    assert isinstance(last, np.ndarray) and last.size > 10_000
+    if isinstance(fault, MemoryError):
+        assert failed is fault  # out of memory stays out of memory: the worker re-queues the job
+    else:
+        assert isinstance(failed, SynthError) and failed.code == "synthesis_failed"

@@ -37,6 +37,7 @@ from webapp.speech.api.views import TenantAPIView
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services import jobs
 from webapp.speech.services.files import media_path
+from webapp.speech.services.outputs import attempt_path
 
 POLL_SECONDS = 0.05  # how often the stream file is looked at (a stat and a read; no database)
 ROW_CHECK_SECONDS = 0.5  # how often the job row is re-read while streaming
@@ -157,8 +158,6 @@ class JobStream:
         return b""
 
     def _open_attempt(self, row: dict[str, Any]) -> None:
-        from webapp.speech.tasks import attempt_path
-
         job = SynthesisJob(id=self.job_id, organization_id=row["organization_id"], format=row["format"])
         try:
             handle = open(stream_path(media_path(attempt_path(job, row["claim_token"]))), "rb")

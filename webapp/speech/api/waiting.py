@@ -15,6 +15,7 @@ request ends.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import weakref
 from collections.abc import Callable
@@ -103,6 +104,7 @@ def then_wait(
     """
 
     async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        first: HttpResponseBase | None = None
         try:
             async with _sync_slots("first"):
                 first = await sync_to_async(_view_then_release_connection)(view, request, *args, **kwargs)
@@ -114,7 +116,10 @@ def then_wait(
                 return await sync_to_async(answer)(request, pending.job_id, first)
         finally:
             slot = getattr(request, SLOT_ATTRIBUTE, None)
-            if slot is not None:
+            if slot is not None and first is not None and first.streaming:
+                # A streamed answer waits while it streams: its slot goes back when the response closes.
+                first._resource_closers.append(functools.partial(waits.release, *slot))  # type: ignore[attr-defined]
+            elif slot is not None:
                 await sync_to_async(waits.release, thread_sensitive=False)(*slot)
 
     # The schema generator and DRF's own checks read these from the view function.

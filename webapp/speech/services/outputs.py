@@ -12,6 +12,7 @@ attempt's file is the job's audio.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import logging
 import os
@@ -23,6 +24,8 @@ from webapp.speech.models import SynthesisJob
 from webapp.speech.services.files import media_path
 
 log = logging.getLogger(__name__)
+
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def attempt_path(job: SynthesisJob, token: int | None = None) -> str:
@@ -69,3 +72,32 @@ def discard_attempt(job: SynthesisJob, token: int) -> None:
     """Remove the files of attempt ``token`` of ``job``, whose writer is known dead."""
     if token > 0:
         discard_output(job.id, token, attempt_path(job, token))
+
+
+def fsync_output(path: str) -> None:
+    """The file and its folder on disk before the row says succeeded (a power cut keeps both)."""
+    for target, flags in ((path, os.O_RDONLY), (os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)):
+        fd = os.open(target, flags)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def storage_error_code(exc: BaseException) -> str | None:
+    """``disk_full`` / ``storage_error`` when ``exc`` is a failure to write the audio, else None.
+
+    libsndfile reports a failed write as "System error." (SF_ERR_SYSTEM) and
+    leaves the reason in the C errno, which cffi keeps for the calling thread.
+    """
+    if isinstance(exc, OSError):
+        return "disk_full" if exc.errno in _DISK_FULL_ERRNOS else "storage_error"
+    if type(exc).__name__ == "LibsndfileError" and getattr(exc, "code", None) == 2:
+        try:
+            import soundfile
+
+            err = int(soundfile._ffi.errno)
+        except Exception:
+            err = 0
+        return "disk_full" if err in _DISK_FULL_ERRNOS else "storage_error"
+    return None
