@@ -47,6 +47,7 @@ DEFAULTS: dict[str, str] = {
     "RATE_LOGIN": "10r/m",
     "BURST_LOGIN": "5",
     "CONN_PER_IP": "50",
+    "CONN_PER_KEYED_IP": "1024",
     "WORKER_PROCESSES": "auto",
     "HSTS_MAX_AGE": "31536000",
     "REAL_IP_FROM": "",
@@ -194,6 +195,7 @@ def _checked_settings(env: Mapping[str, str]) -> dict[str, str]:
         "BURST_KEYED_WRITE",
         "BURST_LOGIN",
         "CONN_PER_IP",
+        "CONN_PER_KEYED_IP",
         "HSTS_MAX_AGE",
     ):
         _check(key, raw[key], re.compile(r"^[0-9]+$"), "a whole number")
@@ -258,7 +260,7 @@ def nginx_values(
     if listen and not listen.endswith(":"):
         listen += ":"  # "127.0.0.1" -> "127.0.0.1:" in front of the port
     out_dir = cfg.path(name)
-    limits = {key: raw[key] for key in ("CONN_PER_IP", "CSP", "WORKER_PROCESSES")}
+    limits = {key: raw[key] for key in ("CONN_PER_IP", "CONN_PER_KEYED_IP", "CSP", "WORKER_PROCESSES")}
     for zone in ("GENERAL", "WRITE", "KEYED_WRITE", "LOGIN"):
         limits[f"RATE_{zone}"] = raw[f"RATE_{zone}"]
         limits[f"BURST_{zone}"] = raw[f"BURST_{zone}"]

@@ -114,6 +114,15 @@ def test_hung_upstream_is_a_json_504_and_connections_are_limited(pair: tuple[Ser
             assert [f.result().status_code for f in hanging] == [504, 504]
         # Another address is not affected by that one's connections.
         assert client("127.0.0.10").get(nginx.url("/api/v1/usage"), timeout=20).status_code == 504
+        # Requests with an API key count against the keyed flood guard (TTS_NGINX_CONN_PER_KEYED_IP),
+        # not the strict limit: one customer's backend may hold many waiting requests.
+        keyed = {"Authorization": "Bearer tts_notakey0_x"}
+        with ThreadPoolExecutor(3) as pool:
+            waits = [
+                pool.submit(client("127.0.0.11").get, nginx.url("/api/v1/usage"), headers=keyed, timeout=20)
+                for _ in range(3)
+            ]
+            assert [f.result().status_code for f in waits] == [504, 504, 504]
     finally:
         os.killpg(gunicorn.process.pid, signal.SIGCONT)
 

@@ -25,6 +25,8 @@ CREATED = 1_700_000_000  # a fixed timestamp: the field is required, its value m
 
 
 class OpenAIModelsView(TenantAPIView):
+    required_scopes = {"GET": "speech:read"}
+
     @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="OpenAI-compatible model list")
     def get(self, request: Request) -> Response:
         data = [{"id": m, "object": "model", "created": CREATED, "owned_by": "tts-service"} for m in MODELS]
@@ -40,6 +42,8 @@ def openai_names() -> dict[str, list[str]]:
 
 
 class OpenAIVoicesView(TenantAPIView):
+    required_scopes = {"GET": "speech:read"}
+
     @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Voices and the OpenAI names mapped to them")
     def get(self, request: Request) -> Response:
         names = openai_names()
