@@ -38,6 +38,8 @@ PROBLEM_BASE = "https://docs.tts.local/problems/"
 DEFAULTS: dict[str, str] = {
     "RATE_GENERAL": "20r/s",
     "BURST_GENERAL": "40",
+    "RATE_KEYED_GENERAL": "200r/s",
+    "BURST_KEYED_GENERAL": "1000",
     # POSTs without credentials (strict) and with an API key (a flood guard well
     # above the largest plan's rate: Django enforces each tenant's own limit).
     "RATE_WRITE": "2r/s",
@@ -187,10 +189,11 @@ def ensure_dhparam(path: Path) -> Path:
 def _checked_settings(env: Mapping[str, str]) -> dict[str, str]:
     """The TTS_NGINX_* values (without the prefix), each checked against what Nginx accepts."""
     raw = {key: env.get(f"TTS_NGINX_{key}", default) for key, default in DEFAULTS.items()}
-    for key in ("RATE_GENERAL", "RATE_WRITE", "RATE_KEYED_WRITE", "RATE_LOGIN"):
+    for key in ("RATE_GENERAL", "RATE_KEYED_GENERAL", "RATE_WRITE", "RATE_KEYED_WRITE", "RATE_LOGIN"):
         _check(key, raw[key], _RATE_RE, "a rate like 5r/s or 10r/m")
     for key in (
         "BURST_GENERAL",
+        "BURST_KEYED_GENERAL",
         "BURST_WRITE",
         "BURST_KEYED_WRITE",
         "BURST_LOGIN",
@@ -261,7 +264,7 @@ def nginx_values(
         listen += ":"  # "127.0.0.1" -> "127.0.0.1:" in front of the port
     out_dir = cfg.path(name)
     limits = {key: raw[key] for key in ("CONN_PER_IP", "CONN_PER_KEYED_IP", "CSP", "WORKER_PROCESSES")}
-    for zone in ("GENERAL", "WRITE", "KEYED_WRITE", "LOGIN"):
+    for zone in ("GENERAL", "KEYED_GENERAL", "WRITE", "KEYED_WRITE", "LOGIN"):
         limits[f"RATE_{zone}"] = raw[f"RATE_{zone}"]
         limits[f"BURST_{zone}"] = raw[f"BURST_{zone}"]
         limits[f"RETRY_{zone}"] = str(retry_after_seconds(raw[f"RATE_{zone}"]))

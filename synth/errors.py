@@ -6,11 +6,18 @@ human ``message``; callers never need to parse the message.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class SynthError(Exception):
     """Base class: ``code`` is machine-readable, ``message`` is for people."""
 
     code: str = "synth_error"
+
+    def __init_subclass__(cls, code: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if code:
+            cls.code = code
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
@@ -22,61 +29,46 @@ class SynthError(Exception):
         return self.message
 
 
-class InvalidText(SynthError):
-    code = "invalid_text"
+class InvalidText(SynthError, code="invalid_text"):
+    """The text is empty, not a string, or holds characters no engine can speak."""
 
 
-class AnnotationError(InvalidText):
+class AnnotationError(InvalidText, code="invalid_annotation"):
     """A malformed pronunciation annotation; ``position`` is the 0-based character index."""
-
-    code = "invalid_annotation"
 
     def __init__(self, message: str, position: int) -> None:
         super().__init__(f"{message} at character position {position}")
         self.position = position
 
 
-class UnknownVoice(SynthError):
-    code = "unknown_voice"
+class UnknownVoice(SynthError, code="unknown_voice"):
+    """No installed engine has the requested voice (or it cannot be selected)."""
 
 
-class UnsupportedFormat(SynthError):
-    code = "unsupported_format"
+class UnsupportedFormat(SynthError, code="unsupported_format"):
+    """An output format the encoder does not offer (see ``synth.registry.FORMATS``)."""
 
 
-class UnsupportedSampleRate(SynthError):
-    code = "unsupported_sample_rate"
+class UnsupportedSampleRate(SynthError, code="unsupported_sample_rate"):
+    """A sample rate outside what the chosen format can carry."""
 
 
-class UnsupportedControl(SynthError):
-    code = "unsupported_control"
+class UnsupportedControl(SynthError, code="unsupported_control"):
+    """A control (speed, pitch, seed, language ...) that is out of range or not a value the voice takes."""
 
 
-class EngineUnavailable(SynthError):
-    code = "engine_unavailable"
+class EngineUnavailable(SynthError, code="engine_unavailable"):
+    """The engine cannot run here: its library or device (CUDA) is missing, or a voice failed to load."""
 
 
-class Cancelled(SynthError):
-    code = "canceled"
+class Cancelled(SynthError, code="canceled"):
+    """``should_cancel`` returned True between chunks."""
 
     def __init__(self, message: str = "synthesis was canceled") -> None:
         super().__init__(message)
 
 
-class AudioRejected(SynthError):
-    code = "audio_rejected"
+class AudioRejected(SynthError, code="audio_rejected"):
+    """An uploaded voice prompt that breaks one of the upload limits."""
+
     reason: str = ""  # which limit: upload_too_large, audio_too_long, ... (synth.prompt.UPLOAD_CODES)
-
-
-__all__ = [
-    "AnnotationError",
-    "AudioRejected",
-    "Cancelled",
-    "EngineUnavailable",
-    "InvalidText",
-    "SynthError",
-    "UnknownVoice",
-    "UnsupportedControl",
-    "UnsupportedFormat",
-    "UnsupportedSampleRate",
-]

@@ -49,66 +49,86 @@ class Instructions:
         return row
 
 
-_EN_MUCH = re.compile(r"\b(much|a lot|lots|very|really|way|extremely|super|significantly|far)\b")
-_EN_BIT = re.compile(r"\b(a bit|a little|a tad|bit|little|slightly|somewhat|marginally)\b")
-_EN_NEG = re.compile(r"\b(not|don't|dont|do not|no|never)\b")
-_ZH_MUCH = re.compile(r"(很|非常|特别|多了|得多|超级|极|太)")
-_ZH_BIT = re.compile(r"(一点|一些|稍微|稍|有点|点儿|些)")
-_ZH_NEG = re.compile(r"(不要|别|不|勿)")
+@dataclass(frozen=True)
+class _Lexicon:
+    """The words of one language: degree and negation words, control rules, emotions."""
 
-# (pattern, dimension, direction); first match per dimension in a clause wins.
-_EN_RULES: list[tuple[re.Pattern[str], str, int]] = [
-    (re.compile(r"\b(slow|slowly|slower|slowed)\b"), "speed", -1),
-    (re.compile(r"\b(fast|faster|quick|quickly|quicker|rapid|rapidly|speed up|hurry)\b"), "speed", +1),
-    (
-        re.compile(r"\b(higher|high)[- ]?(pitch|pitched|voice|tone)|\bpitch (it )?up\b|\braise the pitch\b"),
-        "pitch",
-        +1,
-    ),
-    (
-        re.compile(
-            r"\b(lower|low|deeper|deep)[- ]?(pitch|pitched|voice|tone)|\bpitch (it )?down\b|\blower the pitch\b"
+    much: re.Pattern[str]
+    bit: re.Pattern[str]
+    negation: re.Pattern[str]
+    # (pattern, dimension, direction); first match per dimension in a clause wins.
+    rules: list[tuple[re.Pattern[str], str, int]]
+    emotions: re.Pattern[str]
+
+    def degree(self, clause: str) -> int:
+        if self.much.search(clause):
+            return 3
+        if self.bit.search(clause):
+            return 1
+        return 2
+
+
+# Language names in either script: "in Cantonese" and "用粤语说" ask for the same voice language.
+_LANGUAGES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"\bcantonese\b|粤语|广东话|廣東話|粵語|白话"), "yue"),
+    (re.compile(r"\b(mandarin|chinese)\b|普通话|國語|国语|汉语|中文|华语"), "cmn"),
+    (re.compile(r"\benglish\b|英语|英文"), "en-us"),
+]
+
+_ENGLISH = _Lexicon(
+    much=re.compile(r"\b(much|a lot|lots|very|really|way|extremely|super|significantly|far)\b"),
+    bit=re.compile(r"\b(a bit|a little|a tad|bit|little|slightly|somewhat|marginally)\b"),
+    negation=re.compile(r"\b(not|don't|dont|do not|no|never)\b"),
+    rules=[
+        (re.compile(r"\b(slow|slowly|slower|slowed)\b"), "speed", -1),
+        (re.compile(r"\b(fast|faster|quick|quickly|quicker|rapid|rapidly|speed up|hurry)\b"), "speed", +1),
+        (
+            re.compile(
+                r"\b(higher|high)[- ]?(pitch|pitched|voice|tone)|\bpitch (it )?up\b|\braise the pitch\b"
+            ),
+            "pitch",
+            +1,
         ),
-        "pitch",
-        -1,
+        (
+            re.compile(
+                r"\b(lower|low|deeper|deep)[- ]?(pitch|pitched|voice|tone)|\bpitch (it )?down\b|\blower the pitch\b"
+            ),
+            "pitch",
+            -1,
+        ),
+        (re.compile(r"\b(loud|louder|loudly|volume up|raise the volume)\b"), "volume", +1),
+        (
+            re.compile(r"\b(quiet|quieter|quietly|soft|softer|softly|volume down|lower the volume)\b"),
+            "volume",
+            -1,
+        ),
+        (re.compile(r"\b(pause longer|longer pauses?|more pauses?|pause more)\b"), "pause", +1),
+        (re.compile(r"\b(pause shorter|shorter pauses?|fewer pauses?|pause less)\b"), "pause", -1),
+    ],
+    emotions=re.compile(
+        r"\b(happy|happily|sad|sadly|angry|angrily|excited|cheerful|cheerfully|calm|calmly|whisper|whispering|"
+        r"warm|warmly|serious|seriously|friendly|emotional|gentle|gently|sarcastic|scared|nervous)\b"
     ),
-    (re.compile(r"\b(loud|louder|loudly|volume up|raise the volume)\b"), "volume", +1),
-    (
-        re.compile(r"\b(quiet|quieter|quietly|soft|softer|softly|volume down|lower the volume)\b"),
-        "volume",
-        -1,
+)
+_CHINESE = _Lexicon(
+    much=re.compile(r"(很|非常|特别|多了|得多|超级|极|太)"),
+    bit=re.compile(r"(一点|一些|稍微|稍|有点|点儿|些)"),
+    negation=re.compile(r"(不要|别|不|勿)"),
+    rules=[
+        (re.compile(r"(停顿|停顿时间|间隔|句间停顿)(长|久|多)|(长|久)(一点|些)?的?停顿"), "pause", +1),
+        (re.compile(r"(停顿|间隔|句间停顿)(短|少)|(短|少)(一点|些)?的?停顿"), "pause", -1),
+        (re.compile(r"慢|缓"), "speed", -1),
+        (re.compile(r"快|迅速"), "speed", +1),
+        (re.compile(r"(音调|声调|音高|调子|声音)(高|尖|升)|(高|尖)音|提高音调|(高|尖)一?点"), "pitch", +1),
+        (re.compile(r"(音调|声调|音高|调子|声音)(低|沉|降)|低沉|低音|降低音调|(低|沉)一?点"), "pitch", -1),
+        (re.compile(r"大声|响亮|响|音量(大|高)|提高音量|大点声"), "volume", +1),
+        (re.compile(r"小声|轻声|音量(小|低)|降低音量|轻"), "volume", -1),
+    ],
+    emotions=re.compile(
+        r"(开心|高兴|快乐|悲伤|伤心|难过|生气|愤怒|激动|温柔|兴奋|耳语|悄悄|严肃|热情|害怕|紧张)"
     ),
-    (re.compile(r"\b(pause longer|longer pauses?|more pauses?|pause more)\b"), "pause", +1),
-    (re.compile(r"\b(pause shorter|shorter pauses?|fewer pauses?|pause less)\b"), "pause", -1),
-]
-_EN_LANGS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"\bcantonese\b"), "yue"),
-    (re.compile(r"\b(mandarin|chinese)\b"), "cmn"),
-    (re.compile(r"\benglish\b"), "en-us"),
-]
-_EN_EMOTIONS = re.compile(
-    r"\b(happy|happily|sad|sadly|angry|angrily|excited|cheerful|cheerfully|calm|calmly|whisper|whispering|"
-    r"warm|warmly|serious|seriously|friendly|emotional|gentle|gently|sarcastic|scared|nervous)\b"
 )
 
-_ZH_RULES: list[tuple[re.Pattern[str], str, int]] = [
-    (re.compile(r"(停顿|停顿时间|间隔|句间停顿)(长|久|多)|(长|久)(一点|些)?的?停顿"), "pause", +1),
-    (re.compile(r"(停顿|间隔|句间停顿)(短|少)|(短|少)(一点|些)?的?停顿"), "pause", -1),
-    (re.compile(r"慢|缓"), "speed", -1),
-    (re.compile(r"快|迅速"), "speed", +1),
-    (re.compile(r"(音调|声调|音高|调子|声音)(高|尖|升)|(高|尖)音|提高音调|(高|尖)一?点"), "pitch", +1),
-    (re.compile(r"(音调|声调|音高|调子|声音)(低|沉|降)|低沉|低音|降低音调|(低|沉)一?点"), "pitch", -1),
-    (re.compile(r"大声|响亮|响|音量(大|高)|提高音量|大点声"), "volume", +1),
-    (re.compile(r"小声|轻声|音量(小|低)|降低音量|轻"), "volume", -1),
-]
-_ZH_LANGS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"粤语|广东话|廣東話|粵語|白话"), "yue"),
-    (re.compile(r"普通话|國語|国语|汉语|中文|华语"), "cmn"),
-    (re.compile(r"英语|英文"), "en-us"),
-]
-_ZH_EMOTIONS = re.compile(
-    r"(开心|高兴|快乐|悲伤|伤心|难过|生气|愤怒|激动|温柔|兴奋|耳语|悄悄|严肃|热情|害怕|紧张)"
-)
 _EMOTION_CANON = {
     "happily": "happy",
     "sadly": "sad",
@@ -146,24 +166,6 @@ _SPLIT_EN = re.compile(r"\s*(?:[,;+/]|\band\b|\bthen\b|\bbut\b)\s*")
 _SPLIT_ZH = re.compile(r"\s*(?:[,;+/，、；。！!\s]|和|并且|然后|同时|而且)\s*")
 
 
-def _degree(clause: str, zh: bool) -> int:
-    if zh:
-        if _ZH_MUCH.search(clause):
-            return 3
-        if _ZH_BIT.search(clause):
-            return 1
-        return 2
-    if _EN_MUCH.search(clause):
-        return 3
-    if _EN_BIT.search(clause):
-        return 1
-    return 2
-
-
-def _negated(clause: str, zh: bool) -> bool:
-    return bool((_ZH_NEG if zh else _EN_NEG).search(clause))
-
-
 def _apply(result: Instructions, dimension: str, direction: int, degree: int) -> None:
     if dimension == "speed":
         step = _SPEED[degree]
@@ -190,30 +192,27 @@ def parse_instructions(text: str | None) -> Instructions:
     zh_all = bool(_CJK.search(lowered))
     clauses = [c for c in (_SPLIT_ZH if zh_all else _SPLIT_EN).split(lowered) if c and c.strip()]
     for clause in clauses:
-        zh = bool(_CJK.search(clause))
-        rules = _ZH_RULES if zh else _EN_RULES
-        langs = _ZH_LANGS if zh else _EN_LANGS
-        emotions = _ZH_EMOTIONS if zh else _EN_EMOTIONS
+        lexicon = _CHINESE if _CJK.search(clause) else _ENGLISH
         matched = False
         seen: set[str] = set()
         # Emotion words first, so 快乐 (happy) is not read as 快 (fast).
-        for m in emotions.finditer(clause):
+        for m in lexicon.emotions.finditer(clause):
             word = _EMOTION_CANON.get(m.group(0), m.group(0))
             label = f"emotion: {word}"
             if label not in result.unsupported:
                 result.unsupported.append(label)
             matched = True
-        plain = emotions.sub(" ", clause)
-        for pattern, dimension, direction in rules:
+        plain = lexicon.emotions.sub(" ", clause)
+        for pattern, dimension, direction in lexicon.rules:
             if dimension in seen or not pattern.search(plain):
                 continue
             seen.add(dimension)
             matched = True
-            degree = _degree(plain, zh)
-            if _negated(plain, zh):
+            degree = lexicon.degree(plain)
+            if lexicon.negation.search(plain):
                 direction, degree = -direction, 1
             _apply(result, dimension, direction, degree)
-        for pattern, lang in langs:
+        for pattern, lang in _LANGUAGES:
             if pattern.search(plain):
                 result.language = lang
                 matched = True

@@ -246,6 +246,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fix-up closes the database connection around every task unless this is set;
+# the app closes stale ones itself before each task (webapp/celery.py, docs/decisions.md).
+CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1_000_000)
 TTS_MAX_JOB_SECONDS = env_int("TTS_MAX_JOB_SECONDS", 1800)
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     # Longer than the longest allowed job, or Redis re-delivers a running task.

@@ -73,7 +73,8 @@ def measure(stack: Any, n: int, name: str = "bench-dispatch", **env: str) -> lis
     # the first one received after it was created.
     received = sorted(_log_times(log, r"Task speech\.synthesize_job\[([^\]]+)\] received").values())
     claimed = _log_times(log, r"job ([0-9a-f-]{36}): attempt \d+ claimed")
-    stages: dict[str, list[float]] = {k: [] for k in ("submit", "publish", "received", "claimed", "queue_ms")}
+    probes = {k: _log_times(log, rf"PTIME {k} ([0-9a-f-]{{36}})") for k in ("task-start", "selected", "owner-checked", "claim-sql")}
+    stages: dict[str, list[float]] = {k: [] for k in ("submit", "publish", "received", *probes, "claimed", "queue_ms")}
     for row, returned in rows:
         created = row.created_at.timestamp()
         stages["submit"].append(returned - created)
@@ -81,6 +82,9 @@ def measure(stack: Any, n: int, name: str = "bench-dispatch", **env: str) -> lis
         after = [t for t in received if t >= created - 0.001]
         if after:
             stages["received"].append(after[0] - created)
+        for k, times in probes.items():
+            if str(row.id) in times:
+                stages[k].append(times[str(row.id)] - created)
         if str(row.id) in claimed:
             stages["claimed"].append(claimed[str(row.id)] - created)
         stages["queue_ms"].append(row.metrics["queue_ms"] / 1000)

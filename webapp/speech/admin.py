@@ -9,14 +9,17 @@ transaction. Paths under MEDIA_ROOT are never typed in a form.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
 
-from webapp.admin_site import site
-from webapp.speech import admin_jobs, admin_tenants, admin_views, operations_views  # noqa: F401 (admin_tenants registers)
+from webapp.admin_site import View, site
+from webapp.speech import admin_jobs, admin_tenants  # noqa: F401 (admin_tenants registers)
+from webapp.speech.admin_views import can_view, workers_view
 from webapp.speech.models import RetiredUsage, SynthesisJob, UsageEvent, UsagePeriod, Voice
+from webapp.speech.operations_views import operations_data, operations_view, recycle_workers
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -99,38 +102,18 @@ class RetiredUsageAdmin(ReadOnlyAdmin):
     list_filter = ("plan",)
 
 
-# Not a model: a read-only view of the worker heartbeats in Redis, listed under
-# "Speech" for users who may view synthesis jobs (admin_views.can_view).
-site.add_page(
-    "speech",
-    "speech/workers/",
-    admin_views.workers_view,
-    name="speech_workers",
-    title="Workers",
-    visible=admin_views.can_view,
+def _hidden(request: HttpRequest) -> bool:
+    return False
+
+
+# Not models, listed under "Speech" for users who may view synthesis jobs (can_view):
+# a read-only view of the worker heartbeats in Redis, and the live Operations page
+# with its JSON refresh and the Recycle workers action, which are served but not listed.
+_PAGES: tuple[tuple[str, View, str, str, Callable[[HttpRequest], bool]], ...] = (
+    ("speech/workers/", workers_view, "speech_workers", "Workers", can_view),
+    ("speech/operations/", operations_view, "speech_operations", "Operations", can_view),
+    ("speech/operations/data.json", operations_data, "speech_operations_data", "Operations data", _hidden),
+    ("speech/operations/recycle/", recycle_workers, "speech_operations_recycle", "Recycle workers", _hidden),
 )
-# The live Operations page (operations_views): its JSON refresh and the Recycle workers action.
-site.add_page(
-    "speech",
-    "speech/operations/",
-    operations_views.operations_view,
-    name="speech_operations",
-    title="Operations",
-    visible=admin_views.can_view,
-)
-site.add_page(
-    "speech",
-    "speech/operations/data.json",
-    operations_views.operations_data,
-    name="speech_operations_data",
-    title="Operations data",
-    visible=lambda request: False,
-)
-site.add_page(
-    "speech",
-    "speech/operations/recycle/",
-    operations_views.recycle_workers,
-    name="speech_operations_recycle",
-    title="Recycle workers",
-    visible=lambda request: False,
-)
+for _route, _view, _name, _title, _visible in _PAGES:
+    site.add_page("speech", _route, _view, name=_name, title=_title, visible=_visible)

@@ -184,6 +184,7 @@ class Attempt:
 )
 def synthesize_job(self: Any, job_id: str, limits: list[float] | None = None) -> str:
     """Wake-up for ``job_id``; ``limits`` = (soft, hard) seconds of that job, from dispatch."""
+    log.info("PTIME task-start %s", job_id)  # PTIME-TEMP
     state = worker.current()
     if not state.ready:
         # Should not happen (the child loads before taking work); never run without a model.
@@ -226,6 +227,8 @@ def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> Synthe
     )
     if row is None:
         return None  # deleted meanwhile
+    from django.db import connection as _c  # PTIME-TEMP
+    log.info("PTIME selected %s pid=%s", job_id, _c.connection.info.backend_pid)  # PTIME-TEMP
     status, owner, engine = row
     dead, suspect = _owner_gone(owner if status == SynthesisJob.Status.RUNNING else "", me)
     if dead or suspect:
@@ -238,8 +241,10 @@ def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> Synthe
         if job is not None:
             return job
     job = None
+    log.info("PTIME owner-checked %s", job_id)  # PTIME-TEMP
     if engine in settings.TTS_WORKER_ENGINES:
         job = db_retry(attempts.claim_next, engine, me, job_id, hard)
+    log.info("PTIME claim-sql %s", job_id)  # PTIME-TEMP
     if job is None or str(job.id) != str(job_id):
         # The message's job may be one no one can claim (spent, canceled): it must not stay open.
         db_retry(attempts.close_unclaimable, job_id)

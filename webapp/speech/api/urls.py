@@ -1,19 +1,31 @@
-from django.urls import URLPattern, URLResolver, path
+from django.urls import URLPattern, URLResolver, include, path
 
 from webapp.speech.api import openai, openai_catalog, streaming, views, voices
 
+# One job: api/v1/speech/<job_id> and its sub-resources.
+_job_routes: list[URLPattern | URLResolver] = [
+    path("", views.speech_detail, name="api-speech-detail"),
+    path("/audio", views.SpeechAudioView.as_view(), name="api-speech-audio"),
+    path("/stream", streaming.SpeechStreamView.as_view(), name="api-speech-stream"),
+    path("/cancel", views.SpeechCancelView.as_view(), name="api-speech-cancel"),
+]
+_v1_routes: list[URLPattern | URLResolver] = [
+    path("voices", voices.VoiceCollectionView.as_view(), name="api-voices"),
+    path("voices/<str:voice_id>", views.VoiceDetailView.as_view(), name="api-voice-detail"),
+    path("speech", views.SpeechListView.as_view(), name="api-speech"),
+    path("speech/<str:job_id>", include(_job_routes)),
+    path("usage", views.UsageView.as_view(), name="api-usage"),
+    path("schema", views.PublicSchemaView.as_view(), name="api-schema"),
+]
+# The OpenAI-compatible surface, at the paths OpenAI clients call.
+_openai_routes: list[URLPattern | URLResolver] = [
+    path("audio/speech", openai.openai_speech, name="openai-speech"),
+    path("audio/voices", openai_catalog.OpenAIVoicesView.as_view(), name="openai-voices"),
+    path("models", openai_catalog.OpenAIModelsView.as_view(), name="openai-models"),
+]
+
 urlpatterns: list[URLPattern | URLResolver] = [
-    path("api/v1/voices", voices.VoiceCollectionView.as_view(), name="api-voices"),
-    path("api/v1/voices/<str:voice_id>", views.VoiceDetailView.as_view(), name="api-voice-detail"),
-    path("api/v1/speech", views.SpeechListView.as_view(), name="api-speech"),
-    path("api/v1/speech/<str:job_id>", views.speech_detail, name="api-speech-detail"),
-    path("api/v1/speech/<str:job_id>/audio", views.SpeechAudioView.as_view(), name="api-speech-audio"),
-    path("api/v1/speech/<str:job_id>/stream", streaming.SpeechStreamView.as_view(), name="api-speech-stream"),
-    path("api/v1/speech/<str:job_id>/cancel", views.SpeechCancelView.as_view(), name="api-speech-cancel"),
-    path("api/v1/usage", views.UsageView.as_view(), name="api-usage"),
-    path("api/v1/schema", views.PublicSchemaView.as_view(), name="api-schema"),
+    path("api/v1/", include(_v1_routes)),
     path("api/docs", views.DocsView.as_view(), name="api-docs"),
-    path("v1/audio/speech", openai.openai_speech, name="openai-speech"),
-    path("v1/audio/voices", openai_catalog.OpenAIVoicesView.as_view(), name="openai-voices"),
-    path("v1/models", openai_catalog.OpenAIModelsView.as_view(), name="openai-models"),
+    path("v1/", include(_openai_routes)),
 ]

@@ -6,7 +6,6 @@ job or voice is a 404 on every endpoint, never a 403 and never the object.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 from urllib.parse import quote
 
@@ -54,16 +53,7 @@ class TenantAPIView(KeyedAPIView):
     """A tenant API view of the speech app: the tenant's jobs, looked up inside the tenant."""
 
     def get_job(self, job_id: str) -> SynthesisJob:
-        try:
-            pk = uuid.UUID(job_id)
-        except ValueError:
-            raise DomainError(
-                ErrorCode.INVALID_ID, f"{job_id[:60]!r} is not a job id; job ids are UUIDs.", field="id"
-            ) from None
-        job = SynthesisJob.objects.filter(pk=pk, organization=self.organization).first()
-        if job is None:
-            raise DomainError(ErrorCode.NOT_FOUND, f"No job {pk} in this organization.")
-        return job
+        return self.tenant_object(SynthesisJob.objects.all(), job_id, "job")
 
     def get_owned_job(self, job_id: str) -> SynthesisJob:
         """A job this key may change: any of the tenant's for owners and admins, else its own user's."""
