@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -27,11 +28,21 @@ HEADER, AUDIO, SENTENCE, END = b"H", b"A", b"S", b"E"
 
 
 class StreamWriter:
-    """Appends one attempt's audio records to ``path`` (flushed per record, so readers see them)."""
+    """Appends one attempt's audio records to ``path`` (flushed per record, so readers see them).
 
-    def __init__(self, path: str) -> None:
+    ``on_grew`` is called once the header, each sentence and the end are on disk:
+    the worker tells streaming readers there, so they wait for it instead of
+    looking at the file on a timer.
+    """
+
+    def __init__(self, path: str, on_grew: Callable[[], None] | None = None) -> None:
         self.path = path
+        self.on_grew = on_grew
         self._file: BinaryIO | None = None
+
+    def _grew(self) -> None:
+        if self.on_grew is not None:
+            self.on_grew()
 
     def _record(self, kind: bytes, payload: bytes) -> None:
         if self._file is None:
@@ -42,6 +53,7 @@ class StreamWriter:
     def open(self, sample_rate: int, total_chars: int) -> None:
         self._file = open(self.path, "wb")  # closed by close()
         self._record(HEADER, _U32.pack(sample_rate) + _U32.pack(total_chars))
+        self._grew()
 
     def audio(self, pcm16: bytes) -> None:
         if pcm16:
@@ -49,11 +61,13 @@ class StreamWriter:
 
     def sentence_done(self, chars: int) -> None:
         self._record(SENTENCE, _U32.pack(chars))
+        self._grew()
 
     def finish(self) -> None:
         """The output file is complete: readers may stop after this record."""
         self._record(END, b"")
         self.close()
+        self._grew()
 
     def close(self) -> None:
         if self._file is not None:

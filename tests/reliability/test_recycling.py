@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.helpers import (
-    LONG,
     PIPER,
     SHORT,
     children,
@@ -202,11 +201,13 @@ def test_a_child_slowed_by_a_busy_host_is_not_recycled_for_drift(
     )
     try:
         org = make_org("drift")
-        baseline = [wait_status([submit(org, LONG, voice=PIPER).id], timeout=60)[0] for _ in range(2)]
+        # Six sentences: long enough to be caught mid-run.
+        text = " ".join(f"Sentence number {i} keeps the worker busy for a while." for i in range(1, 7))
+        baseline = [wait_status([submit(org, text, voice=PIPER).id], timeout=60)[0] for _ in range(2)]
         base_ms = statistics.median(r.metrics["synth_ms"] for r in baseline)
         window = []
         for _ in range(3):
-            slowed = submit(org, LONG, voice=PIPER)
+            slowed = submit(org, text, voice=PIPER)
             pause_while_running(slowed.id, 2.5 * base_ms / 1000)
             window.extend(wait_status([slowed.id], timeout=90))
         rows = baseline + window

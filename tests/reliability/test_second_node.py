@@ -1,9 +1,7 @@
 """A second worker node in its own network namespace joins the same Redis and PostgreSQL.
 
-The node reaches the data services only through a veth pair (198.18.0.0/15,
-the range reserved for network tests), by IP and with passwords; its own
-loopback has nothing listening. PostgreSQL and Redis of the test stack are
-made to listen on the host side of the pair for the test and put back after.
+The node reaches the data services only through a veth pair, by IP and with
+passwords; its own loopback has nothing listening (see tests.reliability.nodes).
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -33,94 +30,24 @@ from tests.reliability.helpers import (
     wait_status,
     wait_until,
 )
-from tests.stack import CFG, TestStack, django_env
+from tests.reliability.nodes import second_node, start_worker_on
+from tests.stack import CFG, TestStack
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-HOST_IP = "198.18.0.1"
-NODE_IP = "198.18.0.2"
-NETNS = f"tts-node2-{os.getpid()}"
-VETH = f"tts2h{os.getpid() % 100000}"
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-@contextlib.contextmanager
-def network_namespace() -> Iterator[str]:
-    peer = VETH + "n"
-    try:
-        _ip("netns", "add", NETNS)
-        _ip("link", "add", VETH, "type", "veth", "peer", "name", peer)
-        _ip("link", "set", peer, "netns", NETNS)
-        _ip("addr", "add", f"{HOST_IP}/30", "dev", VETH)
-        _ip("link", "set", VETH, "up")
-        _ip("netns", "exec", NETNS, "ip", "addr", "add", f"{NODE_IP}/30", "dev", peer)
-        _ip("netns", "exec", NETNS, "ip", "link", "set", peer, "up")
-        _ip("netns", "exec", NETNS, "ip", "link", "set", "lo", "up")
-        yield NETNS
-    finally:
-        subprocess.run(["ip", "link", "del", VETH], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True, check=False)
-
-
-def _restart_postgres(stack: TestStack) -> None:
-    from django.db import connections
-
-    connections.close_all()
-    pg = next(s for s in stack.sup.services if s.name == "postgres")
-    stack.stop_service(pg, sig=signal.SIGINT)
-    cmd, kwargs = deploy_stack.postgres_command(CFG)
-    stack.start_service(
-        Service("postgres", cmd, popen_kwargs=kwargs, ready_port=CFG.pg_port, stop_signal=signal.SIGINT)
-    )
-
-
-def _psql(sql: str) -> None:
-    env = {**os.environ, "PGPASSWORD": CFG.pg_password}
-    subprocess.run(
-        ["psql", "-h", "127.0.0.1", "-p", str(CFG.pg_port), "-U", "tts", "-d", "tts", "-tAc", sql],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
-
-
-@contextlib.contextmanager
-def data_services_on(address: str, stack: TestStack) -> Iterator[None]:
-    """PostgreSQL and Redis also listen on ``address`` (password required), for the test only."""
-    hba = CFG.pg_data / "pg_hba.conf"
-    original_hba = hba.read_text()
-    r = stack.redis_client()
-    try:
-        with hba.open("a") as fh:
-            fh.write(f"host all all {address}/30 scram-sha-256\n")
-        _psql(f"ALTER SYSTEM SET listen_addresses = '127.0.0.1,{address}'")
-        _restart_postgres(stack)  # listen_addresses needs a restart
-        r.config_set("bind", f"127.0.0.1 {address}")
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            r.config_set("bind", "127.0.0.1")
-        hba.write_text(original_hba)
-        with contextlib.suppress(Exception):
-            _psql("ALTER SYSTEM RESET listen_addresses")
-        _restart_postgres(stack)
 
 
 def test_worker_in_a_network_namespace_serves_the_same_queue(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
     flush_queues(stack, "synth.espeak")
-    with network_namespace() as ns, data_services_on(HOST_IP, stack):
+    with second_node(stack) as link:
         # Nothing answers on the node's own loopback: it can only use the veth.
         probe = subprocess.run(
             [
                 "ip",
                 "netns",
                 "exec",
-                ns,
+                link.netns,
                 "python3",
                 "-c",
                 f"import socket; socket.create_connection(('127.0.0.1', {CFG.pg_port}), timeout=2)",
@@ -128,16 +55,13 @@ def test_worker_in_a_network_namespace_serves_the_same_queue(
             capture_output=True,
         )
         assert probe.returncode != 0
-        env = django_env(
+        env = link.env(
             "node2",
-            DJANGO_SETTINGS_MODULE="webapp.settings",
-            DATABASE_URL=f"postgres://tts:{CFG.pg_password}@{HOST_IP}:{CFG.pg_port}/tts",
-            REDIS_URL=f"redis://:{CFG.redis_password}@{HOST_IP}:{CFG.redis_port}/0",
             TTS_WORKER_ENGINES="espeak",
             TTS_HEARTBEAT_INTERVAL="0.5",
         )
         command = deploy_stack.worker_command(CFG, queues="synth.espeak", concurrency="1", name="node2")
-        node = stack.start_service(Service("node2", ["ip", "netns", "exec", ns, *command], env=env))
+        node = stack.start_service(Service("node2", link.command(command), env=env))
         try:
             stack.wait_for_workers(node, 1, 120)
             node_pids = {p.pid for p in children(node)}
@@ -183,31 +107,17 @@ def test_a_node_whose_heartbeat_stops_keeps_its_job_until_its_lease_expires(
     flush_queues(stack, "synth.piper", host_queue)
     # The node's own pids may equal ours: only "host:...:pid" ids that differ by host keep them apart.
     here = start_worker_on(stack, "w-here", host_queue)
-    with network_namespace() as ns, data_services_on(HOST_IP, stack):
-        env = django_env(
+    with second_node(stack) as link:
+        env = link.env(
             "node2",
-            DJANGO_SETTINGS_MODULE="webapp.settings",
-            DATABASE_URL=f"postgres://tts:{CFG.pg_password}@{HOST_IP}:{CFG.pg_port}/tts",
-            REDIS_URL=f"redis://:{CFG.redis_password}@{HOST_IP}:{CFG.redis_port}/0",
             TTS_WORKER_ENGINES="piper",
             TTS_HEARTBEAT_INTERVAL="0.5",
             TTS_HEARTBEAT_TTL="2",
             TTS_JOB_LEASE_SECONDS="10",
         )
         command = deploy_stack.worker_command(CFG, queues="synth.piper", concurrency="1", name="node2")
-        isolated = [
-            "unshare",
-            "--uts",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "sh",
-            "-c",
-            'hostname tts-node2 && exec "$@"',
-            "sh",
-        ]
         node = stack.start_service(
-            Service("node2", ["ip", "netns", "exec", ns, *isolated, *command], env=env)
+            Service("node2", link.command(command, hostname="tts-node2", own_pids=True), env=env)
         )
         try:
             wait_until(
@@ -244,13 +154,3 @@ def test_a_node_whose_heartbeat_stops_keeps_its_job_until_its_lease_expires(
                     os.killpg(node.process.pid, signal.SIGCONT)
             stack.stop_service(node)
             stack.stop_service(here)
-
-
-def start_worker_on(stack: TestStack, name: str, queue: str) -> Service:
-    env = {
-        "DJANGO_SETTINGS_MODULE": "webapp.settings",
-        "TTS_WORKER_ENGINES": "piper",
-        "TTS_HEARTBEAT_INTERVAL": "0.5",
-        "TTS_HEARTBEAT_TTL": "2",
-    }
-    return stack.start_worker(name, queues=queue, concurrency="1", env=env)

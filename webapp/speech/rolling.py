@@ -193,6 +193,22 @@ def _on_task_end(**_: Any) -> None:
     _in_task.clear()
 
 
+def start_recycle(child: Child, why: str) -> bool:
+    """Mark ``child`` leaving for ``why``: the exit request, its state and the node's recycle count.
+
+    False when it is leaving already (the first reason stands).
+    """
+    if recycling.exit_requested():
+        return False
+    recycling.request_exit(why)
+    child.state = "recycling"
+    try:
+        recycling.record_recycle(heartbeat.client(), child.node, why, child.pid, child.tasks_done)
+    except Exception as exc:
+        log.warning("could not record recycle: %s", exc)
+    return True
+
+
 def leave(child: Child, why: str) -> None:
     """Our turn: leave after the running task, or now when idle.
 
@@ -203,14 +219,8 @@ def leave(child: Child, why: str) -> None:
     to another child, and one taken but not yet started is re-queued (acks_late,
     reject on worker lost), so no job is lost either way.
     """
-    if recycling.exit_requested():
+    if not start_recycle(child, why):
         return
-    recycling.request_exit(why)
-    child.state = "recycling"
-    try:
-        recycling.record_recycle(heartbeat.client(), child.node, why, child.pid, child.tasks_done)
-    except Exception as exc:
-        log.warning("could not record recycle: %s", exc)
     try:
         child.publish()
     except Exception as exc:

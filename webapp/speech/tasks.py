@@ -41,7 +41,7 @@ from webapp.audit import context as request_context
 from webapp.celery import app
 from webapp.speech import batching, faults, recycling, worker
 from webapp.speech.models import SynthesisJob
-from webapp.speech.services import attempts, prompts
+from webapp.speech.services import attempts, notify, prompts
 from webapp.speech.services.attempts import Verdict
 from webapp.speech.services.dispatch import job_time_limits
 from webapp.speech.services.files import media_path
@@ -184,7 +184,6 @@ class Attempt:
 )
 def synthesize_job(self: Any, job_id: str, limits: list[float] | None = None) -> str:
     """Wake-up for ``job_id``; ``limits`` = (soft, hard) seconds of that job, from dispatch."""
-    log.info("PTIME task-start %s", job_id)  # PTIME-TEMP
     state = worker.current()
     if not state.ready:
         # Should not happen (the child loads before taking work); never run without a model.
@@ -227,8 +226,6 @@ def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> Synthe
     )
     if row is None:
         return None  # deleted meanwhile
-    from django.db import connection as _c  # PTIME-TEMP
-    log.info("PTIME selected %s pid=%s", job_id, _c.connection.info.backend_pid)  # PTIME-TEMP
     status, owner, engine = row
     dead, suspect = _owner_gone(owner if status == SynthesisJob.Status.RUNNING else "", me)
     if dead or suspect:
@@ -241,10 +238,8 @@ def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> Synthe
         if job is not None:
             return job
     job = None
-    log.info("PTIME owner-checked %s", job_id)  # PTIME-TEMP
     if engine in settings.TTS_WORKER_ENGINES:
         job = db_retry(attempts.claim_next, engine, me, job_id, hard)
-    log.info("PTIME claim-sql %s", job_id)  # PTIME-TEMP
     if job is None or str(job.id) != str(job_id):
         # The message's job may be one no one can claim (spent, canceled): it must not stay open.
         db_retry(attempts.close_unclaimable, job_id)
@@ -316,7 +311,7 @@ def run_claimed(state: worker.WorkerState, job: SynthesisJob, limits: tuple[floa
         discard_output(job.id, attempt.token, relative)
         return Outcome("lost", result.engine, cpu_seconds, job.text_chars)
     remove_partials(attempt.out_path)  # the stream file: readers still streaming keep it open
-    return Outcome("succeeded", result.engine, cpu_seconds, job.text_chars)
+    return Outcome("succeeded", result.engine, result.synth_ms / 1000, job.text_chars)
 
 
 @contextlib.contextmanager
@@ -388,7 +383,7 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
         progress=progress,
         should_cancel=lambda: cancel["requested"] or worker.handing_back(),
         # The audio as it is made, for clients streaming the job (webapp/speech/api/streaming.py).
-        stream=StreamWriter(stream_path(attempt.out_path)),
+        stream=StreamWriter(stream_path(attempt.out_path), on_grew=lambda: notify.stream_grew(job.id)),
     )
 
 

@@ -411,13 +411,8 @@ def after_task(
     if not reason and max_tasks and state.tasks_done >= max_tasks:
         # billiard ends the child itself; counted here so the heartbeat shows it.
         reason = f"max_tasks {state.tasks_done} tasks"
-    if reason and not recycling.exit_requested():
-        recycling.request_exit(reason)
-        state.state = "recycling"
-        try:
-            recycling.record_recycle(heartbeat.client(), state.node, reason, state.pid, state.tasks_done)
-        except Exception as exc:
-            log.warning("could not record recycle: %s", exc)
+    if reason:
+        rolling.start_recycle(state, reason)
     return reason
 
 

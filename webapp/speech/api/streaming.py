@@ -33,14 +33,13 @@ from rest_framework.request import Request
 from synth.audio import content_type
 from synth.stream import StreamReader, stream_path
 from webapp.errors import DomainError, ErrorCode
+from webapp.speech.api.stream_wakeups import POLL_ROW_CHECK_SECONDS, AsyncWakeups, SyncWakeups
 from webapp.speech.api.views import TenantAPIView
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services import jobs
 from webapp.speech.services.files import media_path
 from webapp.speech.services.outputs import attempt_path
 
-POLL_SECONDS = 0.05  # how often the stream file is looked at (a stat and a read; no database)
-ROW_CHECK_SECONDS = 0.5  # how often the job row is re-read while streaming
 BLOCK = 64 * 1024
 LIVE_CODECS = {"mp3": ("mp3", "libmp3lame"), "ogg": ("ogg", "libopus"), "aac": ("adts", "aac")}
 STREAMABLE = ("pcm", "wav", *LIVE_CODECS)
@@ -128,17 +127,19 @@ class JobStream:
         self.encoder: LiveEncoder | None = None
         self.delivered = 0  # PCM bytes of the attempt handed to the client (or its encoder)
         self.next_row_check = 0.0
+        self.row_check_seconds = POLL_ROW_CHECK_SECONDS  # the iterator sets it from its wake-ups
 
     def _row(self) -> dict[str, Any] | None:
         return SynthesisJob.objects.filter(pk=self.job_id).values(*ROW_FIELDS).first()
 
-    def step(self) -> bytes:
+    def step(self, row_changed: bool = False) -> bytes:
+        """What can be sent now; ``row_changed``: the job's state changed, re-read the row."""
         if self.stored is not None:
             return self._stored_block()
         if self.reader is None:
             return self._start()
         out = self._live(self.reader.read())
-        if self.reader.ended or time.monotonic() >= self.next_row_check:
+        if self.reader.ended or row_changed or time.monotonic() >= self.next_row_check:
             out += self._check_attempt()
         return out
 
@@ -164,7 +165,7 @@ class JobStream:
         except FileNotFoundError:
             return  # not written yet, or the attempt just finished: the next step reads the row again
         self.reader, self.token = StreamReader(handle), int(row["claim_token"])
-        self.next_row_check = time.monotonic() + ROW_CHECK_SECONDS
+        self.next_row_check = time.monotonic() + self.row_check_seconds
 
     def _stored_block(self) -> bytes:
         assert self.stored is not None
@@ -192,7 +193,7 @@ class JobStream:
     def _check_attempt(self) -> bytes:
         """Is the attempt being streamed still the job's? Ends the stream once its file is the job's audio."""
         assert self.reader is not None
-        self.next_row_check = time.monotonic() + ROW_CHECK_SECONDS
+        self.next_row_check = time.monotonic() + self.row_check_seconds
         row = self._row()
         mine = row is not None and row["claim_token"] == self.token
         if mine and row is not None and row["status"] == SynthesisJob.Status.RUNNING:
@@ -226,27 +227,34 @@ class JobStream:
         jobs.abandon_job(job, charge_characters=charge)
 
     # -- the two ways a server iterates a response ------------------------------------------------
+    # Each subscribes before its first step: what is published after that waits in the subscription.
     def __iter__(self) -> Iterator[bytes]:
+        wakeups = SyncWakeups(self.job_id)
         try:
             while not self.done:
-                chunk = self.step()
+                self.row_check_seconds = wakeups.row_check_seconds
+                chunk = self.step(wakeups.take_row_changed())
                 if chunk:
                     yield chunk
                 elif not self.done:
-                    time.sleep(POLL_SECONDS)
+                    wakeups.wait()
         finally:
+            wakeups.close()
             if not self.done:
                 self.give_up()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        wakeups = await AsyncWakeups(self.job_id).open()
         try:
             while not self.done:
-                chunk = await sync_to_async(self.step)()
+                self.row_check_seconds = wakeups.row_check_seconds
+                chunk = await sync_to_async(self.step)(wakeups.take_row_changed())
                 if chunk:
                     yield chunk
                 elif not self.done:
-                    await asyncio.sleep(POLL_SECONDS)
+                    await wakeups.wait()
         finally:
+            await asyncio.shield(wakeups.close())
             if not self.done:
                 await asyncio.shield(sync_to_async(self.give_up)())
 

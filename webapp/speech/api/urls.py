@@ -2,18 +2,18 @@ from django.urls import URLPattern, URLResolver, include, path
 
 from webapp.speech.api import openai, openai_catalog, streaming, views, voices
 
-# One job: api/v1/speech/<job_id> and its sub-resources.
+# The sub-resources of one job: api/v1/speech/<job_id>/...
 _job_routes: list[URLPattern | URLResolver] = [
-    path("", views.speech_detail, name="api-speech-detail"),
-    path("/audio", views.SpeechAudioView.as_view(), name="api-speech-audio"),
-    path("/stream", streaming.SpeechStreamView.as_view(), name="api-speech-stream"),
-    path("/cancel", views.SpeechCancelView.as_view(), name="api-speech-cancel"),
+    path("audio", views.SpeechAudioView.as_view(), name="api-speech-audio"),
+    path("stream", streaming.SpeechStreamView.as_view(), name="api-speech-stream"),
+    path("cancel", views.SpeechCancelView.as_view(), name="api-speech-cancel"),
 ]
 _v1_routes: list[URLPattern | URLResolver] = [
     path("voices", voices.VoiceCollectionView.as_view(), name="api-voices"),
     path("voices/<str:voice_id>", views.VoiceDetailView.as_view(), name="api-voice-detail"),
     path("speech", views.SpeechListView.as_view(), name="api-speech"),
-    path("speech/<str:job_id>", include(_job_routes)),
+    path("speech/<str:job_id>", views.speech_detail, name="api-speech-detail"),
+    path("speech/<str:job_id>/", include(_job_routes)),
     path("usage", views.UsageView.as_view(), name="api-usage"),
     path("schema", views.PublicSchemaView.as_view(), name="api-schema"),
 ]

@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from synth.prompt import PromptLimits, PromptRejected, prepare_prompt
+from synth.prompt import UPLOAD_CODES, PromptLimits, PromptRejected, prepare_prompt
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import files, ledger
@@ -36,15 +36,6 @@ log = logging.getLogger(__name__)
 ZERO_SHOT = "zero_shot"
 APPROXIMATE = "approximate"
 MODES = (ZERO_SHOT, APPROXIMATE)
-# The refusals of synth.prompt, as API error codes (HTTP statuses in webapp/problems.py).
-_UPLOAD_ERRORS = {
-    "upload_too_large": ErrorCode.REQUEST_TOO_LARGE,
-    "unsupported_media_type": ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-    "invalid_audio": ErrorCode.INVALID_AUDIO,
-    "audio_too_short": ErrorCode.AUDIO_TOO_SHORT,
-    "audio_too_long": ErrorCode.AUDIO_TOO_LONG,
-    "sample_rate_too_low": ErrorCode.SAMPLE_RATE_TOO_LOW,
-}
 # Voices that count against the plan's max_voices.
 _LIVE = Q(status__in=[Voice.Status.PROCESSING, Voice.Status.READY])
 
@@ -101,6 +92,17 @@ def _check_room(organization: Organization) -> None:
         )
 
 
+def _upload_error(code: str) -> ErrorCode:
+    """The API error for a refusal of synth.prompt (HTTP statuses in webapp/problems.py).
+
+    Its upload codes are API codes too, except the size limit, which the API calls
+    ``request_too_large`` like any other body over a limit.
+    """
+    if code == "upload_too_large":
+        return ErrorCode.REQUEST_TOO_LARGE
+    return ErrorCode(code) if code in UPLOAD_CODES else ErrorCode.INVALID_AUDIO
+
+
 def create_voice(organization: Organization, upload_path: str, upload: VoiceUpload) -> Voice:
     """Check and convert the uploaded file, store the canonical prompt and queue its analysis.
 
@@ -121,9 +123,7 @@ def create_voice(organization: Organization, upload_path: str, upload: VoiceUplo
     try:
         stats = prepare_prompt(upload_path, target, limits)
     except PromptRejected as exc:
-        raise DomainError(
-            _UPLOAD_ERRORS.get(exc.code, ErrorCode.INVALID_AUDIO), exc.message, field="audio"
-        ) from exc
+        raise DomainError(_upload_error(exc.code), exc.message, field="audio") from exc
     original = _keep_original(upload_path, organization, voice_uuid, stats.container)
     try:
         voice = _insert(organization, voice_uuid, relative, original, stats.to_json(), mode, upload)
