@@ -16,7 +16,7 @@ app.autodiscover_tasks(["webapp.speech"], related_name="analysis")  # the analys
 
 
 @signals.task_prerun.connect
-def _reuse_database_connection(**_: Any) -> None:
+def _reuse_database_connection(task: Any = None, **_: Any) -> None:
     """Before each task, close the connection only if it is stale, as Django does per request.
 
     Celery's own fix-up would close it around every task (``CELERY_DB_REUSE_MAX`` unset):
@@ -26,4 +26,6 @@ def _reuse_database_connection(**_: Any) -> None:
     """
     from django.db import close_old_connections
 
+    if task is not None and getattr(task.request, "is_eager", False):
+        return  # run in the caller's thread (and maybe its transaction), as Celery's fix-up also skips
     close_old_connections()

@@ -43,6 +43,9 @@ TEXTS = [
     "He carefully wrapped the fragile glass vase in paper before placing it in the box.",
     "Fresh bread and warm coffee greeted every guest who arrived at the little cafe.",
 ]
+# Streaming pays off on texts of several sentences: the same sentences, three at a time.
+SENTENCES = 3
+LONG_TEXTS = [" ".join(TEXTS[i : i + SENTENCES]) for i in range(0, len(TEXTS) - SENTENCES + 1, 2)]
 CLIENTS = (1, 4, 8)
 PEER_PORT = 18590
 RATE = 22050  # the voice's native rate: WAV bytes -> audio seconds
@@ -122,9 +125,10 @@ def run_clients(
     requests_total: int,
     call: Callable[[requests.Session, str], Any],
     headers: dict[str, str] | None = None,
+    texts_of: list[str] = TEXTS,
 ) -> Result:
     """``requests_total`` requests of the same texts spread over ``clients`` threads, each with its session."""
-    texts = [TEXTS[i % len(TEXTS)] for i in range(requests_total)]
+    texts = [texts_of[i % len(texts_of)] for i in range(requests_total)]
     result = Result(name, clients, 0.0, 0.0)
 
     def worker(share: list[str]) -> None:
@@ -354,6 +358,33 @@ def measure_ours(
     ]
 
 
+def multi_sentence(base: str, key: str, n: int) -> list[str]:
+    """One client, texts of several sentences: our first streamed byte against the peer's whole answer."""
+    auth = {"Authorization": f"Bearer {key}"}
+    peer = run_clients("Piper HTTP server", 1, n, peer_request, texts_of=LONG_TEXTS)
+    ours = run_clients(
+        "ours /v1/audio/speech streaming",
+        1,
+        n,
+        lambda s, t: openai_request(s, base, t, stream=True),
+        auth,
+        texts_of=LONG_TEXTS,
+    )
+    peer_p50 = pct(peer.latencies, 50)
+    return [
+        "",
+        f"Texts of {SENTENCES} sentences (~15 s of audio), 1 client:",
+        "",
+        "| system | requests | first byte p50 s | p50 s | first byte / peer p50 |",
+        "|---|---|---|---|---|",
+        *[
+            f"| {r.name} | {len(r.latencies)} | {pct(r.ttfb, 50):.2f} | {pct(r.latencies, 50):.2f} | "
+            f"{pct(r.ttfb, 50) / peer_p50:.2f} |"
+            for r in (peer, ours)
+        ],
+    ]
+
+
 def run(quick: bool) -> list[str]:
     n = 8 if quick else 48
     results: list[Result] = [raw_engine(n)]
@@ -364,6 +395,7 @@ def run(quick: bool) -> list[str]:
         for clients in CLIENTS:
             results.append(run_clients("Piper HTTP server", clients, n, peer_request))
         extra = measure_ours(stack, base, key, org_id, peer, n, results)
+        extra += multi_sentence(base, key, max(4, n // 2))
         memory = [
             "",
             "Resident memory after the run (MB, each process):",

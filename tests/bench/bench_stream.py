@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from tests.bench.bench_peer import (
-    TEXTS,
+    LONG_TEXTS,
+    SENTENCES,
     cpu_seconds,
     openai_request,
     pct,
@@ -23,9 +24,6 @@ from tests.bench.bench_peer import (
     start_ours,
     start_peer,
 )
-
-SENTENCES = 3
-LONG_TEXTS = [" ".join(TEXTS[i : i + SENTENCES]) for i in range(0, len(TEXTS) - SENTENCES + 1, 2)]
 
 
 def _row(name: str, result: Any, cpu: dict[str, float] | None = None) -> str:
@@ -42,10 +40,7 @@ def _row(name: str, result: Any, cpu: dict[str, float] | None = None) -> str:
 
 
 def run(quick: bool) -> list[str]:
-    import tests.bench.bench_peer as peer_bench
-
     n = 8 if quick else 16
-    peer_bench.TEXTS = LONG_TEXTS  # run_clients cycles over the module's texts
     lines = [
         f"Texts of {SENTENCES} sentences; whole latency for the peer, first byte and whole for ours.",
         "",
@@ -55,7 +50,7 @@ def run(quick: bool) -> list[str]:
     peer = start_peer()
     stack = None
     try:
-        lines.append(_row("Piper HTTP server", run_clients("peer", 1, n, peer_request)))
+        lines.append(_row("Piper HTTP server", run_clients("peer", 1, n, peer_request, texts_of=LONG_TEXTS)))
         peer.terminate()
         peer.wait(30)
         stack, base, key, _org = start_ours()
@@ -64,13 +59,17 @@ def run(quick: bool) -> list[str]:
             groups = process_groups(stack, None)
             before = cpu_seconds(groups)
             result = run_clients(
-                "ours", clients, n, lambda s, t: openai_request(s, base, t, stream=True), auth
+                "ours",
+                clients,
+                n,
+                lambda s, t: openai_request(s, base, t, stream=True),
+                auth,
+                texts_of=LONG_TEXTS,
             )
             after = cpu_seconds(groups)
             spent = {g: after[g] - before[g] for g in after if g in before}
             lines.append(_row("ours /v1/audio/speech streaming", result, spent))
     finally:
-        peer_bench.TEXTS = TEXTS
         if peer.poll() is None:
             peer.kill()
         if stack is not None:

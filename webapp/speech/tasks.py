@@ -311,7 +311,7 @@ def run_claimed(state: worker.WorkerState, job: SynthesisJob, limits: tuple[floa
         discard_output(job.id, attempt.token, relative)
         return Outcome("lost", result.engine, cpu_seconds, job.text_chars)
     remove_partials(attempt.out_path)  # the stream file: readers still streaming keep it open
-    return Outcome("succeeded", result.engine, result.synth_ms / 1000, job.text_chars)
+    return Outcome("succeeded", result.engine, cpu_seconds, job.text_chars)
 
 
 @contextlib.contextmanager

@@ -147,18 +147,23 @@ def test_client_that_leaves_cancels_its_job_and_pays_for_what_it_heard(live_tena
     assert row.characters_reserved == 0 and row.characters_used == charge.characters
 
 
-def test_worker_killed_mid_stream_ends_the_response_broken(live_tenant: Any, web: Any) -> None:
-    from webapp.speech.models import SynthesisJob
-
-    t = live_tenant()
-    response = requests.post(
+def _stream_pcm(web: Any, key: str, text: str) -> requests.Response:
+    """/v1/audio/speech streamed as the official client asks for it, the body left to read."""
+    return requests.post(
         f"{base_url(web)}/v1/audio/speech",
-        json={"model": "tts-1", "voice": "alloy", "input": LONG_TEXT, "response_format": "pcm"},
-        headers={"Authorization": f"Bearer {t.raw_key}", "X-Stainless-Raw-Response": "stream"},
+        json={"model": "tts-1", "voice": "alloy", "input": text, "response_format": "pcm"},
+        headers={"Authorization": f"Bearer {key}", "X-Stainless-Raw-Response": "stream"},
         verify=False,
         stream=True,
         timeout=90,
     )
+
+
+def test_worker_killed_mid_stream_ends_the_response_broken(live_tenant: Any, web: Any) -> None:
+    from webapp.speech.models import SynthesisJob
+
+    t = live_tenant()
+    response = _stream_pcm(web, t.raw_key, LONG_TEXT)
     assert response.status_code == 200
     chunks = response.iter_content(chunk_size=None)
     first = next(chunks)
@@ -170,3 +175,23 @@ def test_worker_killed_mid_stream_ends_the_response_broken(live_tenant: Any, web
             first += chunk
     # What did arrive is one attempt's audio: whole 16-bit samples, not silence.
     assert len(first) % 2 == 0 and max(abs(v) for (v,) in struct.iter_unpack("<h", first[:20000])) > 100
+
+
+def test_first_bytes_of_a_multi_sentence_text_arrive_before_its_job_finishes(
+    live_tenant: Any, web: Any
+) -> None:
+    from webapp.speech.models import SynthesisJob
+
+    t = live_tenant()
+    started = time.monotonic()
+    response = _stream_pcm(web, t.raw_key, LONG_TEXT[:500])
+    assert response.status_code == 200
+    chunks = response.iter_content(chunk_size=None)
+    body = next(chunks)
+    first_byte = time.monotonic() - started
+    assert SynthesisJob.objects.get(organization=t.org).status == "running"  # still synthesising
+    body += b"".join(chunks)
+    whole = time.monotonic() - started
+    job = SynthesisJob.objects.get(organization=t.org)
+    assert job.status == "succeeded" and body == _stored(job)
+    assert first_byte < whole / 2, (first_byte, whole)  # about 8 sentences: the first is a small part

@@ -1,0 +1,81 @@
+"""A stream waits on its job's notifications (real Redis), and polls only while Redis is away."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.stack import TestStack
+from webapp.speech.api import stream_wakeups
+from webapp.speech.api.stream_wakeups import (
+    POLL_ROW_CHECK_SECONDS,
+    SAFETY_SECONDS,
+    AsyncWakeups,
+    SyncWakeups,
+)
+from webapp.speech.services import notify
+
+
+def _later(seconds: float, publish: Any, job_id: Any) -> None:
+    threading.Timer(seconds, publish, [job_id]).start()
+
+
+def test_a_sync_stream_wakes_when_its_file_grows_and_knows_a_state_change(stack: TestStack) -> None:
+    job_id = uuid.uuid4()
+    wakeups = SyncWakeups(job_id)
+    try:
+        assert wakeups.pubsub is not None and wakeups.row_check_seconds == SAFETY_SECONDS
+        for _ in wakeups.channels:  # the subscription confirmations
+            wakeups.pubsub.get_message(timeout=1)
+        started = time.monotonic()
+        _later(0.3, notify.stream_grew, job_id)
+        wakeups.wait()
+        assert 0.2 < time.monotonic() - started < SAFETY_SECONDS - 0.5
+        assert not wakeups.take_row_changed()
+        _later(0.1, notify._publish, job_id)
+        wakeups.wait()
+        assert wakeups.take_row_changed() and not wakeups.take_row_changed()
+    finally:
+        wakeups.close()
+
+
+def test_an_async_stream_wakes_when_its_file_grows_and_knows_a_state_change(stack: TestStack) -> None:
+    async def scenario() -> tuple[float, bool, bool]:
+        job_id = uuid.uuid4()
+        wakeups = await AsyncWakeups(job_id).open()
+        try:
+            assert wakeups.pubsub is not None
+            for _ in wakeups.channels:
+                await wakeups.pubsub.get_message(timeout=1)
+            started = time.monotonic()
+            _later(0.3, notify.stream_grew, job_id)
+            await wakeups.wait()
+            took, grew_changed_row = time.monotonic() - started, wakeups.take_row_changed()
+            _later(0.1, notify._publish, job_id)
+            await wakeups.wait()
+            return took, grew_changed_row, wakeups.take_row_changed()
+        finally:
+            await wakeups.close()
+
+    took, grew_changed_row, state_changed = asyncio.run(scenario())
+    assert 0.2 < took < SAFETY_SECONDS - 0.5
+    assert (grew_changed_row, state_changed) == (False, True)
+
+
+def test_without_redis_a_stream_polls(
+    stack: TestStack, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens there
+    monkeypatch.setattr(stream_wakeups, "_client", None)
+    wakeups = SyncWakeups(uuid.uuid4())
+    assert wakeups.pubsub is None and wakeups.row_check_seconds == POLL_ROW_CHECK_SECONDS
+    started = time.monotonic()
+    wakeups.wait()
+    assert time.monotonic() - started < 0.5
+    wakeups.close()
+    monkeypatch.setattr(stream_wakeups, "_client", None)  # not kept with the unreachable URL
