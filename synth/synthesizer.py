@@ -33,7 +33,9 @@ def _make_engine(
     if name == "piper" and piper_runtime == "torch":
         from synth.engines.piper_torch import PiperTorchEngine
 
-        return PiperTorchEngine(voices_dir=voices_dir, threads=threads, batch_jobs=batch[0], batch_wait_ms=batch[1])
+        return PiperTorchEngine(
+            voices_dir=voices_dir, threads=threads, batch_jobs=batch[0], batch_wait_ms=batch[1]
+        )
     if name == "piper":
         from synth.engines.piper import PiperEngine
 

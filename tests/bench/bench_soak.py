@@ -113,10 +113,10 @@ class Books:
         return int(rows[0][0])
 
     def lift_limits(self) -> None:
-        """The demo plan's rate and concurrency caps are for people, not for a soak."""
+        """The demo plan's rate, concurrency and storage caps are for people, not for a soak."""
         self.query(
             "UPDATE tenants_plan SET requests_per_minute = 1000000, max_concurrent_jobs = 100000, "
-            "monthly_characters = 1000000000000"
+            "monthly_characters = 1000000000000, storage_bytes = 1000000000000"
         )
 
 

@@ -55,7 +55,9 @@ class Voice(models.Model):
     pitch_median_hz = models.FloatField(null=True, blank=True)
     pitch_low_hz = models.FloatField(null=True, blank=True)
     pitch_high_hz = models.FloatField(null=True, blank=True)
-    closest_voice = models.CharField(max_length=200, blank=True)  # approximate: the built-in voice that speaks
+    closest_voice = models.CharField(
+        max_length=200, blank=True
+    )  # approximate: the built-in voice that speaks
     closest_similarity = models.FloatField(null=True, blank=True)
     pitch_shift = models.FloatField(default=0.0)  # approximate: semitones applied to closest_voice
     last_used_at = models.DateTimeField(null=True, blank=True)

@@ -47,7 +47,9 @@ def test_missing_unknown_revoked_and_expired_keys_are_401(make_tenant: Any) -> N
     assert ApiClient("tts_ZZZZZZZZ_" + "y" * 43).get("/api/v1/voices").status_code == 401
     revoke_api_key(t.key, by=OPERATOR)
     assert t.client.get("/api/v1/voices").status_code == 401
-    _, expired = create_api_key(t.org, "old", created_by=OPERATOR, expires_at=timezone.now() - dt.timedelta(seconds=1))
+    _, expired = create_api_key(
+        t.org, "old", created_by=OPERATOR, expires_at=timezone.now() - dt.timedelta(seconds=1)
+    )
     assert ApiClient(expired).get("/api/v1/voices").status_code == 401
 
 

@@ -63,7 +63,9 @@ def test_a_keys_own_lower_rate_binds_and_the_headers_show_it(make_tenant: Any) -
     first = slow_client.get("/api/v1/voices")
     assert first["RateLimit-Policy"] == '"minute";q=2;w=60' and _remaining(first) == 1
     reset = int(RATE_RE.match(first["RateLimit"]).group(2))  # type: ignore[union-attr]
-    assert abs(reset - _seconds_left(f"key:{slow.pk}")) <= 1  # the windows this test waits on are the real ones
+    assert (
+        abs(reset - _seconds_left(f"key:{slow.pk}")) <= 1
+    )  # the windows this test waits on are the real ones
     assert slow_client.get("/api/v1/voices").status_code == 200
     limited = slow_client.get("/api/v1/voices")
     assert limited.status_code == 429 and "this API key" in problem(limited)["detail"]

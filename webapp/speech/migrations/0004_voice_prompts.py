@@ -6,106 +6,111 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('speech', '0003_claim_fencing'),
+        ("speech", "0003_claim_fencing"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='synthesisjob',
-            name='cloning_mode',
+            model_name="synthesisjob",
+            name="cloning_mode",
             field=models.CharField(blank=True, max_length=12),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='analysis_attempts',
+            model_name="voice",
+            name="analysis_attempts",
             field=models.PositiveIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='analysis_lease_until',
+            model_name="voice",
+            name="analysis_lease_until",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='cloning_mode',
+            model_name="voice",
+            name="cloning_mode",
             field=models.CharField(blank=True, max_length=12),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='closest_similarity',
+            model_name="voice",
+            name="closest_similarity",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='closest_voice',
+            model_name="voice",
+            name="closest_voice",
             field=models.CharField(blank=True, max_length=200),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='consent_at',
+            model_name="voice",
+            name="consent_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='consent_by',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL),
+            model_name="voice",
+            name="consent_by",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='consent_by_label',
+            model_name="voice",
+            name="consent_by_label",
             field=models.CharField(blank=True, max_length=300),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='embedding',
+            model_name="voice",
+            name="embedding",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='last_used_at',
+            model_name="voice",
+            name="last_used_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='original_path',
+            model_name="voice",
+            name="original_path",
             field=models.CharField(blank=True, max_length=500),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='pitch_high_hz',
+            model_name="voice",
+            name="pitch_high_hz",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='pitch_low_hz',
+            model_name="voice",
+            name="pitch_low_hz",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='pitch_median_hz',
+            model_name="voice",
+            name="pitch_median_hz",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='pitch_shift',
+            model_name="voice",
+            name="pitch_shift",
             field=models.FloatField(default=0.0),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='prompt_stats',
+            model_name="voice",
+            name="prompt_stats",
             field=models.JSONField(blank=True, default=dict),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='rejected_code',
+            model_name="voice",
+            name="rejected_code",
             field=models.CharField(blank=True, max_length=50),
         ),
         migrations.AddField(
-            model_name='voice',
-            name='transcript',
+            model_name="voice",
+            name="transcript",
             field=models.TextField(blank=True),
         ),
     ]

@@ -5,34 +5,46 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('speech', '0004_voice_prompts'),
+        ("speech", "0004_voice_prompts"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='synthesisjob',
-            name='request_id',
+            model_name="synthesisjob",
+            name="request_id",
             field=models.CharField(blank=True, max_length=64),
         ),
         migrations.AddField(
-            model_name='synthesisjob',
-            name='retry_of',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='retries', to='speech.synthesisjob'),
+            model_name="synthesisjob",
+            name="retry_of",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="retries",
+                to="speech.synthesisjob",
+            ),
         ),
         migrations.CreateModel(
-            name='RetiredUsage',
+            name="RetiredUsage",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('period', models.DateField()),
-                ('plan', models.CharField(max_length=50)),
-                ('tenants', models.PositiveIntegerField(default=0)),
-                ('characters_used', models.PositiveBigIntegerField(default=0)),
-                ('jobs', models.PositiveBigIntegerField(default=0)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("period", models.DateField()),
+                ("plan", models.CharField(max_length=50)),
+                ("tenants", models.PositiveIntegerField(default=0)),
+                ("characters_used", models.PositiveBigIntegerField(default=0)),
+                ("jobs", models.PositiveBigIntegerField(default=0)),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('period', 'plan'), name='one_retired_usage_row')],
+                "constraints": [
+                    models.UniqueConstraint(fields=("period", "plan"), name="one_retired_usage_row")
+                ],
             },
         ),
     ]
