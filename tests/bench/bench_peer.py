@@ -47,6 +47,7 @@ TEXTS = [
 SENTENCES = 3
 LONG_TEXTS = [" ".join(TEXTS[i : i + SENTENCES]) for i in range(0, len(TEXTS) - SENTENCES + 1, 2)]
 CLIENTS = (1, 4, 8)
+NATIVE_GIVE_UP_SECONDS = 300
 PEER_PORT = 18590
 RATE = 22050  # the voice's native rate: WAV bytes -> audio seconds
 MARK_START, MARK_END = "<!-- bench-peer:start -->", "<!-- bench-peer:end -->"
@@ -114,6 +115,9 @@ def native_request(session: requests.Session, base: str, text: str) -> tuple[byt
     r.raise_for_status()
     job = r.json()
     while job["status"] not in ("succeeded", "failed", "canceled", "expired"):
+        if time.monotonic() - started > NATIVE_GIVE_UP_SECONDS:
+            # No beat runs here to re-send a message the broker lost: say so rather than hang.
+            raise RuntimeError(f"job {job['id']} still {job['status']} after {NATIVE_GIVE_UP_SECONDS} s")
         job = session.get(f"{base}/api/v1/speech/{job['id']}", params={"wait": "30"}, timeout=60).json()
     audio = session.get(f"{base}/api/v1/speech/{job['id']}/audio", stream=True, timeout=60)
     return _timed_get_body(audio, started)
