@@ -78,3 +78,20 @@ def test_the_readme_opens_with_the_two_commands() -> None:
     assert "make run" in first_block and "make test" in first_block
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci
+
+
+def test_the_repository_stands_alone() -> None:
+    """Docs and code explain the project in their own words; nothing points at files outside the repo."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "webapp", "synth", "deploy", "tests", "docs", "README.md", "nginx"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    outside = re.compile(r"\.\./shared|DESIGN\.md|DEPENDENCY-NOTES")
+    here = Path(__file__).resolve().relative_to(ROOT).as_posix()
+    offenders = [
+        path for path in tracked if path != here and outside.search((ROOT / path).read_text(errors="ignore"))
+    ]
+    assert offenders == []
