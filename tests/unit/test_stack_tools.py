@@ -80,6 +80,13 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _recorded_pid(path: Path) -> int | None:
+    try:
+        return int(json.loads(path.read_text())["pid"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
 def test_a_service_that_dies_is_restarted(tmp_path: Path) -> None:
     sup = Supervisor(_unit_cfg(tmp_path), echo=False)
     service = sup.start(Service("sleeper", ["sleep", "300"]))
@@ -98,8 +105,10 @@ def test_a_service_that_dies_is_restarted(tmp_path: Path) -> None:
             10,
             "the restart",
         )
-        record = json.loads((tmp_path / "run" / "sleeper.pid").read_text())
-        assert record["pid"] == service.process.pid  # the pid file follows the new process
+        assert service.process is not None
+        restarted = service.process.pid
+        # The pid file follows the new process (written just after it starts).
+        _wait(lambda: _recorded_pid(tmp_path / "run" / "sleeper.pid") == restarted, 10, "the new pid file")
     finally:
         sup.stopping.set()
         watcher.join(5)
