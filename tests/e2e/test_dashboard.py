@@ -221,7 +221,9 @@ def test_an_invited_member_sees_history_but_cannot_manage_keys(
         member_context.close()
 
 
-def test_script_in_text_and_voice_name_is_shown_as_text(stack_ready: Any, context: Any) -> None:
+def test_script_in_text_and_voice_name_is_shown_as_text(
+    stack_ready: Any, context: Any, tmp_path: Any
+) -> None:
     from webapp.speech.models import Voice
 
     owner, org = make_owner()
@@ -240,6 +242,20 @@ def test_script_in_text_and_voice_name_is_shown_as_text(stack_ready: Any, contex
     page.goto("/app/voices/")
     assert "<script>window.__pwned = 1</script>" in page.locator("main").inner_text()
     check_page(page, "voices")
+    _upload_a_voice(page, tmp_path)
+
+
+def _upload_a_voice(page: Any, tmp_path: Any) -> None:
+    from tests import prompt_files as pf
+
+    audio, rate = pf.speech(tmp_path)
+    page.get_by_label("Name", exact=True).fill("Narrator")
+    prompt = pf.write(tmp_path / "five.wav", audio[: rate * 5], rate)
+    page.get_by_label("Recording", exact=True).set_input_files(str(prompt))
+    page.get_by_label("I confirm").check()
+    page.get_by_role("button", name="Upload").click()
+    row = page.locator("#own-voice-list tr", has_text="Narrator")
+    assert "processing" in row.inner_text() and "closest voice" in row.inner_text()
 
 
 def _totp(secret: str, step_ahead: int = 0) -> str:

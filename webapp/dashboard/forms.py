@@ -10,6 +10,7 @@ from django.contrib.auth import password_validation
 from django.contrib.auth.forms import AuthenticationForm
 from django.utils import timezone
 
+from webapp.speech.api.voices import MAX_NAME_CHARS, MAX_TRANSCRIPT_CHARS
 from webapp.tenants.models import ApiKey, Membership
 
 
@@ -97,3 +98,30 @@ class HistoryFilterForm(forms.Form):
         assert isinstance(status, forms.ChoiceField)
         status.choices = [("", "Any status")] + [(s, s.capitalize()) for s in statuses]
         self.fields["voice"].widget = forms.Select(choices=[("", "Any voice")] + [(v, v) for v in voices])
+
+
+# The words the uploader confirms; the voice stores who confirmed them and when.
+CONSENT_TEXT = (
+    "I confirm that the person speaking in this recording gave me permission to use their voice here."
+)
+
+
+class VoiceUploadForm(forms.Form):
+    """The fields of ``POST /api/v1/voices``; the upload service checks the audio itself."""
+
+    name = forms.CharField(label="Name", max_length=MAX_NAME_CHARS)
+    audio = forms.FileField(
+        label="Recording",
+        help_text="3 to 15 seconds of one person speaking, 16 kHz or better (WAV, FLAC, Ogg, MP3, M4A, WebM).",
+        widget=forms.ClearableFileInput(attrs={"accept": "audio/*"}),
+    )
+    transcript = forms.CharField(
+        label="What the recording says (optional)",
+        required=False,
+        max_length=MAX_TRANSCRIPT_CHARS,
+        widget=forms.Textarea(attrs={"rows": 2}),
+    )
+    consent = forms.BooleanField(
+        label=CONSENT_TEXT,
+        error_messages={"required": "Confirm that you have the speaker's permission to upload their voice."},
+    )

@@ -1,6 +1,6 @@
 from django.urls import URLPattern, path
 
-from webapp.dashboard.views import account, people, public, speech
+from webapp.dashboard.views import account, people, public, speech, voices
 
 app_name = "dashboard"
 
@@ -33,7 +33,9 @@ urlpatterns: list[URLPattern] = [
     path("app/jobs/<uuid:job_id>/audio/", speech.job_audio, name="job-audio"),
     path("app/jobs/<uuid:job_id>/delete/", speech.job_delete, name="job-delete"),
     path("app/history/", speech.history, name="history"),
-    path("app/voices/", speech.voices, name="voices"),
+    path("app/voices/", voices.voices, name="voices"),
+    path("app/voices/upload/", voices.voice_upload, name="voice-upload"),
+    path("app/voices/<uuid:pk>/delete/", voices.voice_delete, name="voice-delete"),
     path("app/usage/", speech.usage, name="usage"),
     path("app/keys/", people.keys, name="keys"),
     path("app/keys/<uuid:key_id>/revoke/", people.revoke_key, name="key-revoke"),

@@ -1,11 +1,22 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import Client
 
 from tests.dashboard_data import make_owner
+
+
+@pytest.fixture(scope="session", autouse=True)
+def collected_static(django_db_setup: None) -> None:
+    """The pages name hashed static files (the manifest storage Nginx serves): collect them once."""
+    from django.conf import settings
+    from django.core.management import call_command
+
+    if not (Path(settings.STATIC_ROOT) / "staticfiles.json").exists():
+        call_command("collectstatic", "--noinput", verbosity=0)
 
 
 @pytest.fixture

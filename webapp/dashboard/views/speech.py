@@ -1,4 +1,4 @@
-"""Synthesize, history and voices: pages, plus the small JSON endpoints the page's script calls.
+"""Synthesize and history: pages, plus the small JSON endpoints the page's script calls.
 
 The script posts JSON (with the CSRF header) and long-polls the job: each
 poll waits up to ``WAIT_SECONDS`` for a change, and the script never starts
@@ -47,7 +47,7 @@ def _voices(tenant: Tenant) -> list[Voice]:
     return list(queries.visible_voices(tenant.organization).order_by("language", "name", "voice_id"))
 
 
-def _by_language(voices: list[Voice]) -> list[tuple[str, list[Voice]]]:
+def by_language(voices: list[Voice]) -> list[tuple[str, list[Voice]]]:
     return [(language, list(group)) for language, group in groupby(voices, key=lambda v: v.language)]
 
 
@@ -58,7 +58,7 @@ def synthesize(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     plan = tenant.organization.plan
     context = {
         "tenant": tenant,
-        "languages": _by_language(_voices(tenant)),
+        "languages": by_language(_voices(tenant)),
         "default_voice": settings.TTS_DEFAULT_VOICE,
         "formats": FORMATS,
         "max_chars": plan.max_characters_per_request,
@@ -235,13 +235,6 @@ def history(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     query.pop("page", None)
     context = {"tenant": tenant, "form": form, "page": page, "query": query.urlencode()}
     return render(request, "dashboard/history.html", context)
-
-
-@tenant_page()
-@require_GET
-def voices(request: HttpRequest, tenant: Tenant) -> HttpResponse:
-    context = {"tenant": tenant, "languages": _by_language(_voices(tenant))}
-    return render(request, "dashboard/voices.html", context)
 
 
 @tenant_page()

@@ -1,0 +1,120 @@
+"""The Voices page: the voices a tenant can use, and uploading and deleting its own.
+
+Uploads go through ``services.prompts.create_voice``, the function behind
+``POST /api/v1/voices``, so the limits and their messages are the API's. Who
+may upload or delete is who may use the API's ``voices:write`` scope.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from webapp.dashboard.access import Tenant, error_text, tenant_page
+from webapp.dashboard.forms import VoiceUploadForm
+from webapp.dashboard.views.speech import by_language
+from webapp.errors import DomainError
+from webapp.speech.api.voices import _spooled
+from webapp.speech.models import Voice
+from webapp.speech.services import prompts, queries
+from webapp.speech.services.voices import delete_voice
+from webapp.tenants.models import ApiKey, Membership
+from webapp.tenants.roles import role_allows
+
+VOICE_WRITERS = tuple(r for r in Membership.Role.values if role_allows(r, ApiKey.Scope.VOICES_WRITE))
+
+
+@dataclass(frozen=True)
+class OwnVoice:
+    """An uploaded voice as the page shows it: its state and its mode in words."""
+
+    voice: Voice
+    state: str
+    mode: str
+
+
+def _mode_words(voice: Voice, names: dict[str, str]) -> str:
+    if voice.cloning_mode == prompts.APPROXIMATE:
+        if voice.status != Voice.Status.READY or not voice.closest_voice:
+            return "closest voice (chosen when the analysis finishes)"
+        return f"closest voice: {names.get(voice.closest_voice, voice.closest_voice)}"
+    if voice.cloning_mode == prompts.ZERO_SHOT:
+        return "zero-shot"
+    return "-"
+
+
+def _state_words(voice: Voice) -> str:
+    if voice.status == Voice.Status.PROCESSING:
+        return "processing: the recording is being analysed"
+    if voice.status == Voice.Status.REJECTED:
+        return f"rejected: {voice.status_reason or 'the recording could not be used'}"
+    return str(voice.status)
+
+
+def _context(tenant: Tenant, form: VoiceUploadForm) -> dict[str, object]:
+    usable = list(queries.visible_voices(tenant.organization).order_by("language", "name", "voice_id"))
+    builtin = [v for v in usable if v.organization_id is None]
+    names = {v.voice_id: v.name for v in builtin}
+    own = Voice.objects.filter(organization=tenant.organization).order_by("-created_at", "name")
+    return {
+        "tenant": tenant,
+        "languages": by_language(builtin),
+        "own": [OwnVoice(v, _state_words(v), _mode_words(v, names)) for v in own],
+        "modes": prompts.cloning_modes(),
+        "can_upload": tenant.role in VOICE_WRITERS,
+        "form": form,
+        "max_voices": tenant.organization.plan.max_voices,
+    }
+
+
+@tenant_page()
+@require_GET
+def voices(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    return render(request, "dashboard/voices.html", _context(tenant, VoiceUploadForm()))
+
+
+def _create(request: HttpRequest, tenant: Tenant, form: VoiceUploadForm) -> Voice:
+    data = form.cleaned_data
+    label = request.user.email or request.user.get_username()  # type: ignore[union-attr]
+    upload = prompts.VoiceUpload(data["name"].strip(), data["transcript"].strip(), None, request.user, label)
+    path, ours = _spooled(data["audio"])
+    try:
+        return prompts.create_voice(tenant.organization, path, upload)
+    finally:
+        if ours:
+            os.remove(path)
+
+
+@tenant_page(roles=VOICE_WRITERS, verified=True)
+@require_POST
+def voice_upload(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    form = VoiceUploadForm(request.POST, request.FILES)
+    if form.is_valid():
+        try:
+            voice = _create(request, tenant, form)
+        except DomainError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, error_text(exc))
+        else:
+            messages.success(request, f"“{voice.name}” is uploaded; it is being analysed.")
+            return redirect("dashboard:voices")
+    return render(request, "dashboard/voices.html", _context(tenant, form), status=400)
+
+
+@tenant_page(roles=VOICE_WRITERS)
+@require_POST
+def voice_delete(request: HttpRequest, tenant: Tenant, pk: str) -> HttpResponse:
+    voice = Voice.objects.filter(organization=tenant.organization, pk=pk).first()
+    if voice is None:
+        raise Http404("No such voice.")
+    try:
+        delete_voice(tenant.organization, voice)
+    except DomainError as exc:
+        messages.error(request, error_text(exc))
+    else:
+        messages.success(request, f"“{voice.name}” and its recording are deleted.")
+    return redirect("dashboard:voices")
