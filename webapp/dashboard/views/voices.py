@@ -7,7 +7,6 @@ may upload or delete is who may use the API's ``voices:write`` scope.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from django.contrib import messages
@@ -19,7 +18,6 @@ from webapp.dashboard.access import Tenant, error_text, tenant_page
 from webapp.dashboard.forms import VoiceUploadForm
 from webapp.dashboard.views.speech import by_language
 from webapp.errors import DomainError
-from webapp.speech.api.voices import _spooled
 from webapp.speech.models import Voice
 from webapp.speech.services import prompts, queries
 from webapp.speech.services.voices import delete_voice
@@ -82,12 +80,7 @@ def _create(request: HttpRequest, tenant: Tenant, form: VoiceUploadForm) -> Voic
     data = form.cleaned_data
     label = request.user.email or request.user.get_username()  # type: ignore[union-attr]
     upload = prompts.VoiceUpload(data["name"].strip(), data["transcript"].strip(), None, request.user, label)
-    path, ours = _spooled(data["audio"])
-    try:
-        return prompts.create_voice(tenant.organization, path, upload)
-    finally:
-        if ours:
-            os.remove(path)
+    return prompts.create_voice_from_file(tenant.organization, data["audio"], upload)
 
 
 @tenant_page(roles=VOICE_WRITERS, verified=True)

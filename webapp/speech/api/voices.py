@@ -9,8 +9,6 @@ never used: prompts are stored under generated names.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any
 
 from django.conf import settings
@@ -70,20 +68,6 @@ def _audio(request: Request, limit: int) -> UploadedFile:
     return audio
 
 
-def _spooled(audio: UploadedFile) -> tuple[str, bool]:
-    """A path to the upload's bytes, and whether it is ours to remove."""
-    path = getattr(audio, "temporary_file_path", None)
-    if callable(path):
-        return str(path()), False
-    folder = os.path.join(str(settings.MEDIA_ROOT), "tmp")
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="upload-", dir=folder)
-    with os.fdopen(fd, "wb") as fh:
-        for chunk in audio.chunks():
-            fh.write(chunk)
-    return tmp, True
-
-
 def _who(request: Request) -> tuple[Any, str]:
     """The user who confirmed consent (the key's user for an API key), and a label that outlives them."""
     from django.contrib.auth import get_user_model
@@ -124,17 +108,13 @@ class VoiceCollectionView(VoiceListView):
         mode = _form(request).get("cloning_mode") or None
         user, label = _who(request)
         upload = prompts.VoiceUpload(name, transcript, mode, user, label)
-        path, ours = _spooled(audio)
         try:
-            voice = prompts.create_voice(self.organization, path, upload)
+            voice = prompts.create_voice_from_file(self.organization, audio, upload)
         except DomainError as exc:
             if exc.code == ErrorCode.QUOTA_EXCEEDED:
                 # Waiting frees no voice slot, so not the 429 of the monthly quota.
                 raise Problem(409, exc.code, exc.message, extra=exc.extra) from exc
             raise
-        finally:
-            if ours:
-                os.remove(path)
         from webapp.speech.api.serializers import VoiceSerializer
 
         location = reverse("api-voice-detail", args=[voice.voice_id])

@@ -13,11 +13,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import tempfile
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.core.files import File
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -101,6 +103,23 @@ def _upload_error(code: str) -> ErrorCode:
     if code == "upload_too_large":
         return ErrorCode.REQUEST_TOO_LARGE
     return ErrorCode(code) if code in UPLOAD_CODES else ErrorCode.INVALID_AUDIO
+
+
+def create_voice_from_file(organization: Organization, audio: File, upload: VoiceUpload) -> Voice:
+    """:func:`create_voice` for an uploaded file, spooled to disk when it is still in memory."""
+    path = getattr(audio, "temporary_file_path", None)
+    if callable(path):
+        return create_voice(organization, str(path()), upload)
+    folder = os.path.join(str(settings.MEDIA_ROOT), "tmp")
+    os.makedirs(folder, exist_ok=True)
+    fd, spooled = tempfile.mkstemp(prefix="upload-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in audio.chunks():
+                fh.write(chunk)
+        return create_voice(organization, spooled, upload)
+    finally:
+        os.remove(spooled)
 
 
 def create_voice(organization: Organization, upload_path: str, upload: VoiceUpload) -> Voice:
