@@ -15,7 +15,9 @@ def test_500_jobs_survive_killed_children_redis_and_postgres() -> None:
     assert result.charged_twice == 0, result.lines()
     assert result.not_succeeded == {}, result.lines()
     assert result.bad_files == [], result.lines()
-    # Memory stays flat: the worker (parent and loaded children) within 10 % of its size after 100 jobs.
+    # Memory stays flat: the worker (parent and loaded children) grows at most 10 % from
+    # its size after 100 jobs. Not two-sided: a child recycled or killed near the end has
+    # run few jobs and is smaller than the one it replaced, which is no leak.
     assert result.rss_after_100_mb > 0, result.lines()
-    assert abs(result.rss_after_all_mb / result.rss_after_100_mb - 1) <= 0.10, result.lines()
+    assert result.rss_after_all_mb / result.rss_after_100_mb - 1 <= 0.10, result.lines()
     print("\n".join(result.lines()))
