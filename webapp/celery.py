@@ -6,10 +6,32 @@ import os
 from typing import Any
 
 from celery import Celery, signals
+from celery.app import backends
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
-app = Celery("webapp")
+
+class App(Celery):
+    """Celery, with the result backend's class looked up once per process.
+
+    Celery keeps a backend that is not thread-safe (ours: the disabled one, as
+    PostgreSQL holds the results) per thread, and finding its class scans every
+    installed package's entry points. Under ASGI each request's sync code runs
+    in a new thread, so every submit paid that scan: about a seventh of a web
+    process's CPU under the waiting benchmark. The instance stays per thread.
+    """
+
+    _backend_class: tuple[Any, str] | None = None
+
+    def _get_backend(self) -> Any:
+        if self._backend_class is None:
+            found: Any = backends.by_url(self.backend_cls or self.conf.result_backend, self.loader)
+            self._backend_class = found  # (class, url): the stubs say a class alone
+        backend, url = self._backend_class
+        return backend(app=self, url=url)
+
+
+app = App("webapp")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["webapp.speech", "webapp.housekeeping"])
 app.autodiscover_tasks(["webapp.speech"], related_name="analysis")  # the analysis queue (voice prompts)

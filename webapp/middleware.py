@@ -57,3 +57,25 @@ class ProblemJsonMiddleware:
             log.exception("unhandled error on %s", request.path)
             return render(request, Problem(500, ErrorCode.SERVER_ERROR, "Internal error."))
         return None
+
+
+class SyncMiddlewareChain:
+    """Last in MIDDLEWARE, sync only: keeps every middleware above it in sync mode under ASGI.
+
+    Django adapts each middleware to the mode of the one below it. With an
+    async-capable middleware last, Django's own ones (sessions, CSRF, auth,
+    ...) ran in async mode, and each of those hops to a thread for its
+    ``process_request`` and again for ``process_response``: about sixteen
+    thread hops per request, each a wait for the GIL on a busy process. In
+    sync mode the whole chain runs in the request's one thread; async views
+    (the waiting ones) are still awaited on the event loop below it.
+    """
+
+    sync_capable = True
+    async_capable = False
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)

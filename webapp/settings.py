@@ -87,6 +87,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into its 429 answer.
     "axes.middleware.AxesMiddleware",
+    # Below everything: the chain above runs in sync mode, one thread per request (why: its docstring).
+    "webapp.middleware.SyncMiddlewareChain",
 ]
 if DEBUG:
     # Outermost, so it sees every page: debug pages for loopback clients only.

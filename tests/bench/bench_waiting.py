@@ -65,7 +65,7 @@ def _scenario(stack: Any, quick: bool) -> tuple[Any, int, int]:
     _voices()
     long_polls, openai = (50, 16) if quick else (200, 64)
     call_command("collectstatic", "--noinput", verbosity=0)
-    web = stack.start_web()
+    web = stack.start_web(env={"DJANGO_DEBUG": "0"})  # production settings (the suite runs with DEBUG)
     worker = stack.start_worker("bench-waiting", concurrency="2")
     try:
         busy, busy_key = make_tenant("bench-busy", **ROOMY)

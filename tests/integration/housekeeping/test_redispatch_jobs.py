@@ -59,3 +59,25 @@ def test_a_broker_outage_leaves_the_job_for_the_next_run(
     assert SynthesisJob.objects.get(id=job.id).dispatched_at is None
     assert run_job("redispatch_jobs").counts == {"dispatched": 1, "still_undispatched": 0}
     assert stack.redis_client().llen(probe_queue) == 1
+
+
+def test_a_job_claimed_before_its_own_dispatch_still_sends_a_wake_up(
+    stack: Stack, probe_queue: str, media: Path, org: Any, voice: Any, lock_free: None
+) -> None:
+    """The race seen under a burst of submits: messages claim the fairest (oldest) job.
+
+    The later job's message went out first and its worker claimed the older job;
+    when the older job's own dispatch runs, its message is the only one left for
+    the later job, which would otherwise wait for the lost-delivery sweep.
+    """
+    from webapp.speech.services import attempts, dispatch
+
+    r = stack.redis_client()
+    older, later = submit(org, voice), submit(org, voice)
+    claimed = attempts.claim_next(voice.engine, "node:ns-1:1")
+    assert claimed is not None and claimed.id == older.id  # taken by the later job's message
+
+    assert dispatch.dispatch_job(older.id) is True
+    assert r.llen(probe_queue) == 1
+    woken = attempts.claim_next(voice.engine, "node:ns-1:2")  # what that message's worker does
+    assert woken is not None and woken.id == later.id

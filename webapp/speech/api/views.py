@@ -235,6 +235,9 @@ class SpeechDetailView(TenantAPIView):
             seen = (job.status, float(job.progress))
             reserve_wait(request, self.organization, wait)
             request_to_wait(request, job.pk, wait, lambda now: now != seen)
+            # The answer is built after the wait (job_after_wait), from the job as it is then:
+            # serialising it now (its queue position and ETA are queries) would be thrown away.
+            return Response(status=200)
         return self.job_response(job)
 
     @extend_schema(responses={204: None}, summary="Delete a job and its audio")

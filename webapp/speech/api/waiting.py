@@ -39,12 +39,16 @@ from webapp.tenants.models import Organization
 log = logging.getLogger(__name__)
 
 FALLBACK_POLL_SECONDS = 1.0
-# Sync parts of waiting requests running at once per process, each phase on its
-# own: the first (auth, validation, submit) and the answer. A burst of waiters
-# then takes at most 2 x 6 of the process's pooled connections (DATABASE_POOL_SIZE,
-# 20), leaving the rest to other requests, and answers never queue behind
-# submits waiting for their tenant's lock.
-SYNC_SLOTS = 6
+# Sync parts of waiting requests running at once per process, per phase: the
+# first (auth, validation, submit) and the answer. Few, because a burst of one
+# tenant's waiting requests would otherwise fill the process with runnable
+# threads, and every other request's thread then waits its turn for the GIL
+# after each query: with 6 first-phase slots another tenant's list took 1.1-1.4 s
+# while 200 long-polls arrived, with 2 about 0.4 s (docs/performance.md). A
+# burst then also takes at most a few of the process's pooled connections.
+# Answers have their own slots, so they never queue behind submits waiting
+# for their tenant's lock.
+SYNC_SLOTS = {"first": 2, "answer": 2}
 
 JobState = tuple[str, float]
 WAIT_ATTRIBUTE = "tts_wait"
@@ -81,7 +85,7 @@ _slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.S
 def _sync_slots(phase: str) -> asyncio.Semaphore:
     per_loop = _slots.setdefault(asyncio.get_running_loop(), {})
     if phase not in per_loop:
-        per_loop[phase] = asyncio.Semaphore(SYNC_SLOTS)
+        per_loop[phase] = asyncio.Semaphore(SYNC_SLOTS[phase])
     return per_loop[phase]
 
 

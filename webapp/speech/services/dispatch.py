@@ -60,11 +60,12 @@ def celery_time_limit() -> int:
 def _send(job_id: Any) -> bool:
     from webapp.speech.tasks import synthesize_job  # tasks import the services
 
-    job = (
-        SynthesisJob.objects.filter(id=job_id, status=Status.QUEUED)
-        .only("id", "engine", "text_chars")
-        .first()
-    )
+    # Sent whatever the job's status now: a message is a wake-up for the engine's queue,
+    # not for this job alone. Claims take the fairest job, so an earlier message may
+    # already have claimed this one while its own job waits; skipping this message
+    # would leave that job with none until the lost-delivery sweep (minutes). A
+    # message that finds nothing to claim costs the worker one query.
+    job = SynthesisJob.objects.filter(id=job_id).only("id", "engine", "text_chars").first()
     if job is None:
         return False
     # This job's limits travel with its message (the worker applies them when it claims
