@@ -72,7 +72,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: the request id (X-Request-Id from Nginx) names every later log line and audit event.
+    # Outermost: one API key's requests take turns per process (webapp/gate.py).
+    "webapp.gate.ClientGateMiddleware",
+    # Then the request id (X-Request-Id from Nginx) names every later log line and audit event.
     "webapp.audit.context.RequestContextMiddleware",
     # Counts every request by view, method and status, with its latency (/metrics).
     "webapp.metrics.http.RequestMetricsMiddleware",
@@ -91,8 +93,8 @@ MIDDLEWARE = [
     "webapp.middleware.SyncMiddlewareChain",
 ]
 if DEBUG:
-    # Outermost, so it sees every page: debug pages for loopback clients only.
-    MIDDLEWARE.insert(0, "webapp.debug_pages.LoopbackDebugPagesMiddleware")
+    # Outside everything but the gate, so it sees every page: debug pages for loopback clients only.
+    MIDDLEWARE.insert(1, "webapp.debug_pages.LoopbackDebugPagesMiddleware")
 
 ROOT_URLCONF = "webapp.urls"
 WSGI_APPLICATION = "webapp.wsgi.application"

@@ -31,6 +31,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
+from webapp import gate
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services import waits
 from webapp.speech.services.notify import channel
@@ -115,6 +116,7 @@ def then_wait(
             pending: PendingWait | None = getattr(request, WAIT_ATTRIBUTE, None)
             if pending is None or first.status_code >= 300:
                 return first
+            gate.release(request)  # a waiting request holds none of its key's turns
             await await_job(pending.job_id, pending.seconds, pending.done)
             async with _sync_slots("answer"):
                 return await sync_to_async(answer)(request, pending.job_id, first)
