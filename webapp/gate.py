@@ -9,26 +9,30 @@ queries, and another tenant's plain list took over a second. Here at most
 the others wait as coroutines, which cost no thread and no CPU. Requests
 without a key (health checks, the dashboard, the admin) pass straight through.
 
-A request gives its slot back when its response is returned, or earlier
-when it starts waiting for a job (``release``): a long-poll holds no slot
-while it waits. The key is identified by a hash of the whole token, so a
+A request gives its turn back when its response is returned, or when it
+starts waiting for a job (``release``): a long-poll holds no turn while it
+waits, and takes one at the key's answer gate to build its answer. The key is identified by a hash of the whole token, so a
 client that knows only a key's public prefix cannot queue behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from asgiref.sync import markcoroutinefunction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-CLIENT_SLOTS = 2
-RELEASE_ATTRIBUTE = "tts_release_gate"
+CLIENT_SLOTS = 2  # per key, per process, per phase
+CLIENT_ATTRIBUTE = "tts_client"
+TURN_ATTRIBUTE = "tts_turn"
+
+GateKey = tuple[bytes, str]  # (client, phase)
 
 
 @dataclass
@@ -37,7 +41,36 @@ class _Gate:
     users: int = 0
 
 
-_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[bytes, _Gate]] = weakref.WeakKeyDictionary()
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[GateKey, _Gate]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class Turn:
+    """A request's turn at one of its key's gates (phase ``request``: from its start to its response)."""
+
+    def __init__(self, key: GateKey) -> None:
+        gates = _gates.setdefault(asyncio.get_running_loop(), {})
+        self.key = key
+        self.gate = gates.setdefault(key, _Gate(asyncio.Semaphore(CLIENT_SLOTS)))
+        self.gate.users += 1
+        self.held = False
+
+    async def take(self) -> None:
+        await self.gate.slots.acquire()
+        self.held = True
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self.gate.slots.release()
+
+    def close(self) -> None:
+        """Give back and forget the gate once no request uses it (no entry per key kept for ever)."""
+        self.give_back()
+        self.gate.users -= 1
+        if self.gate.users == 0:
+            _gates.get(asyncio.get_running_loop(), {}).pop(self.key, None)
 
 
 def client_of(request: HttpRequest) -> bytes | None:
@@ -49,10 +82,30 @@ def client_of(request: HttpRequest) -> bytes | None:
 
 
 def release(request: HttpRequest) -> None:
-    """Give the request's slot back now (it is about to wait on a job); later calls do nothing."""
-    give_back: Callable[[], None] | None = getattr(request, RELEASE_ATTRIBUTE, None)
-    if give_back is not None:
-        give_back()
+    """Give the request's turn back now: it is about to wait on a job."""
+    turn: Turn | None = getattr(request, TURN_ATTRIBUTE, None)
+    if turn is not None:
+        turn.give_back()
+
+
+@contextlib.asynccontextmanager
+async def answer_turn(request: HttpRequest) -> AsyncIterator[None]:
+    """A turn at the key's answer gate, for the sync part that answers after a wait.
+
+    Its own gate: answers never queue behind the same key's new submits (which
+    may wait for their tenant's lock), and one key's burst of answers still
+    runs at most ``CLIENT_SLOTS`` at a time per process.
+    """
+    client: bytes | None = getattr(request, CLIENT_ATTRIBUTE, None)
+    if client is None:
+        yield
+        return
+    turn = Turn((client, "answer"))
+    try:
+        await turn.take()
+        yield
+    finally:
+        turn.close()
 
 
 class ClientGateMiddleware:
@@ -69,24 +122,11 @@ class ClientGateMiddleware:
         client = client_of(request)
         if client is None:
             return await self.get_response(request)
-        gates = _gates.setdefault(asyncio.get_running_loop(), {})
-        gate = gates.setdefault(client, _Gate(asyncio.Semaphore(CLIENT_SLOTS)))
-        gate.users += 1
-        held = False
-
-        def give_back() -> None:
-            nonlocal held
-            if held:
-                held = False
-                gate.slots.release()
-
+        turn = Turn((client, "request"))
         try:
-            await gate.slots.acquire()
-            held = True
-            setattr(request, RELEASE_ATTRIBUTE, give_back)
+            await turn.take()
+            setattr(request, CLIENT_ATTRIBUTE, client)
+            setattr(request, TURN_ATTRIBUTE, turn)
             return await self.get_response(request)
         finally:
-            give_back()
-            gate.users -= 1
-            if gate.users == 0:
-                gates.pop(client, None)
+            turn.close()

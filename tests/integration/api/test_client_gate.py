@@ -22,6 +22,8 @@ class Held:
         self.running: dict[str, int] = {}
         self.most: dict[str, int] = {}
         self.go = asyncio.Event()
+        self.answering: dict[str, int] = {}
+        self.most_answering: dict[str, int] = {}
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         who = request.headers.get("Authorization", "none")
@@ -30,6 +32,12 @@ class Held:
         try:
             if request.GET.get("wait"):
                 gate.release(request)  # what the waiting views do before they wait
+                await self.go.wait()
+                async with gate.answer_turn(request):  # and after, to build the answer
+                    self.answering[who] = self.answering.get(who, 0) + 1
+                    self.most_answering[who] = max(self.most_answering.get(who, 0), self.answering[who])
+                    await asyncio.sleep(0.01)
+                    self.answering[who] -= 1
             await self.go.wait()
             return HttpResponse("ok")
         finally:
@@ -60,7 +68,7 @@ def test_it_lets_one_key_run_two_requests_at_once_while_other_keys_pass() -> Non
     assert held.most[KEY_A] == 2
 
 
-def test_a_request_that_starts_waiting_gives_its_turn_back() -> None:
+def test_a_waiting_request_holds_no_turn_and_takes_one_to_answer() -> None:
     async def scenario() -> None:
         held = Held()
         middleware = gate.ClientGateMiddleware(held)
@@ -69,6 +77,7 @@ def test_a_request_that_starts_waiting_gives_its_turn_back() -> None:
         assert held.running == {KEY_A: 6}  # each waits without holding a turn
         held.go.set()
         await asyncio.gather(*tasks)
+        assert held.most_answering == {KEY_A: 2}  # the answers take turns again
 
     asyncio.run(scenario())
 

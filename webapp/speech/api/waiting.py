@@ -41,15 +41,12 @@ log = logging.getLogger(__name__)
 
 FALLBACK_POLL_SECONDS = 1.0
 # Sync parts of waiting requests running at once per process, per phase: the
-# first (auth, validation, submit) and the answer. Few, because a burst of one
-# tenant's waiting requests would otherwise fill the process with runnable
-# threads, and every other request's thread then waits its turn for the GIL
-# after each query: with 6 first-phase slots another tenant's list took 1.1-1.4 s
-# while 200 long-polls arrived, with 2 about 0.4 s (docs/performance.md). A
-# burst then also takes at most a few of the process's pooled connections.
-# Answers have their own slots, so they never queue behind submits waiting
-# for their tenant's lock.
-SYNC_SLOTS = {"first": 2, "answer": 2}
+# first (auth, validation, submit) and the answer. They bound the pooled
+# connections a burst of waiters takes (DATABASE_POOL_SIZE, 20), and answers
+# have their own slots, so they never queue behind submits waiting for their
+# tenant's lock. Fairness between clients is the gate's (webapp/gate.py): one
+# key's requests run at most two at a time per process, in both phases.
+SYNC_SLOTS = {"first": 6, "answer": 6}
 
 JobState = tuple[str, float]
 WAIT_ATTRIBUTE = "tts_wait"
@@ -118,7 +115,7 @@ def then_wait(
                 return first
             gate.release(request)  # a waiting request holds none of its key's turns
             await await_job(pending.job_id, pending.seconds, pending.done)
-            async with _sync_slots("answer"):
+            async with gate.answer_turn(request), _sync_slots("answer"):
                 return await sync_to_async(answer)(request, pending.job_id, first)
         finally:
             slot = getattr(request, SLOT_ATTRIBUTE, None)

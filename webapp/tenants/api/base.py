@@ -51,7 +51,8 @@ class TenantAPIView(APIView):
             raise DomainError(
                 ErrorCode.INVALID_ID, f"{raw_id[:60]!r} is not a {noun} id; {noun} ids are UUIDs.", field="id"
             ) from None
-        found = queryset.filter(pk=pk, organization=self.organization).first()
+        # By primary key: a slice, not .first(), whose ORDER BY only costs compile time.
+        found = next(iter(queryset.filter(pk=pk, organization=self.organization)[:1]), None)
         if found is None:
             raise DomainError(ErrorCode.NOT_FOUND, f"No {noun} {pk} in this organization.")
         return found
