@@ -272,8 +272,12 @@ def start_ours() -> tuple[Any, str, str, Any]:
 
     call_command("collectstatic", "--noinput", verbosity=0)
     try:
-        stack.start_worker("worker", concurrency=str(settings.TTS_WORKER_CONCURRENCY), timeout=300)
-        stack.start_web()
+        # Production settings: the suite's stack runs with DEBUG (queries recorded, debug pages).
+        production = {"DJANGO_DEBUG": "0"}
+        stack.start_worker(
+            "worker", concurrency=str(settings.TTS_WORKER_CONCURRENCY), env=production, timeout=300
+        )
+        stack.start_web(env=production)
     except BaseException:
         stack.stop_all()
         raise
