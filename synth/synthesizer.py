@@ -9,7 +9,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,12 @@ PIPER_RUNTIMES = ("onnxruntime", "torch")
 
 
 def _make_engine(
-    name: str, voices_dir: str | None, threads: int | None, piper_runtime: str, batch: tuple[int, float]
+    name: str,
+    voices_dir: str | None,
+    threads: int | None,
+    piper_runtime: str,
+    batch: tuple[int, float],
+    solo: tuple[int | None, Callable[[], bool] | None] = (None, None),
 ) -> Engine:
     if name == "piper" and piper_runtime == "torch":
         from synth.engines.piper_torch import PiperTorchEngine
@@ -39,7 +44,7 @@ def _make_engine(
     if name == "piper":
         from synth.engines.piper import PiperEngine
 
-        return PiperEngine(voices_dir=voices_dir, threads=threads)
+        return PiperEngine(voices_dir=voices_dir, threads=threads, solo_threads=solo[0], busy=solo[1])
     if name == "espeak":
         from synth.engines.espeak import EspeakEngine
 
@@ -90,7 +95,11 @@ class Synthesizer:
         piper_runtime: str = "onnxruntime",
         batch_jobs: int = 1,
         batch_wait_ms: float = 5.0,
+        solo_threads: int | None = None,
+        busy: Callable[[], bool] | None = None,
     ) -> None:
+        """``solo_threads`` and ``busy``: Piper (onnxruntime) uses that many inference threads
+        for a sentence while ``busy()`` says no other job runs on the host (synth.hostjobs)."""
         self.device = device
         self.voices_dir = voices_dir
         self.engine_names = list(engines) if engines else list(ENGINES)
@@ -102,12 +111,13 @@ class Synthesizer:
         self.piper_runtime = piper_runtime
         self.batch = (batch_jobs, batch_wait_ms)
         self.threads = threads
+        self.solo = (solo_threads, busy)
         self._engines: dict[str, Engine] = {}
         self._lock = threading.Lock()
 
     # -- engines ---------------------------------------------------------------------------
     def _new_engine(self, name: str) -> Engine:
-        return _make_engine(name, self.voices_dir, self.threads, self.piper_runtime, self.batch)
+        return _make_engine(name, self.voices_dir, self.threads, self.piper_runtime, self.batch, self.solo)
 
     def _engine_device(self, name: str) -> str:
         return self.device if name == "piper" else "cpu"

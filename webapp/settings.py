@@ -286,6 +286,10 @@ TTS_WORKER_DEVICE = env_str("TTS_WORKER_DEVICE", "cpu")  # cpu | cuda | cuda:N |
 # threads (docs/performance.md, "workers"); on a GPU run one worker per GPU with 1 child.
 TTS_WORKER_CONCURRENCY = env_int("TTS_WORKER_CONCURRENCY", WORKER_CONCURRENCY_DEFAULT)
 TTS_WORKER_THREADS = env_int("TTS_WORKER_THREADS", 1)
+# Piper on the CPU: inference threads for a job while no other job runs on the host
+# (a lone request uses every core; with company each child keeps to TTS_WORKER_THREADS).
+# 0 turns it off.
+TTS_WORKER_SOLO_THREADS = env_int("TTS_WORKER_SOLO_THREADS", os.cpu_count() or 1)
 # Piper on onnxruntime or torch; a torch child with TTS_WORKER_BATCH_JOBS > 1 runs that many jobs
 # at once and synthesises their sentences in shared batches (docs/gpu.md). CPU workers keep
 # onnxruntime and one job at a time: torch and padded batches measured slower there.

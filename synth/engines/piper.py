@@ -73,11 +73,23 @@ class PiperEngine:
     name = "piper"
     seeded = False  # whether VoiceParams.seed decides the noise
 
-    def __init__(self, voices_dir: str | None = None, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        voices_dir: str | None = None,
+        threads: int | None = None,
+        solo_threads: int | None = None,
+        busy: Callable[[], bool] | None = None,
+    ) -> None:
+        """``solo_threads``: inference threads for a sentence while ``busy()`` says no other job
+        runs on the host (a second session per voice; CPU only); else ``threads``."""
         self.voices_dir = voices_dir
         self.threads = threads
+        self.solo_threads = (
+            solo_threads if solo_threads and busy is not None and solo_threads != threads else None
+        )
+        self.busy = busy
         self.device = "cpu"
-        self._loaded: dict[str, Any] = {}
+        self._loaded: dict[tuple[str, int | None], Any] = {}
         self._infos: dict[str, VoiceInfo] = {}
         self._lock = threading.Lock()
 
@@ -85,9 +97,13 @@ class PiperEngine:
     def load(self, device: str = "cpu", voice_ids: list[str] | None = None) -> None:
         self.device = self._device_for(device)
         self._infos = {v.id: v for v in list_voices(self.voices_dir, ["piper"])}
+        if self.device != "cpu":
+            self.solo_threads = None  # threads are the CPU's matter
         for vid in voice_ids if voice_ids is not None else list(self._infos):
             if vid in self._infos:
                 self._voice(vid)
+                if self.solo_threads:
+                    self._voice(vid, self.solo_threads)  # loaded now: part of the child's baseline
 
     def _device_for(self, device: str) -> str:
         """The device this runtime will use for ``device`` (raises EngineUnavailable)."""
@@ -115,23 +131,30 @@ class PiperEngine:
     def sample_rate(self, voice: str) -> int:
         return int(self._voice(voice).config.sample_rate)
 
-    def _voice(self, vid: str) -> Any:
+    def _threads_now(self) -> int | None:
+        """The session for the next sentence: every core while no other job runs on the host."""
+        if self.solo_threads and self.busy is not None and not self.busy():
+            return self.solo_threads
+        return self.threads
+
+    def _voice(self, vid: str, threads: int | None = None) -> Any:
+        key = (vid, threads or self.threads)
         with self._lock:
-            if vid in self._loaded:
-                return self._loaded[vid]
+            if key in self._loaded:
+                return self._loaded[key]
             info = {v.id: v for v in self.voices()}.get(vid)
             if info is None or info.model_path is None:
                 raise UnknownVoice(f"unknown Piper voice {vid!r}")
             try:
-                voice = self._open(info.model_path)
+                voice = self._open(info.model_path, key[1])
             except EngineUnavailable:
                 raise
             except Exception as exc:  # a broken model file must not look like a bad request
                 raise EngineUnavailable(f"Piper voice {vid!r} failed to load: {exc}") from exc
-            self._loaded[vid] = voice
+            self._loaded[key] = voice
             return voice
 
-    def _session(self, model_path: str) -> Any:
+    def _session(self, model_path: str, threads: int | None = None) -> Any:
         import onnxruntime
 
         opts = onnxruntime.SessionOptions()
@@ -139,8 +162,8 @@ class PiperEngine:
         # of the worker, so RSS would creep with text length. Plain allocations stay flat.
         opts.enable_cpu_mem_arena = False
         opts.enable_mem_pattern = False
-        if self.threads:
-            opts.intra_op_num_threads = self.threads
+        if threads:
+            opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
         providers: list[Any] = ["CPUExecutionProvider"]
         if self.device.startswith("cuda"):
@@ -151,11 +174,11 @@ class PiperEngine:
             raise EngineUnavailable(f"onnxruntime could not start the CUDA provider on {self.device}")
         return session
 
-    def _open(self, model_path: str) -> Any:
+    def _open(self, model_path: str, threads: int | None = None) -> Any:
         """The loaded voice: piper's PiperVoice (phonemizer, config and its onnxruntime session)."""
         from piper import PiperVoice
 
-        return PiperVoice(session=self._session(model_path), config=read_config(model_path))
+        return PiperVoice(session=self._session(model_path, threads), config=read_config(model_path))
 
     def notes(self, params: VoiceParams) -> list[str]:
         """Controls Piper can only approximate (or this runtime ignores) for these parameters."""
@@ -236,6 +259,8 @@ class PiperEngine:
         with self._job(params) as chunk_audio:
             for chunk in chunks:
                 check_cancel(should_cancel)
+                if self.solo_threads:
+                    voice = self._voice(params.voice, self._threads_now())
                 audio = chunk_audio(voice, self.render(chunk, params), params)
                 release_free_heap()
                 yield self.finish(audio, params, sr)

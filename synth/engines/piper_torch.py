@@ -122,7 +122,8 @@ class PiperTorchEngine(PiperEngine):
 
         return getattr(torch, self.dtype_name)  # type: ignore[no-any-return]
 
-    def _open(self, model_path: str) -> _TorchVoice:
+    def _open(self, model_path: str, threads: int | None = None) -> _TorchVoice:
+        """One model per voice: torch's threads are process-wide (``torch.set_num_threads``)."""
         from piper import PiperVoice
 
         from synth.engines import vits_torch

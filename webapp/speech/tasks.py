@@ -176,7 +176,7 @@ class Attempt:
     @property
     def cpu_budget(self) -> float:
         """The soft limit in CPU seconds: inference threads run in parallel, each may spend it."""
-        return self.soft * max(1, settings.TTS_WORKER_THREADS)
+        return self.soft * max(1, settings.TTS_WORKER_THREADS, settings.TTS_WORKER_SOLO_THREADS)
 
 
 @app.task(
@@ -377,14 +377,15 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
         # An uploaded voice cloned zero-shot: the engine gets its prompt (docs/voices.md).
         prompt=prompts.voice_prompt(job.voice) if job.cloning_mode == prompts.ZERO_SHOT else None,
     )
-    return state.synthesizer.synthesize(
-        request,
-        attempt.out_path,
-        progress=progress,
-        should_cancel=lambda: cancel["requested"] or worker.handing_back(),
-        # The audio as it is made, for clients streaming the job (webapp/speech/api/streaming.py).
-        stream=StreamWriter(stream_path(attempt.out_path), on_grew=lambda: notify.stream_grew(job.id)),
-    )
+    with state.host_jobs.running():  # counted, so a lone job may use every core (synth.hostjobs)
+        return state.synthesizer.synthesize(
+            request,
+            attempt.out_path,
+            progress=progress,
+            should_cancel=lambda: cancel["requested"] or worker.handing_back(),
+            # The audio as it is made, for clients streaming the job (webapp/speech/api/streaming.py).
+            stream=StreamWriter(stream_path(attempt.out_path), on_grew=lambda: notify.stream_grew(job.id)),
+        )
 
 
 def _metrics(

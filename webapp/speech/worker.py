@@ -27,6 +27,7 @@ from celery import current_app
 from celery.signals import worker_process_init, worker_process_shutdown, worker_shutting_down
 from django.conf import settings
 
+from synth.hostjobs import HostJobs
 from webapp.speech import heartbeat, recycling, rolling
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ class WorkerState:
         self.load_attempts = 0
         self.next_retry_at: float | None = None
         self.current_job: str | None = None
+        # Jobs running on this host, by every worker of this var/ (synth.hostjobs).
+        self.host_jobs = HostJobs(settings.VAR_DIR / "run" / "jobs")
         self.health = recycling.ChildHealth(recycling.RecyclePolicy.from_settings(), gpu_reader=_gpu_reader())
         self._stop = threading.Event()
 
@@ -218,6 +221,8 @@ def load_models(state: WorkerState) -> None:
         piper_runtime=settings.TTS_WORKER_PIPER_RUNTIME,
         batch_jobs=settings.TTS_WORKER_BATCH_JOBS,
         batch_wait_ms=settings.TTS_WORKER_BATCH_WAIT_MS,
+        solo_threads=settings.TTS_WORKER_SOLO_THREADS or None,
+        busy=lambda: state.host_jobs.others() > 0,
     )
     synthesizer.load()
     faults.fail_marked_sentences(synthesizer)
