@@ -25,9 +25,9 @@ def _warm_up() -> None:
     """Do in the worker's boot what the first requests would otherwise do while clients wait.
 
     Measured under the waiting benchmark: importing every view (the URLconf is
-    imported on the first request), building reverse()'s table and opening the connection pool took 1-2 s
-    of a fresh worker's CPU, and the first requests after each start or
-    recycle waited that long. A database that is away is not an error here:
+    imported on the first request), building reverse()'s table and opening the
+    connection pool took 1-2 s of a fresh worker's CPU, and the first requests
+    after each start or recycle waited that long. A database that is away is not an error here:
     requests report it as they would have.
     """
     from django.db import DatabaseError, connection

@@ -11,8 +11,9 @@ without a key (health checks, the dashboard, the admin) pass straight through.
 
 A request gives its turn back when its response is returned, or when it
 starts waiting for a job (``release``): a long-poll holds no turn while it
-waits, and takes one at the key's answer gate to build its answer. The key is identified by a hash of the whole token, so a
-client that knows only a key's public prefix cannot queue behind it.
+waits, and takes one at the key's answer gate to build its answer. The key
+is identified by a hash of the whole token, so a client that knows only a
+key's public prefix cannot queue behind it.
 """
 
 from __future__ import annotations

@@ -253,8 +253,9 @@ def rate_headers(response: HttpResponseBase) -> dict[str, str]:
 
 def job_after_wait(request: HttpRequest, job_id: Any, first: HttpResponseBase) -> HttpResponseBase:
     """The long-poll's answer once its wait is over: the job as it is now."""
-    job = next(iter(SynthesisJob.objects.filter(pk=job_id)[:1]), None)
-    if job is None:
+    try:
+        job = SynthesisJob.objects.get(pk=job_id)
+    except SynthesisJob.DoesNotExist:
         return render(request, DomainError(ErrorCode.NOT_FOUND, f"No job {job_id} in this organization."))
     response = JsonResponse(JobSerializer(job, context={"request": request}).data)
     for key, value in rate_headers(first).items():

@@ -40,13 +40,13 @@ from webapp.tenants.models import Organization
 log = logging.getLogger(__name__)
 
 FALLBACK_POLL_SECONDS = 1.0
-# Sync parts of waiting requests running at once per process, per phase: the
-# first (auth, validation, submit) and the answer. They bound the pooled
+# Sync parts of waiting requests running at once per process, each phase on its
+# own: the first (auth, validation, submit) and the answer. They bound the pooled
 # connections a burst of waiters takes (DATABASE_POOL_SIZE, 20), and answers
-# have their own slots, so they never queue behind submits waiting for their
-# tenant's lock. Fairness between clients is the gate's (webapp/gate.py): one
-# key's requests run at most two at a time per process, in both phases.
-SYNC_SLOTS = {"first": 6, "answer": 6}
+# never queue behind submits waiting for their tenant's lock. Fairness between
+# clients is the gate's (webapp/gate.py): one key's requests run at most two at
+# a time per process, in both phases.
+SYNC_SLOTS = 6
 
 JobState = tuple[str, float]
 WAIT_ATTRIBUTE = "tts_wait"
@@ -83,7 +83,7 @@ _slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.S
 def _sync_slots(phase: str) -> asyncio.Semaphore:
     per_loop = _slots.setdefault(asyncio.get_running_loop(), {})
     if phase not in per_loop:
-        per_loop[phase] = asyncio.Semaphore(SYNC_SLOTS[phase])
+        per_loop[phase] = asyncio.Semaphore(SYNC_SLOTS)
     return per_loop[phase]
 
 

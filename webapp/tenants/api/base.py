@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, TypeVar
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Model, QuerySet
 from rest_framework import permissions
 from rest_framework.request import Request
@@ -51,8 +52,7 @@ class TenantAPIView(APIView):
             raise DomainError(
                 ErrorCode.INVALID_ID, f"{raw_id[:60]!r} is not a {noun} id; {noun} ids are UUIDs.", field="id"
             ) from None
-        # By primary key: a slice, not .first(), whose ORDER BY only costs compile time.
-        found = next(iter(queryset.filter(pk=pk, organization=self.organization)[:1]), None)
-        if found is None:
-            raise DomainError(ErrorCode.NOT_FOUND, f"No {noun} {pk} in this organization.")
-        return found
+        try:
+            return queryset.get(pk=pk, organization=self.organization)  # no ORDER BY, unlike .first()
+        except ObjectDoesNotExist:
+            raise DomainError(ErrorCode.NOT_FOUND, f"No {noun} {pk} in this organization.") from None
