@@ -6,12 +6,12 @@ is missing we raise EngineUnavailable rather than quietly running on CPU.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from synth import heap
 from synth.engines.base import (
     ARPABET_IPA,
     CancelFn,
@@ -46,29 +46,6 @@ def length_scale_for(speed: float) -> float:
     return max(scale, _MIN_LENGTH_SCALE)
 
 
-_LIBC: Any = None
-
-
-def release_free_heap() -> None:
-    """Give freed heap memory back to the OS after each sentence (glibc only).
-
-    Every VITS inference allocates and frees ~100 MB of intermediate tensors
-    (the onnxruntime arena is off). glibc keeps that freed memory fragmented
-    among the small long-lived allocations made meanwhile, so peak RSS crept up
-    with text length: +15% from 10 to 1000 sentences, against +3% with this
-    trim (docs/performance.md).
-    """
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL("libc.so.6")
-            _LIBC.malloc_trim  # noqa: B018 - not glibc: no trim
-        except (OSError, AttributeError):
-            _LIBC = False
-    if _LIBC:
-        _LIBC.malloc_trim(0)
-
-
 class PiperEngine:
     name = "piper"
     seeded = False  # whether VoiceParams.seed decides the noise
@@ -99,11 +76,18 @@ class PiperEngine:
         self._infos = {v.id: v for v in list_voices(self.voices_dir, ["piper"])}
         if self.device != "cpu":
             self.solo_threads = None  # threads are the CPU's matter
+        else:
+            heap.keep_freed_memory()  # a sentence reuses the last one's pages (synth.heap)
         for vid in voice_ids if voice_ids is not None else list(self._infos):
             if vid in self._infos:
                 self._voice(vid)
                 if self.solo_threads:
-                    self._voice(vid, self.solo_threads)  # loaded now: part of the child's baseline
+                    # Both sessions loaded and run once now: part of the child's baseline,
+                    # and neither a lone job's first sentence nor a busy one's is the slow one.
+                    params = VoiceParams(voice=vid)
+                    for threads in (self.threads, self.solo_threads):
+                        session = self._voice(vid, threads)
+                        self._chunk_audio(session, self.render("Hello.", params), params)
 
     def _device_for(self, device: str) -> str:
         """The device this runtime will use for ``device`` (raises EngineUnavailable)."""
@@ -256,17 +240,21 @@ class PiperEngine:
         voice = self._voice(params.voice)
         sr = int(voice.config.sample_rate)
         done = 0
-        with self._job(params) as chunk_audio:
-            for chunk in chunks:
-                check_cancel(should_cancel)
-                if self.solo_threads:
-                    voice = self._voice(params.voice, self._threads_now())
-                audio = chunk_audio(voice, self.render(chunk, params), params)
-                release_free_heap()
-                yield self.finish(audio, params, sr)
-                done += 1
-                if progress is not None:
-                    progress(done, total if total is not None else done)
+        heap.job_started()
+        try:
+            with self._job(params) as chunk_audio:
+                for chunk in chunks:
+                    check_cancel(should_cancel)
+                    if self.solo_threads:
+                        voice = self._voice(params.voice, self._threads_now())
+                    audio = chunk_audio(voice, self.render(chunk, params), params)
+                    heap.sentence_done()
+                    yield self.finish(audio, params, sr)
+                    done += 1
+                    if progress is not None:
+                        progress(done, total if total is not None else done)
+        finally:
+            heap.job_ended()
 
     @contextmanager
     def _job(self, params: VoiceParams) -> Iterator[Callable[[Any, str, VoiceParams], np.ndarray]]:

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from synth.batching import SentenceBatcher
 from synth.engines.base import CancelFn, ProgressFn, VoiceParams, check_cancel, resolve_device
-from synth.engines.piper import PiperEngine, read_config, release_free_heap
+from synth.engines.piper import PiperEngine, read_config
 from synth.errors import Cancelled, EngineUnavailable, SynthError
+from synth.heap import release_free_heap
 
 if TYPE_CHECKING:
     import numpy as np

@@ -26,11 +26,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import requests
+
+from tests.bench.peer_table import PEER, Result, Tally, median_rows, pct, ratio_rows
 
 VOICE = "en_US-joe-medium"
 TEXTS = [
@@ -47,31 +48,11 @@ TEXTS = [
 SENTENCES = 3
 LONG_TEXTS = [" ".join(TEXTS[i : i + SENTENCES]) for i in range(0, len(TEXTS) - SENTENCES + 1, 2)]
 CLIENTS = (1, 4, 8)
+ROUNDS = 3  # interleaved: every row once per round, medians over the rounds
 NATIVE_GIVE_UP_SECONDS = 300
 PEER_PORT = 18590
 RATE = 22050  # the voice's native rate: WAV bytes -> audio seconds
 MARK_START, MARK_END = "<!-- bench-peer:start -->", "<!-- bench-peer:end -->"
-
-
-@dataclass
-class Result:
-    name: str
-    clients: int
-    wall: float
-    audio_seconds: float
-    latencies: list[float] = field(default_factory=list)
-    ttfb: list[float] = field(default_factory=list)
-
-    @property
-    def throughput(self) -> float:
-        return self.audio_seconds / self.wall if self.wall else 0.0
-
-
-def pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))]
 
 
 def wav_seconds(body: bytes) -> float:
@@ -213,12 +194,10 @@ def rss_lines(groups: dict[str, list[Any]]) -> list[str]:
 # ----------------------------------------------------------------------------- the systems
 
 
-def raw_engine(requests_total: int) -> Result:
-    from synth import SynthesisRequest, Synthesizer
+def raw_engine(synth: Any, requests_total: int) -> Result:
+    """``synth``: a loaded and warmed ``synth.Synthesizer`` (the same one every round)."""
+    from synth import SynthesisRequest
 
-    synth = Synthesizer(engines=["piper"])
-    synth.load([VOICE])
-    synth.warm_up()
     result = Result("raw engine", 1, 0.0, 0.0)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.monotonic()
@@ -230,6 +209,15 @@ def raw_engine(requests_total: int) -> Result:
             result.audio_seconds += r.duration_seconds
         result.wall = time.monotonic() - started
     return result
+
+
+def load_raw_engine() -> Any:
+    from synth import Synthesizer
+
+    synth = Synthesizer(engines=["piper"])
+    synth.load([VOICE])
+    synth.warm_up()
+    return synth
 
 
 def start_peer() -> subprocess.Popen[bytes]:
@@ -302,74 +290,49 @@ def dispatch_latency(since: Any, organization_id: Any) -> list[float]:
 # ----------------------------------------------------------------------------- the run and its table
 
 
-def row(r: Result) -> str:
-    return (
-        f"| {r.name} | {r.clients} | {len(r.latencies)} | {r.throughput:.2f} | {pct(r.latencies, 50):.2f} | "
-        f"{pct(r.latencies, 95):.2f} | {pct(r.latencies, 99):.2f} | {pct(r.ttfb, 50):.2f} |"
-    )
-
-
-def ratio_lines(results: list[Result]) -> list[str]:
-    peer = {r.clients: r for r in results if r.name == "Piper HTTP server"}
-    lines = []
-    for r in results:
-        p = peer.get(r.clients)
-        if r.name.startswith("ours") and p is not None:
-            lines.append(
-                f"| {r.name} | {r.clients} | {r.throughput / p.throughput:.2f} | "
-                f"{pct(r.latencies, 50) / pct(p.latencies, 50):.2f} | {pct(r.latencies, 95) / pct(p.latencies, 95):.2f} | "
-                f"{pct(r.ttfb, 50) / pct(p.latencies, 50):.2f} |"
-            )
-    return lines
-
-
-def measure_ours(
-    stack: Any, base: str, key: str, org_id: Any, peer: Any, n: int, results: list[Result]
-) -> list[str]:
-    """Our three paths at 1/4/8 clients; CPU seconds per request by process; dispatch latency."""
-    from django.utils import timezone
-
-    auth = {"Authorization": f"Bearer {key}"}
-    paths: dict[str, Callable[[requests.Session, str], Any]] = {
+def our_paths(base: str) -> dict[str, Callable[[requests.Session, str], Any]]:
+    return {
         "ours /v1/audio/speech": lambda s, t: openai_request(s, base, t, stream=False),
         "ours /v1/audio/speech streaming": lambda s, t: openai_request(s, base, t, stream=True),
         "ours submit + ?wait= + download": lambda s, t: native_request(s, base, t),
     }
-    cpu_lines: list[str] = []
-    dispatch: list[str] = []
+
+
+def warm_up(base: str, key: str) -> None:
+    """What the first requests after a start pay (connections, both children's sessions), off the books.
+
+    The peer gets the same: one lone and two concurrent rounds of each path.
+    """
+    auth = {"Authorization": f"Bearer {key}"}
+    for clients in (1, 2):
+        run_clients(PEER, clients, 4, peer_request)
+        for call in our_paths(base).values():
+            run_clients("warm-up", clients, 4, call, auth)
+
+
+def measure_round(ctx: dict[str, Any], n: int, tally: Tally) -> list[Result]:
+    """One round: the raw engine, then per client count the peer and each of our paths, interleaved."""
+    from django.utils import timezone
+
+    stack, peer = ctx["stack"], ctx["peer"]
+    results = [raw_engine(ctx["synth"], n)]
+    auth = {"Authorization": f"Bearer {ctx['key']}"}
     for clients in CLIENTS:
-        for name, call in paths.items():
+        results.append(run_clients(PEER, clients, n, peer_request))
+        for name, call in our_paths(ctx["base"]).items():
             groups = process_groups(stack, peer)
             before, since = cpu_seconds(groups), timezone.now()
             results.append(run_clients(name, clients, n, call, auth))
             after = cpu_seconds(groups)
-            per = ", ".join(f"{g} {(after[g] - before[g]) / n:.3f}" for g in after if g in before)
-            cpu_lines.append(f"| {name} | {clients} | {per} |")
-            waits = dispatch_latency(since, org_id)
-            label = "dispatch (idle worker)" if clients == 1 else "queue wait"
-            dispatch.append(
-                f"| {name} | {clients} | {label} | {pct(waits, 50) * 1000:.0f} | {pct(waits, 99) * 1000:.0f} |"
-            )
-    return [
-        "",
-        "CPU seconds per request, by process:",
-        "",
-        "| path | clients | cpu-s/request |",
-        "|---|---|---|",
-        *cpu_lines,
-        "",
-        "Submit -> claimed (ms):",
-        "",
-        "| path | clients | what | p50 | p99 |",
-        "|---|---|---|---|---|",
-        *dispatch,
-    ]
+            spent = {g: after[g] - before[g] for g in after if g in before}
+            tally.add((name, clients), spent, n, dispatch_latency(since, ctx["org_id"]))
+    return results
 
 
 def multi_sentence(base: str, key: str, n: int) -> list[str]:
     """One client, texts of several sentences: our first streamed byte against the peer's whole answer."""
     auth = {"Authorization": f"Bearer {key}"}
-    peer = run_clients("Piper HTTP server", 1, n, peer_request, texts_of=LONG_TEXTS)
+    peer = run_clients(PEER, 1, n, peer_request, texts_of=LONG_TEXTS)
     ours = run_clients(
         "ours /v1/audio/speech streaming",
         1,
@@ -395,15 +358,17 @@ def multi_sentence(base: str, key: str, n: int) -> list[str]:
 
 def run(quick: bool) -> list[str]:
     n = 8 if quick else 48
-    results: list[Result] = [raw_engine(n)]
+    synth = load_raw_engine()
     stack, base, key, org_id = start_ours()
     peer = None
+    tally, rounds = Tally(), []
     try:
         peer = start_peer()
-        for clients in CLIENTS:
-            results.append(run_clients("Piper HTTP server", clients, n, peer_request))
-        extra = measure_ours(stack, base, key, org_id, peer, n, results)
-        extra += multi_sentence(base, key, max(4, n // 2))
+        warm_up(base, key)
+        ctx = {"stack": stack, "peer": peer, "synth": synth, "base": base, "key": key, "org_id": org_id}
+        for _ in range(ROUNDS):
+            rounds.append(measure_round(ctx, n, tally))
+        extra = multi_sentence(base, key, max(4, n // 2))
         memory = [
             "",
             "Resident memory after the run (MB, each process):",
@@ -417,15 +382,30 @@ def run(quick: bool) -> list[str]:
             peer.terminate()
         stack.stop_all()
     table = [
+        f"Medians over {ROUNDS} rounds; in each round the rows ran in this order.",
+        "",
         "| system | clients | requests | audio-s per wall-s | p50 s | p95 s | p99 s | first byte p50 s |",
         "|---|---|---|---|---|---|---|---|",
-        *[row(r) for r in results],
+        *median_rows(rounds),
         "",
-        "Ours / peer (throughput, p50, p95; first byte against the peer's whole latency):",
+        "Ours / peer of the same round, median (lowest-highest) over the rounds (throughput, p50, p95;",
+        "first byte against the peer's whole latency):",
         "",
         "| path | clients | throughput | p50 | p95 | first byte / peer p50 |",
         "|---|---|---|---|---|---|",
-        *ratio_lines(results),
+        *ratio_rows(rounds),
+        "",
+        "CPU seconds per request, by process (all rounds):",
+        "",
+        "| path | clients | cpu-s/request |",
+        "|---|---|---|",
+        *tally.cpu_lines(),
+        "",
+        "Submit -> claimed (ms, all rounds):",
+        "",
+        "| path | clients | what | jobs | p50 | p99 |",
+        "|---|---|---|---|---|---|",
+        *tally.wait_lines(),
         *extra,
         *memory,
     ]

@@ -193,10 +193,14 @@ def _drive(stack: StackProcess, key: str, result: SoakResult, every: int) -> lis
         for n in range(result.jobs):
             while len(ids) + len(pending) - finished >= IN_FLIGHT:
                 finished = max(finished, books.finished(ids))
-                # Measured before the kill at 100: a child forked then has loaded its
-                # engine but not yet grown to the size it keeps once it has run jobs.
                 if not result.rss_after_100_mb and finished >= 100:
-                    result.rss_after_100_mb = _rss_mb(stack.var, result) or 0.0
+                    # Measured idle, as at the end, and before the kill at 100: a child
+                    # forked then has loaded its engine but not yet run jobs.
+                    ids.extend(f.result() for f in pending)
+                    pending.clear()
+                    result.rss_after_100_mb = _idle_rss_mb(stack.var, books, ids, result)
+                    finished = books.finished(ids)
+                    break  # the kill at 100 waits until the pipeline is full again
                 chaos.on_progress(finished)
                 time.sleep(0.2)
                 done = {f for f in pending if f.done()}
@@ -206,6 +210,15 @@ def _drive(stack: StackProcess, key: str, result: SoakResult, every: int) -> lis
         ids.extend(f.result() for f in concurrent.futures.as_completed(pending))
     result.child_kills, result.refusals = chaos.kills, counts["refusals"]
     return ids
+
+
+def _idle_rss_mb(var: Path, books: Books, ids: list[str], result: SoakResult) -> float:
+    """The worker's RSS once every job is done and its children have given back their idle heap."""
+    from synth import heap
+
+    _wait_all_finished(books, ids, timeout=120)
+    time.sleep(heap.IDLE_TRIM_SECONDS + 1)
+    return _settled_rss_mb(var, result)
 
 
 def _wait_all_finished(books: Books, ids: list[str], timeout: float) -> None:
@@ -254,7 +267,7 @@ def run_soak(jobs: int, kill_every: int = 200, var: Path | None = None) -> SoakR
         ids = _drive(stack, found.group(1), result, kill_every)
         _wait_all_finished(books, ids, timeout=120 + jobs * 0.05)
         result.seconds = time.monotonic() - started
-        result.rss_after_all_mb = _settled_rss_mb(var, result)
+        result.rss_after_all_mb = _idle_rss_mb(var, books, ids, result)
         _check_books(var, books, ids, result)
         assert "giving up" not in stack.output, stack.output[-3000:]
     finally:
