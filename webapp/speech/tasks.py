@@ -240,6 +240,12 @@ def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> Synthe
     job = None
     if engine in settings.TTS_WORKER_ENGINES:
         job = db_retry(attempts.claim_next, engine, me, job_id, hard)
+        if job is None and status == SynthesisJob.Status.QUEUED:
+            # SKIP LOCKED passes over a row locked for a moment, such as this very job's
+            # dispatch marking it sent just after publishing this message. With nothing
+            # else queued, dropping the message would leave the job without one until
+            # the lost-delivery sweep: wait for that lock and take the job instead.
+            job = db_retry(attempts.claim_job, job_id, me, hard_seconds=hard)
     if job is None or str(job.id) != str(job_id):
         # The message's job may be one no one can claim (spent, canceled): it must not stay open.
         db_retry(attempts.close_unclaimable, job_id)
