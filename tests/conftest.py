@@ -33,13 +33,43 @@ def django_db_setup(stack: TestStack, django_db_blocker: Any) -> None:
 
 
 @pytest.fixture
-def synth_worker(stack: TestStack, django_db_setup: None) -> Any:
+def synth_worker(stack: TestStack, django_db_setup: None) -> Iterator[Any]:
     """The shared real Celery synthesis worker (piper + espeak queues).
 
     Started on first use and kept for the session; tests that start workers of
     their own stop it first (``no_session_worker``), so no message goes astray.
+    After the test it is given time to settle the jobs it is running: a
+    transactional test's teardown truncates every table, and a worker writing a
+    job meanwhile deadlocked with it once (the flush failed the test).
     """
-    return stack.ensure_session_worker()
+    worker = stack.ensure_session_worker()
+    yield worker
+    _wait_worker_idle(worker, timeout=15)
+
+
+def _wait_worker_idle(worker: Any, timeout: float) -> None:
+    """Until no committed job is running in one of ``worker``'s children (read outside the test's transaction)."""
+    import time
+
+    import psutil
+    import psycopg
+
+    from tests.stack import CFG
+
+    if worker.process is None or worker.process.poll() is not None:
+        return
+    try:
+        owners = [f"%:{c.pid}" for c in psutil.Process(worker.process.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(CFG.database_url, autocommit=True) as conn:
+        while owners and time.monotonic() < deadline:
+            sql = "SELECT count(*) FROM speech_synthesisjob WHERE status = 'running' AND worker LIKE ANY(%s)"
+            row = conn.execute(sql, [owners]).fetchone()
+            if not row or not row[0]:
+                return
+            time.sleep(0.1)
 
 
 @pytest.fixture
