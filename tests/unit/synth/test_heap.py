@@ -74,8 +74,7 @@ def trims(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
     monkeypatch.setattr(heap, "_active", 0)
     monkeypatch.setattr(heap, "_sentences", 0)
     yield calls
-    heap.job_started()  # calls off a timer this test left
-    heap._active = 0
+    heap.job_started()  # calls off a timer this test left (monkeypatch then restores the count)
 
 
 def test_it_trims_every_few_sentences_within_a_job(trims: list[float]) -> None:
