@@ -157,7 +157,7 @@ def test_job_status_waits_for_a_change_and_answers_when_it_comes(transactional_d
     def move() -> None:
         time.sleep(1.0)
         SynthesisJob.objects.filter(pk=job.pk).update(progress=0.5)
-        job_changed(job.pk)
+        job_changed(job.pk, "running", 0.5)
 
     mover = threading.Thread(target=move)
     started = time.monotonic()

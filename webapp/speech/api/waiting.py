@@ -34,7 +34,7 @@ from redis.exceptions import RedisError
 from webapp import gate
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services import waits
-from webapp.speech.services.notify import channel
+from webapp.speech.services.notify import channel, parse_state
 from webapp.tenants.models import Organization
 
 log = logging.getLogger(__name__)
@@ -174,8 +174,10 @@ async def _subscribe(job_id: Any) -> Any:
 async def await_job(job_id: Any, seconds: float, done: Callable[[JobState], bool]) -> None:
     """Return once ``done((status, progress))`` holds, the job is gone, or ``seconds`` have passed.
 
-    The row is read once after subscribing, then only on a notification (or
-    once a second while Redis is away); the caller reads the final state.
+    The row is read once after subscribing; after that each notification says
+    the job's new state itself, so the row is read again only for one that
+    does not (or once a second while Redis is away). The caller reads the
+    final state for its answer.
     """
     share_connection = await sync_to_async(lambda: connection.in_atomic_block)()
     loop = asyncio.get_running_loop()
@@ -189,15 +191,18 @@ async def await_job(job_id: Any, seconds: float, done: Callable[[JobState], bool
                 return
             if pubsub is None:
                 await asyncio.sleep(min(FALLBACK_POLL_SECONDS, left))
-            else:
-                try:
-                    if await pubsub.get_message(timeout=left) is None:
-                        continue  # the subscribe confirmation, or the deadline: nothing changed
-                except (RedisError, OSError) as exc:
-                    log.warning("notifications lost while waiting (polling once a second): %s", exc)
-                    await _close(pubsub)
-                    pubsub = None
-            state = await _read(job_id, share_connection)
+                state = await _read(job_id, share_connection)
+                continue
+            try:
+                message = await pubsub.get_message(timeout=left)
+            except (RedisError, OSError) as exc:
+                log.warning("notifications lost while waiting (polling once a second): %s", exc)
+                await _close(pubsub)
+                pubsub = None
+                state = await _read(job_id, share_connection)  # the change it missed may be the last
+                continue
+            if message is not None:  # None: the subscribe confirmation, or the deadline
+                state = parse_state(message["data"]) or await _read(job_id, share_connection)
     finally:
         await _close(pubsub)
 

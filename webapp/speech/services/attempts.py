@@ -106,7 +106,7 @@ def _claimed(sql: str, params: dict[str, Any]) -> SynthesisJob | None:
     with transaction.atomic(durable=True):
         rows = list(SynthesisJob.objects.raw(sql, params))
         if rows:
-            notify.job_changed(rows[0].id)
+            notify.job_changed(rows[0].id, rows[0].status, rows[0].progress)
     return rows[0] if rows else None
 
 
@@ -215,7 +215,7 @@ def report_progress(job_id: Any, token: int, done: int, total: int, stage: str |
         row = cursor.fetchone()
     if row is None:
         return Verdict.LOST
-    notify.job_changed(job_id)
+    notify.job_changed(job_id, Status.RUNNING, progress)
     return Verdict.CANCEL if row[0] else Verdict.GO
 
 

@@ -55,7 +55,7 @@ def _transition(job_id: Any, allowed: Q, **changes: Any) -> SynthesisJob | None:
     for name, value in changes.items():
         setattr(job, name, value)
     job.save(update_fields=list(changes))
-    notify.job_changed(job_id)
+    notify.job_changed(job_id, job.status, job.progress)
     return job
 
 
