@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
 
+from tests.redis_database import redis_database
 from webapp.speech import heartbeat, recycling
 
 URL = "/admin/speech/workers/"
@@ -45,16 +46,8 @@ def admin_client(db: None) -> Client:
 @pytest.fixture
 def private_redis(stack: Any) -> Iterator[Any]:
     """A Redis database of its own, so made-up heartbeats never reach other tests' workers."""
-    url = stack.cfg.redis_url.rsplit("/", 1)[0] + "/14"
-    with override_settings(REDIS_URL=url):
-        heartbeat._client = None
-        r = heartbeat.client()
-        r.flushdb()
-        try:
-            yield r
-        finally:
-            r.flushdb()
-            heartbeat._client = None
+    with redis_database(stack, 14) as r:
+        yield r
 
 
 def test_it_lists_the_real_worker_with_its_host_and_pid(admin_client: Client, synth_worker: Any) -> None:
@@ -115,6 +108,7 @@ def test_it_shows_backoff_retry_time_recycles_by_reason_and_escapes_values(
     heartbeat.publish(beat["worker_id"], beat, ttl=30)
     heartbeat.publish("broken:1", {"node": node, "pid": "x", "state": 5, "at": "yesterday"}, ttl=30)
     private_redis.set(heartbeat.KEY_PREFIX + "not-json:2", "{", ex=30)
+    private_redis.sadd(heartbeat.INDEX_KEY, "not-json:2")
     recycling.record_recycle(private_redis, node, "rss 1600 MiB over 1500 MiB", 4100, 50)
     recycling.record_recycle(private_redis, node, "max_tasks 200 tasks", 4200, 200)
     recycling.record_recycle(private_redis, node, "rss 1700 MiB over 1500 MiB", 4250, 12)

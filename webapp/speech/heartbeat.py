@@ -1,7 +1,10 @@
 """Worker heartbeats in Redis: one key per worker child, refreshed with a TTL.
 
-Readers (healthz, the admin console, submit's no_worker check) only see
-children that beat within the TTL, on any host.
+Readers (healthz, the admin console, submit's no_worker check, every ETA) only
+see children that beat within the TTL, on any host. A set (``INDEX_KEY``) lists
+the children that have beaten, so a reader costs two round trips however many
+other keys Redis holds (a SCAN of the keyspace cost one per 200 keys, on every
+/healthz and submit); a child whose beat has expired leaves the set on the next read.
 """
 
 from __future__ import annotations
@@ -13,6 +16,20 @@ import redis
 from django.conf import settings
 
 KEY_PREFIX = "tts:heartbeat:"
+INDEX_KEY = "tts:heartbeats"
+
+# KEYS: the index, then one beat key per id in ARGV. An id leaves the index only
+# if its beat key is gone at that moment: a child that beats between a reader's
+# MGET and this script keeps its entry.
+_PRUNE_SCRIPT = """
+local removed = 0
+for i, id in ipairs(ARGV) do
+  if redis.call('EXISTS', KEYS[i + 1]) == 0 then
+    removed = removed + redis.call('SREM', KEYS[1], id)
+  end
+end
+return removed
+"""
 
 _client: redis.Redis | None = None
 
@@ -27,25 +44,37 @@ def client() -> redis.Redis:
 
 
 def publish(worker_id: str, data: dict[str, Any], ttl: int | None = None) -> None:
-    client().set(KEY_PREFIX + worker_id, json.dumps(data), ex=ttl or settings.TTS_HEARTBEAT_TTL)
+    pipe = client().pipeline(transaction=False)
+    pipe.set(KEY_PREFIX + worker_id, json.dumps(data), ex=ttl or settings.TTS_HEARTBEAT_TTL)
+    pipe.sadd(INDEX_KEY, worker_id)
+    pipe.execute()
 
 
 def remove(worker_id: str) -> None:
-    client().delete(KEY_PREFIX + worker_id)
+    pipe = client().pipeline(transaction=False)
+    pipe.delete(KEY_PREFIX + worker_id)
+    pipe.srem(INDEX_KEY, worker_id)
+    pipe.execute()
 
 
 def live_workers() -> list[dict[str, Any]]:
     r = client()
-    keys = list(r.scan_iter(match=KEY_PREFIX + "*", count=200))
-    if not keys:
+    ids = sorted(cast(set[str], r.smembers(INDEX_KEY)))
+    if not ids:
         return []
+    keys = [KEY_PREFIX + worker_id for worker_id in ids]
     out = []
-    for raw in cast(list[str | None], r.mget(keys)):
-        if raw:
-            try:
-                out.append(json.loads(raw))
-            except ValueError:
-                continue
+    expired = []
+    for worker_id, raw in zip(ids, cast(list[str | None], r.mget(keys)), strict=True):
+        if raw is None:
+            expired.append(worker_id)
+            continue
+        try:
+            out.append(json.loads(raw))
+        except ValueError:
+            continue
+    if expired:
+        r.eval(_PRUNE_SCRIPT, 1 + len(expired), INDEX_KEY, *(KEY_PREFIX + i for i in expired), *expired)
     return out
 
 

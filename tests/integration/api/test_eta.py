@@ -7,7 +7,6 @@ into the figures; heartbeats go through the real Redis.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Any
 
 import pytest
@@ -121,16 +120,16 @@ def test_api_eta_uses_live_heartbeats(make_tenant: Any, stack: Any) -> None:
 
     # No child serves the engine: one child at the all-device mean (2000 chars in 5 s).
     assert get_eta() == pytest.approx(0.0025 * (600 + 500), abs=0.05)
-    r = stack.redis_client()
     ids = ["eta-test:1", "eta-test:2"]
     try:
         for worker_id, device in zip(ids, ("cpu", "cuda:0"), strict=True):
             beat = {"worker_id": worker_id, "state": "ready", "device": device, "engines": [ENGINE]}
-            r.set(heartbeat.KEY_PREFIX + worker_id, json.dumps(beat), ex=30)
+            heartbeat.publish(worker_id, beat, ttl=30)
         # Two children: 1/0.004 + 1/0.001 = 1250 chars/s, s = 2/1250 = 0.0016 s/char;
         # one job ahead < 2 children, so no wait: eta = 0.0016 * 500.
         assert get_eta() == pytest.approx(0.8, abs=0.05)
         _job(t.org, "running", 1000, t0, progress=0.5)  # now 2 ahead: wait 0.0016 * 1100 / 2
         assert get_eta() == pytest.approx(0.88 + 0.8, abs=0.05)
     finally:
-        r.delete(*(heartbeat.KEY_PREFIX + i for i in ids))
+        for worker_id in ids:
+            heartbeat.remove(worker_id)
