@@ -150,7 +150,12 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": env_str("TTS_CACHE_PREFIX", "tts"),
-        "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 5},
+        # One pool per process (webapp/redis_pool.py), not a connection per request.
+        "OPTIONS": {
+            "socket_connect_timeout": 2,
+            "socket_timeout": 5,
+            "pool_class": "webapp.redis_pool.SharedConnectionPool",
+        },
     }
 }
 
