@@ -37,8 +37,24 @@ for svc in postgresql redis-server nginx; do
   fi
 done
 
-PYTHON=${PYTHON:-python3.11}
-command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+# Whether a user with no rights of its own can run this Python (deploy/privileges.py).
+others_can_run() {
+  "$1" -c 'import sys; from pathlib import Path; from deploy.privileges import others_can_use
+sys.exit(0 if others_can_use(Path(sys.executable).resolve()) else 1)' 2>/dev/null
+}
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=python3.11
+  command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+  # As root, `make run` runs gunicorn and Celery as an unprivileged user, who must be able to run
+  # .venv's Python. One under a private folder (pyenv's under /root) cannot be run by it: then
+  # .venv is built on the system's python3.11, where there is one with venv support.
+  if [ ! -x .venv/bin/python ] && [ "$(id -u)" -eq 0 ] && ! others_can_run "$PYTHON" \
+     && [ -x /usr/bin/python3.11 ] && others_can_run /usr/bin/python3.11 \
+     && /usr/bin/python3.11 -c 'import ensurepip, venv' 2>/dev/null; then
+    echo "bootstrap: $PYTHON is in a folder other users cannot enter; .venv uses /usr/bin/python3.11"
+    PYTHON=/usr/bin/python3.11
+  fi
+fi
 stamp=.venv/.installed
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv

@@ -69,23 +69,32 @@ def as_user(user: pwd.struct_passwd | None) -> dict[str, Any]:
     return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
 
 
-def _others_can_run(program: Path) -> bool:
-    """Whether a user with no rights of its own can run ``program`` (every folder searchable)."""
-    folders_ok = all(folder.stat().st_mode & 0o001 for folder in program.parents)
-    return folders_ok and program.stat().st_mode & 0o005 == 0o005
+# The project's folder: the app user reads its code (and .venv's packages) from here.
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def others_can_use(path: Path) -> bool:
+    """Whether a user with no rights of its own can run ``path`` or list and enter it (every folder above searchable)."""
+    folders_ok = all(folder.stat().st_mode & 0o001 for folder in path.parents)
+    return folders_ok and path.stat().st_mode & 0o005 == 0o005
 
 
 @functools.cache
 def process_user() -> pwd.struct_passwd | None:
-    """The user `make run`'s Django processes run as: the app user, when root and it can run our Python."""
+    """The user `make run`'s Django processes run as: the app user, when root and it can run our Python
+    and read the project (deploy/bootstrap.sh builds .venv on such a Python when it can)."""
     user = app_user()
-    if user is not None and not _others_can_run(Path(sys.executable).resolve()):
-        print(
-            f"stack: {APP_SYSTEM_USER} cannot run {Path(sys.executable).resolve()} (a folder above it is "
-            "private), so gunicorn and Celery run as root; install Python where other users can run it",
-            flush=True,
-        )
+    if user is None:
         return None
+    python = Path(sys.executable).resolve()
+    for path, what in ((python, f"run {python}"), (PROJECT_ROOT, f"read the project in {PROJECT_ROOT}")):
+        if not others_can_use(path):
+            print(
+                f"stack: {APP_SYSTEM_USER} cannot {what} (a folder above it is private), so gunicorn "
+                "and Celery run as root; put Python and the project where other users can read them",
+                flush=True,
+            )
+            return None
     return user
 
 

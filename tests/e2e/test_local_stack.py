@@ -60,6 +60,29 @@ def _assert_least_privilege() -> None:
         assert (VAR / "media").owner() == "tts-app" and (VAR / "media").group() == "tts-app"
 
 
+def _assert_django_runs_unprivileged(stack: Stack) -> None:
+    """As root, gunicorn's workers, Celery and beat run as the app user (the gunicorn master binds
+    the socket and stays root), unless this Python or checkout is one that user cannot read."""
+    import psutil
+
+    from deploy.privileges import APP_SYSTEM_USER, others_can_use
+
+    if os.geteuid() != 0:
+        return
+    readable = others_can_use(Path(sys.executable).resolve()) and others_can_use(ROOT)
+    assert ("so gunicorn and Celery run as root" in stack.output) == (not readable), stack.output[-2000:]
+    if not readable:
+        return
+    owners: dict[str, str] = {}
+    for proc in psutil.Process(stack.proc.pid).children(recursive=True):
+        command = " ".join(proc.cmdline())
+        parent = " ".join(proc.parent().cmdline())
+        if "celery" in command or ("gunicorn" in command and "gunicorn" in parent):
+            owners[command[:120]] = proc.username()
+    assert len(owners) >= 4, owners  # 2 gunicorn workers, the worker's parent, its children, beat...
+    assert set(owners.values()) == {APP_SYSTEM_USER}, owners
+
+
 def test_run_serves_stops_cleanly_and_reuses_data() -> None:
     shutil.rmtree(VAR, ignore_errors=True)  # a first run, as on a new machine
     first = Stack()
@@ -81,6 +104,7 @@ def test_run_serves_stops_cleanly_and_reuses_data() -> None:
         for name in ("postgres", "redis", "gunicorn", "worker", "beat", "nginx"):
             assert (VAR / "log" / f"{name}.log").stat().st_size > 0, name
         _assert_least_privilege()
+        _assert_django_runs_unprivileged(first)
     finally:
         status = first.interrupt()
     assert status == 0, first.output[-3000:]
