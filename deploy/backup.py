@@ -129,13 +129,31 @@ def _check_fresh(cfg: StackConfig) -> None:
         )
 
 
+def extract_safely(archive: tarfile.TarFile, destination: Path) -> None:
+    """Unpack only plain files and folders that stay inside ``destination``.
+
+    Python's "data" extraction filter does this from 3.11.4 on; Debian 12's
+    Python 3.11.2 has none, so the same refusals are made here first whatever
+    the Python: an absolute name, a ".." part, or anything but a file or a
+    folder (links, devices, FIFOs) ends the restore before anything is written.
+    """
+    for member in archive.getmembers():
+        parts = Path(member.name).parts
+        if not (member.isfile() or member.isdir()) or member.name.startswith("/") or ".." in parts:
+            raise StackError(f"refusing to restore {member.name!r}: not a plain file inside the archive")
+    if hasattr(tarfile, "data_filter"):
+        archive.extractall(destination, filter="data")
+    else:  # nothing left that the filter would refuse (checked above)
+        archive.extractall(destination)
+
+
 def restore(cfg: StackConfig, archive_path: Path) -> None:
     """Bring an archive back into a fresh var/."""
     _check_fresh(cfg)
     cfg.var_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cfg.var_dir) as tmp:
         with tarfile.open(archive_path, "r:gz") as archive:
-            archive.extractall(tmp, filter="data")  # no absolute paths, no links out
+            extract_safely(archive, Path(tmp))
         manifest = json.loads((Path(tmp) / "manifest.json").read_text())
         if manifest.get("format") != FORMAT_VERSION:
             raise StackError(f"{archive_path}: unknown backup format {manifest.get('format')!r}")
