@@ -11,8 +11,10 @@ clients send more over time.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, BinaryIO, cast
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import FileResponse, HttpRequest
 from django.http.response import HttpResponseBase
@@ -113,12 +115,36 @@ class OpenAISpeechView(TenantAPIView):
         return Response(status=202)
 
 
+READ_BLOCK = 1024 * 1024  # bytes of the file in memory at once while an answer is sent
+
+
+class AudioFileResponse(FileResponse):
+    """A stored audio file that, under ASGI, is read block by block as the server sends it.
+
+    Django serves a sync iterator under ASGI by reading all of it into a list
+    first (and warns that it does): a long job's WAV (26 MB for ten minutes)
+    sat whole in the web process for every request answered with it. Here the
+    file is read ``READ_BLOCK`` at a time in a pool thread when the server asks
+    for more (a usual answer of a few hundred KB in one read, as before); under
+    WSGI the file is iterated as before.
+    """
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+        read = sync_to_async(cast(BinaryIO, self.file_to_stream).read, thread_sensitive=False)
+        while True:
+            block = await read(READ_BLOCK)
+            if block:
+                yield block
+            if len(block) < READ_BLOCK:  # a short read of a regular file is its end
+                return
+
+
 def deliver(job_id: Any) -> HttpResponseBase:
     """The audio of a finished job, or the error that says why there is none (cancels a job still going)."""
     job = SynthesisJob.objects.get(pk=job_id)
     if job.status == SynthesisJob.Status.SUCCEEDED and job.audio_path:
-        handle = open(media_path(job.audio_path), "rb")  # FileResponse closes it
-        return FileResponse(handle, content_type=content_type(job.format))
+        handle = open(media_path(job.audio_path), "rb")  # the response closes it
+        return AudioFileResponse(handle, content_type=content_type(job.format))
     raise _not_delivered(job)
 
 

@@ -1,0 +1,57 @@
+"""/v1/audio/speech's whole-file answer under ASGI is read a block at a time as it is sent,
+not into memory whole first (Django's way with a sync iterator)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import warnings
+from pathlib import Path
+
+BLOCK = 64 * 1024  # what Django's ASGI handler sets on a FileResponse
+MIB = 1024 * 1024
+
+
+def _audio(tmp_path: Path, size: int) -> tuple[Path, bytes]:
+    data = os.urandom(size)
+    path = tmp_path / "a.wav"
+    path.write_bytes(data)
+    return path, data
+
+
+def test_under_asgi_the_file_is_read_as_it_is_sent(tmp_path: Path) -> None:
+    from webapp.speech.api.openai import READ_BLOCK, AudioFileResponse
+
+    assert READ_BLOCK == MIB
+    path, data = _audio(tmp_path, 2 * MIB + 123)
+    handle = open(path, "rb")
+    response = AudioFileResponse(handle, content_type="audio/wav")
+    response.block_size = BLOCK
+    assert response["Content-Length"] == str(len(data))
+
+    async def consume() -> tuple[list[bytes], int]:
+        parts = []
+        read_when_first_sent = -1
+        async for part in response.__aiter__():
+            if not parts:
+                read_when_first_sent = handle.tell()
+            parts.append(part)
+        return parts, read_when_first_sent
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Django warns when it lists a sync iterator whole
+        parts, read_when_first_sent = asyncio.run(consume())
+    response.close()
+    assert b"".join(parts) == data
+    assert read_when_first_sent == MIB  # one block read, not the whole file
+    assert [len(p) for p in parts] == [MIB, MIB, 123]
+    assert handle.closed
+
+
+def test_under_wsgi_it_is_the_same_file(tmp_path: Path) -> None:
+    from webapp.speech.api.openai import AudioFileResponse
+
+    path, data = _audio(tmp_path, 3 * BLOCK)
+    response = AudioFileResponse(open(path, "rb"), content_type="audio/wav")
+    assert b"".join(response) == data
+    response.close()
