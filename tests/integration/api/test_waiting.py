@@ -224,3 +224,120 @@ def test_a_slot_of_a_killed_process_ages_out(tenant: Tenant) -> None:
     redis.zadd(key, {member: 0 for member in redis.zrange(key, 0, -1)})  # type: ignore[type-var]
     assert waits.acquire(tenant.org, 1) is not None
     assert 0 < redis.pttl(key) <= 31_000
+
+
+def _long_polls_in_process(raw_key: str, job_id: Any, count: int, then: Any) -> list[Any]:
+    """``count`` long-polls on one job through the ASGI view in this process, ``then()`` once all wait."""
+    from asgiref.sync import ThreadSensitiveContext
+    from django.test import AsyncClient
+
+    from webapp.speech.services import waits
+
+    client = AsyncClient()
+    auth = {"Authorization": f"Bearer {raw_key}"}
+
+    async def poll() -> Any:
+        # Each request's sync parts in a thread of its own, as the ASGI handler does (the test client does not).
+        async with ThreadSensitiveContext():
+            return await client.get(f"/api/v1/speech/{job_id}?wait=10", headers=auth)
+
+    async def run() -> list[Any]:
+        polls = [asyncio.ensure_future(poll()) for _ in range(count)]
+        org_id = await asyncio.to_thread(_org_of, job_id)
+        for _ in range(200):
+            if await asyncio.to_thread(waits.in_use, org_id) >= count:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.to_thread(then)
+        return list(await asyncio.gather(*polls))
+
+    try:
+        return asyncio.run(run())
+    finally:
+        connection.close()
+
+
+def _org_of(job_id: Any) -> Any:
+    from webapp.speech.models import SynthesisJob
+
+    try:
+        return SynthesisJob.objects.filter(pk=job_id).values_list("organization_id", flat=True).get()
+    finally:
+        connection.close()
+
+
+def test_waiters_woken_by_one_change_share_one_answer(
+    live_tenant: Any, no_dispatch: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from webapp.speech.api import views
+    from webapp.speech.services import attempts
+
+    tenant = live_tenant(max_concurrent_waits=10)
+    job = submit_espeak(tenant.org)
+    builds: list[Any] = []
+    real = views.job_after_wait.build
+
+    def slow_build(request: Any, job_id: Any) -> Any:
+        builds.append(job_id)
+        time.sleep(0.2)  # every waiter woken by the change arrives while the first one builds
+        return real(request, job_id)
+
+    monkeypatch.setattr(views.job_after_wait, "build", slow_build)
+    answers = _long_polls_in_process(tenant.raw_key, job.id, 6, lambda: attempts.claim_job(job.id, "t:1"))
+    assert [a.status_code for a in answers] == [200] * 6, answers[0].content
+    bodies = [a.json() for a in answers]
+    assert all(b["status"] == "running" and b["id"] == str(job.id) for b in bodies)
+    assert all(b == bodies[0] for b in bodies)
+    assert len({a.headers["RateLimit"] for a in answers}) == 6  # each its own count, not the builder's
+    assert builds == [job.id]  # the row read and serialised once for the six
+
+
+def test_a_shared_build_is_not_kept_after_it_ends() -> None:
+    from webapp.speech.api.waiting import shared
+
+    built: list[int] = []
+
+    async def build() -> int:
+        built.append(1)
+        await asyncio.sleep(0.05)
+        return len(built)
+
+    async def run() -> list[int]:
+        together = await asyncio.gather(*(shared("k", build) for _ in range(3)))
+        later = await shared("k", build)
+        return [*together, later]
+
+    assert asyncio.run(run()) == [1, 1, 1, 2]
+
+
+@pytest.mark.parametrize("how", ["raises", "is_canceled"])
+def test_when_the_shared_build_fails_each_sharer_builds_its_own(how: str) -> None:
+    from webapp.speech.api.waiting import shared
+
+    calls: list[str] = []
+
+    async def first_build() -> str:
+        calls.append("first")
+        await asyncio.sleep(0.05)
+        if how == "raises":
+            raise RuntimeError("database went away")
+        await asyncio.sleep(10)
+        return "never"
+
+    async def own_build() -> str:
+        calls.append("own")
+        return "own answer"
+
+    async def run() -> list[Any]:
+        builder = asyncio.ensure_future(shared("k", first_build))
+        await asyncio.sleep(0.01)
+        sharers = [asyncio.ensure_future(shared("k", own_build)) for _ in range(2)]
+        await asyncio.sleep(0.1)
+        if how == "is_canceled":  # its client went away
+            builder.cancel()
+        outcomes = await asyncio.gather(builder, *sharers, return_exceptions=True)
+        return [type(o).__name__ if isinstance(o, BaseException) else o for o in outcomes]
+
+    expected_error = "RuntimeError" if how == "raises" else "CancelledError"
+    assert asyncio.run(run()) == [expected_error, "own answer", "own answer"]
+    assert calls == ["first", "own", "own"]

@@ -33,7 +33,7 @@ from webapp.errors import DomainError
 from webapp.problems import Problem
 from webapp.speech.api.serializers import FORMATS, SpeechRequestSerializer, build_job_request
 from webapp.speech.api.views import require_worker_for
-from webapp.speech.api.waiting import request_to_wait, then_wait
+from webapp.speech.api.waiting import SharedAnswer, request_to_wait, then_wait
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import eta, jobs, queries
 from webapp.tenants.api import ratelimit
@@ -160,13 +160,18 @@ def _job_status_now(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> 
     return JsonResponse(job_json(job))
 
 
-def _job_status_after_wait(request: HttpRequest, job_id: Any, first: HttpResponseBase) -> HttpResponseBase:
+def _job_status_data(request: HttpRequest, job_id: Any) -> dict[str, Any] | None:
     job = SynthesisJob.objects.filter(pk=job_id).first()  # the tenant was checked by the first answer
-    return first if job is None else JsonResponse(job_json(job))
+    return None if job is None else job_json(job)
 
 
-# Waiting is a coroutine on Redis notifications (speech.api.waiting), not a thread polling the database.
-job_status = then_wait(_job_status_now, _job_status_after_wait)
+def _job_status_answer(
+    request: HttpRequest, data: dict[str, Any] | None, first: HttpResponseBase
+) -> HttpResponseBase:
+    return first if data is None else JsonResponse(data)
+
+
+job_status = then_wait(_job_status_now, SharedAnswer(_job_status_data, _job_status_answer))
 
 
 @tenant_page()

@@ -35,7 +35,7 @@ from webapp.speech.api.serializers import (
     VoiceSerializer,
     build_job_request,
 )
-from webapp.speech.api.waiting import request_to_wait, reserve_wait, then_wait
+from webapp.speech.api.waiting import SharedAnswer, request_to_wait, reserve_wait, then_wait
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import jobs, prompts
 from webapp.speech.services.queries import usage_summary, visible_voices
@@ -251,18 +251,25 @@ def rate_headers(response: HttpResponseBase) -> dict[str, str]:
     return {k: v for k, v in response.items() if k.lower().startswith("ratelimit")}
 
 
-def job_after_wait(request: HttpRequest, job_id: Any, first: HttpResponseBase) -> HttpResponseBase:
-    """The long-poll's answer once its wait is over: the job as it is now."""
-    try:
-        job = SynthesisJob.objects.get(pk=job_id)
-    except SynthesisJob.DoesNotExist:
-        return render(request, DomainError(ErrorCode.NOT_FOUND, f"No job {job_id} in this organization."))
-    response = JsonResponse(JobSerializer(job, context={"request": request}).data)
+def _job_data(request: HttpRequest, job_id: Any) -> dict[str, Any] | None:
+    """The job as it is now, serialised (None: deleted meanwhile)."""
+    job = SynthesisJob.objects.filter(pk=job_id).first()
+    return None if job is None else JobSerializer(job, context={"request": request}).data
+
+
+def _job_answer(
+    request: HttpRequest, data: dict[str, Any] | None, first: HttpResponseBase
+) -> HttpResponseBase:
+    if data is None:
+        return render(request, DomainError(ErrorCode.NOT_FOUND, "No such job in this organization."))
+    response = JsonResponse(data)
     for key, value in rate_headers(first).items():
         response[key] = value
     return response
 
 
+# The long-poll's answer once its wait is over: the job as it is then, read once for all its waiters.
+job_after_wait = SharedAnswer(build=_job_data, respond=_job_answer)
 speech_detail = then_wait(SpeechDetailView.as_view(), job_after_wait)
 
 

@@ -18,9 +18,9 @@ import asyncio
 import functools
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aredis
 from asgiref.sync import sync_to_async
@@ -51,6 +51,28 @@ SYNC_SLOTS = 6
 JobState = tuple[str, float]
 WAIT_ATTRIBUTE = "tts_wait"
 SLOT_ATTRIBUTE = "tts_wait_slot"
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class SharedAnswer:
+    """An answer after a wait whose costly part the waiters of one job share.
+
+    ``build`` (sync, in a thread, with a database connection) reads and
+    serialises the job; ``respond`` (in the event loop, no queries) turns what
+    it built into one request's response. Waiters of a job woken by the same
+    change in one process run ``build`` once: a burst of long-polls on one job
+    used to read and serialise the same row once each, one key's answers two
+    at a time, and the last of them waited for all the others.
+    """
+
+    build: Callable[[HttpRequest, Any], Any]
+    respond: Callable[[HttpRequest, Any, HttpResponseBase], HttpResponseBase]
+
+
+Answer = Callable[[HttpRequest, Any, HttpResponseBase], HttpResponseBase] | SharedAnswer
 
 
 @dataclass(frozen=True)
@@ -97,10 +119,54 @@ def _view_then_release_connection(
     return response
 
 
-def then_wait(
-    view: Callable[..., HttpResponseBase],
-    answer: Callable[[HttpRequest, Any, HttpResponseBase], HttpResponseBase],
-) -> Callable[..., Any]:
+_building: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, asyncio.Future[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+_FAILED = object()
+
+
+async def shared(key: Hashable, build: Callable[[], Awaitable[T]]) -> T:
+    """``build()``, or the result of the same build already running in this loop under ``key``.
+
+    Only callers that arrive while a build runs share it: nothing is kept
+    after it, so a later caller never gets an old answer. If the build fails
+    (or its request goes away), each caller that shared it builds its own.
+    """
+    building = _building.setdefault(asyncio.get_running_loop(), {})
+    running = building.get(key)
+    if running is not None:
+        theirs = await asyncio.shield(running)
+        return await build() if theirs is _FAILED else cast(T, theirs)
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    building[key] = future
+    result: Any = _FAILED
+    try:
+        result = await build()
+        return cast(T, result)
+    finally:
+        del building[key]
+        future.set_result(result)
+
+
+async def _answer(
+    answer: Answer, request: HttpRequest, job_id: Any, state: JobState | None, first: HttpResponseBase
+) -> HttpResponseBase:
+    if not isinstance(answer, SharedAnswer):
+        async with gate.answer_turn(request), _sync_slots("answer"):
+            return await sync_to_async(answer)(request, job_id, first)
+
+    async def build() -> Any:
+        async with gate.answer_turn(request), _sync_slots("answer"):
+            return await sync_to_async(answer.build)(request, job_id)
+
+    if state is None:  # gone, or not known: nothing to share on
+        return answer.respond(request, await build(), first)
+    # The host is part of the key: an answer may hold absolute URLs built from it.
+    key = (answer.build, job_id, state, request.build_absolute_uri("/"))
+    return answer.respond(request, await shared(key, build), first)
+
+
+def then_wait(view: Callable[..., HttpResponseBase], answer: Answer) -> Callable[..., Any]:
     """An async view: run the sync DRF ``view`` (auth, scope, rate, validation) in a thread, then,
     if it asked to wait, wait as a coroutine and build the final answer with ``answer`` in a thread.
     """
@@ -114,9 +180,8 @@ def then_wait(
             if pending is None or first.status_code >= 300:
                 return first
             gate.release(request)  # a waiting request holds none of its key's turns
-            await await_job(pending.job_id, pending.seconds, pending.done)
-            async with gate.answer_turn(request), _sync_slots("answer"):
-                return await sync_to_async(answer)(request, pending.job_id, first)
+            state = await await_job(pending.job_id, pending.seconds, pending.done)
+            return await _answer(answer, request, pending.job_id, state, first)
         finally:
             slot = getattr(request, SLOT_ATTRIBUTE, None)
             if slot is not None and first is not None and first.streaming:
@@ -171,8 +236,9 @@ async def _subscribe(job_id: Any) -> Any:
     return pubsub
 
 
-async def await_job(job_id: Any, seconds: float, done: Callable[[JobState], bool]) -> None:
-    """Return once ``done((status, progress))`` holds, the job is gone, or ``seconds`` have passed.
+async def await_job(job_id: Any, seconds: float, done: Callable[[JobState], bool]) -> JobState | None:
+    """Wait until ``done((status, progress))`` holds, the job is gone, or ``seconds`` have passed;
+    return the job's last known state (None: gone).
 
     The row is read once after subscribing; after that each notification says
     the job's new state itself, so the row is read again only for one that
@@ -188,7 +254,7 @@ async def await_job(job_id: Any, seconds: float, done: Callable[[JobState], bool
         while state is not None and not done(state):
             left = deadline - loop.time()
             if left <= 0:
-                return
+                return state
             if pubsub is None:
                 await asyncio.sleep(min(FALLBACK_POLL_SECONDS, left))
                 state = await _read(job_id, share_connection)
@@ -203,6 +269,7 @@ async def await_job(job_id: Any, seconds: float, done: Callable[[JobState], bool
                 continue
             if message is not None:  # None: the subscribe confirmation, or the deadline
                 state = parse_state(message["data"]) or await _read(job_id, share_connection)
+        return state
     finally:
         await _close(pubsub)
 
