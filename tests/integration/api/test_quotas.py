@@ -213,3 +213,28 @@ def test_a_job_that_finishes_after_its_caller_gave_up_ends_canceled_and_uncharge
     assert kinds == ["release", "reserve"]
     row = UsagePeriod.objects.get(organization=t.org)
     assert (row.characters_reserved, row.characters_used) == (0, 0)
+
+
+@pytest.mark.usefixtures("synth_worker", "builtin_voices", "no_dispatch")
+def test_a_finishing_job_is_published_and_charged_in_eight_statements(
+    make_tenant: Any, django_assert_max_num_queries: Any
+) -> None:
+    """The worker's last step sits between the synthesis and the client's answer: it is kept short."""
+    from webapp.speech.models import SynthesisJob, UsagePeriod
+    from webapp.speech.services import attempts
+
+    t = make_tenant()
+    job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
+    claimed = attempts.claim_job(job_id, "w1")
+    assert claimed is not None
+    done = {"audio_bytes": 100, "duration_seconds": 1.0, "metrics": {}, "applied_instructions": {}}
+    # Lock and update the job (expiry included), read its ledger, lock the tenant, insert the
+    # charge (in a savepoint), update the usage row; the test's transaction makes the outer
+    # block a savepoint too (two statements more). It took 14 (+2) before.
+    with django_assert_max_num_queries(8 + 2):
+        assert attempts.complete_job(job_id, claimed.claim_token, audio_path="a.wav", **done) is True
+    job = SynthesisJob.objects.get(id=job_id)
+    assert job.status == "succeeded" and job.finished_at is not None
+    assert job.expires_at == job.finished_at + dt.timedelta(days=t.org.plan.retention_days)
+    row = UsagePeriod.objects.get(organization=t.org)
+    assert (row.characters_reserved, row.characters_used) == (0, 10)

@@ -238,11 +238,9 @@ def complete_job(
     """
     now = timezone.now()
     with transaction.atomic(durable=True):
-        if _cancel(job_id, _current(token) & Q(cancel_requested=True)) is not None:
-            return False
         job = _transition(
             job_id,
-            _current(token),
+            _current(token) & Q(cancel_requested=False),
             status=Status.SUCCEEDED,
             progress=1.0,
             stage="done",
@@ -253,11 +251,12 @@ def complete_job(
             duration_seconds=duration_seconds,
             metrics=metrics,
             applied_instructions=applied_instructions,
+            expires_at=lambda job: now + dt.timedelta(days=job.organization.plan.retention_days),
         )
         if job is None:
+            # Taken over (a no-op here), or a cancel was asked for meanwhile: then it ends canceled.
+            _cancel(job_id, _current(token) & Q(cancel_requested=True))
             return False
-        job.expires_at = now + dt.timedelta(days=job.organization.plan.retention_days)
-        job.save(update_fields=["expires_at"])
         ledger.charge_usage(job)
     return True
 

@@ -43,7 +43,11 @@ RUNNING = Q(status=Status.RUNNING)
 
 
 def _transition(job_id: Any, allowed: Q, **changes: Any) -> SynthesisJob | None:
-    """Lock the job if it matches ``allowed`` and apply ``changes``; None when it does not match."""
+    """Lock the job if it matches ``allowed`` and apply ``changes``; None when it does not match.
+
+    A change given as a function is called with the locked job (for a value that
+    depends on it, such as its plan's retention), so it goes in the same UPDATE.
+    """
     job = (
         SynthesisJob.objects.select_for_update(of=("self",))
         .select_related("organization__plan")
@@ -53,7 +57,7 @@ def _transition(job_id: Any, allowed: Q, **changes: Any) -> SynthesisJob | None:
     if job is None:
         return None
     for name, value in changes.items():
-        setattr(job, name, value)
+        setattr(job, name, value(job) if callable(value) else value)
     job.save(update_fields=list(changes))
     notify.job_changed(job_id, job.status, job.progress)
     return job

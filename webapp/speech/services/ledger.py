@@ -145,15 +145,14 @@ def _settle(job: SynthesisJob, kind: str, characters: int | None = None) -> bool
 
     ``characters`` charges part of the reservation (a stream cut short); the rest is given back.
     """
-    reserve = UsageEvent.objects.filter(job_key=job.id, kind=UsageEvent.Kind.RESERVE).first()
-    if reserve is None:
+    # The job's ledger in one read: its reservation, and whether it is settled already.
+    events = list(UsageEvent.objects.filter(job_key=job.id).values_list("kind", "characters", "period"))
+    reserve = next(((chars, period) for k, chars, period in events if k == UsageEvent.Kind.RESERVE), None)
+    if reserve is None or any(k != UsageEvent.Kind.RESERVE for k, _, _ in events):
         return False
-    if UsageEvent.objects.filter(
-        job_key=job.id, kind__in=[UsageEvent.Kind.CHARGE, UsageEvent.Kind.RELEASE]
-    ).exists():
-        return False
+    reserved, period = reserve
     lock_tenant(job.organization_id)  # before the usage row, as every other transaction does
-    charged = reserve.characters if characters is None else max(0, min(characters, reserve.characters))
+    charged = reserved if characters is None else max(0, min(characters, reserved))
     try:
         with transaction.atomic():
             UsageEvent.objects.create(
@@ -162,15 +161,16 @@ def _settle(job: SynthesisJob, kind: str, characters: int | None = None) -> bool
                 job_key=job.id,
                 kind=kind,
                 characters=charged,
-                period=reserve.period,
+                period=period,
             )
     except IntegrityError:
         return False
-    row = _usage_row(job.organization_id, reserve.period)
-    row.characters_reserved = F("characters_reserved") - reserve.characters
+    changes = {"characters_reserved": F("characters_reserved") - reserved}
     if kind == UsageEvent.Kind.CHARGE:
-        row.characters_used = F("characters_used") + charged
-    row.save(update_fields=["characters_reserved", "characters_used"])
+        changes["characters_used"] = F("characters_used") + charged
+    # The tenant row is locked: the usage row (there since the reservation, gone only with its
+    # tenant) is updated, and locked, in one statement.
+    UsagePeriod.objects.filter(organization_id=job.organization_id, period=period).update(**changes)
     return True
 
 
