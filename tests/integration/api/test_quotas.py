@@ -238,3 +238,19 @@ def test_a_finishing_job_is_published_and_charged_in_eight_statements(
     assert job.expires_at == job.finished_at + dt.timedelta(days=t.org.plan.retention_days)
     row = UsagePeriod.objects.get(organization=t.org)
     assert (row.characters_reserved, row.characters_used) == (0, 10)
+
+
+@pytest.mark.usefixtures("synth_worker", "builtin_voices", "no_dispatch")
+def test_a_submit_locks_the_tenant_once_and_reads_its_usage_row_once(make_tenant: Any) -> None:
+    """The statements between a request and its job's message, counted through the API."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    t = make_tenant()
+    t.client.post("/api/v1/speech", {"text": TEN_CHARS})  # the usage row of this month now exists
+    with CaptureQueriesContext(connection) as queries:
+        assert t.client.post("/api/v1/speech", {"text": TEN_CHARS}).status_code == 202
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert sum('FROM "tenants_organization"' in s and "FOR NO KEY UPDATE" in s for s in statements) == 1
+    assert sum('FROM "speech_usageperiod"' in s for s in statements) == 1
+    assert len(statements) <= 16  # 18 before (the tenant locked twice, the usage row read twice)

@@ -76,10 +76,14 @@ def lock_tenant(organization_id: Any) -> Organization:
 
 
 def _usage_row(organization_id: Any, period: dt.date) -> UsagePeriod:
-    """The tenant's usage row for a period, locked for this transaction (after the tenant row)."""
-    lock_tenant(organization_id)
-    UsagePeriod.objects.get_or_create(organization_id=organization_id, period=period)
-    return UsagePeriod.objects.select_for_update().get(organization_id=organization_id, period=period)
+    """The tenant's usage row for a period, locked for this transaction.
+
+    The caller holds the tenant row's lock (``lock_tenant``), which every writer
+    of these rows takes first: the row cannot appear between the read and the
+    create, and one locking read is all it takes when it exists.
+    """
+    rows = UsagePeriod.objects.select_for_update().filter(organization_id=organization_id, period=period)
+    return rows.first() or UsagePeriod.objects.create(organization_id=organization_id, period=period)
 
 
 def check_limits(organization: Organization, chars: int, now: dt.datetime) -> dt.date:
