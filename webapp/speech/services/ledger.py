@@ -15,7 +15,7 @@ import datetime as dt
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Sum
+from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
@@ -47,11 +47,14 @@ def format_count(n: int) -> str:
     return f"{n:,}"
 
 
-def storage_used(organization: Organization) -> int:
-    """Bytes a tenant stores: job audio plus voice prompts."""
-    jobs = SynthesisJob.objects.filter(organization=organization).aggregate(n=Sum("audio_bytes"))["n"] or 0
+def storage_used(organization: Organization, jobs_audio: int | None = None) -> int:
+    """Bytes a tenant stores: job audio (``jobs_audio`` when the caller has summed it) plus voice prompts."""
+    if jobs_audio is None:
+        jobs_audio = SynthesisJob.objects.filter(organization=organization).aggregate(n=Sum("audio_bytes"))[
+            "n"
+        ]
     voices = Voice.objects.filter(organization=organization).aggregate(n=Sum("prompt_bytes"))["n"] or 0
-    return int(jobs) + int(voices)
+    return int(jobs_audio or 0) + int(voices)
 
 
 # --------------------------------------------------------------------- limits and reservation
@@ -99,7 +102,11 @@ def check_limits(organization: Organization, chars: int, now: dt.datetime) -> dt
             f"{format_count(plan.max_characters_per_request)}.",
             field="text",
         )
-    active = SynthesisJob.objects.filter(organization=organization, status__in=SynthesisJob.ACTIVE).count()
+    # The tenant's jobs in one pass: how many are active, and the bytes of their audio.
+    jobs = SynthesisJob.objects.filter(organization=organization).aggregate(
+        active=Count("id", filter=Q(status__in=SynthesisJob.ACTIVE)), audio=Sum("audio_bytes")
+    )
+    active = jobs["active"]
     if active >= plan.max_concurrent_jobs:
         raise DomainError(
             ErrorCode.CONCURRENCY_LIMIT,
@@ -107,7 +114,7 @@ def check_limits(organization: Organization, chars: int, now: dt.datetime) -> dt
             "wait for one to finish.",
             retry_after=5,
         )
-    used_bytes = storage_used(organization)
+    used_bytes = storage_used(organization, jobs["audio"] or 0)
     if used_bytes >= plan.storage_bytes:
         raise DomainError(
             ErrorCode.STORAGE_LIMIT,
