@@ -55,3 +55,20 @@ def test_under_wsgi_it_is_the_same_file(tmp_path: Path) -> None:
     response = AudioFileResponse(open(path, "rb"), content_type="audio/wav")
     assert b"".join(response) == data
     response.close()
+
+
+def test_a_file_of_one_block_is_read_at_once_with_the_same_headers(tmp_path: Path) -> None:
+    from django.http import HttpResponse
+
+    from webapp.speech.api.openai import READ_BLOCK, AudioFileResponse, audio_response
+
+    path, data = _audio(tmp_path, READ_BLOCK)
+    small = audio_response(str(path), "audio/wav")
+    assert type(small) is HttpResponse and small.content == data  # no hop per block to send it
+    whole = AudioFileResponse(open(path, "rb"), content_type="audio/wav")
+    assert dict(small.items()) == dict(whole.items())  # type, length, disposition
+    whole.close()
+    path.write_bytes(data + b"!")
+    large = audio_response(str(path), "audio/wav")
+    assert isinstance(large, AudioFileResponse) and large["Content-Length"] == str(READ_BLOCK + 1)
+    large.close()

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO, cast
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import FileResponse, HttpRequest
+from django.http import FileResponse, HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -139,12 +139,24 @@ class AudioFileResponse(FileResponse):
                 return
 
 
+def audio_response(path: str, media_type: str) -> HttpResponseBase:
+    """The stored file as an answer: one of at most ``READ_BLOCK`` read now, in the
+    thread that answers, and sent as it is; a larger one read block by block as it
+    is sent (each block one more hop to a pool thread).
+    """
+    handle = open(path, "rb")  # the response closes it
+    blocks = AudioFileResponse(handle, content_type=media_type)
+    if int(blocks.get("Content-Length", str(READ_BLOCK + 1))) > READ_BLOCK:
+        return blocks
+    with handle:
+        return HttpResponse(handle.read(), headers=dict(blocks.items()))
+
+
 def deliver(job_id: Any) -> HttpResponseBase:
     """The audio of a finished job, or the error that says why there is none (cancels a job still going)."""
     job = SynthesisJob.objects.get(pk=job_id)
     if job.status == SynthesisJob.Status.SUCCEEDED and job.audio_path:
-        handle = open(media_path(job.audio_path), "rb")  # the response closes it
-        return AudioFileResponse(handle, content_type=content_type(job.format))
+        return audio_response(media_path(job.audio_path), content_type(job.format))
     raise _not_delivered(job)
 
 
