@@ -56,12 +56,15 @@ if [ -z "${PYTHON:-}" ]; then
   fi
 fi
 stamp=.venv/.installed
+# Every extra, bench included (`make bench-peer` runs Piper's own server from this install).
+# The stamp holds the list: a checkout whose list grew installs again.
+EXTRAS="web,worker,analysis,gpu,dev,bench"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$EXTRAS" ]; then
   echo "bootstrap: installing the project into .venv (all extras)"
   .venv/bin/pip install -q --upgrade pip setuptools wheel
-  .venv/bin/pip install -q -e ".[web,worker,analysis,gpu,dev]"
-  touch "$stamp"
+  .venv/bin/pip install -q -e ".[$EXTRAS]"
+  echo "$EXTRAS" > "$stamp"
 fi

@@ -25,8 +25,16 @@ def test_the_web_extra_pulls_no_torch_or_onnxruntime() -> None:
 
 def test_the_extras_of_the_design_exist_and_analysis_pins_torch() -> None:
     extras = _extras()
-    assert {"web", "worker", "analysis", "gpu", "dev"} <= set(extras)
+    assert {"web", "worker", "analysis", "gpu", "dev", "bench"} <= set(extras)
     assert "torch==2.13.0" in extras["analysis"]
+
+
+def test_bootstrap_installs_every_extra() -> None:
+    """`make bench-peer` on a fresh clone needs the bench extra (Flask, for Piper's server)."""
+    script = (ROOT / "deploy" / "bootstrap.sh").read_text()
+    match = re.search(r'^EXTRAS="([a-z,]+)"$', script, re.MULTILINE)
+    assert match is not None
+    assert set(match.group(1).split(",")) == set(_extras())
 
 
 def test_the_web_tier_imports_no_torch_or_onnxruntime() -> None:
