@@ -341,3 +341,17 @@ def test_when_the_shared_build_fails_each_sharer_builds_its_own(how: str) -> Non
     expected_error = "RuntimeError" if how == "raises" else "CancelledError"
     assert asyncio.run(run()) == [expected_error, "own answer", "own answer"]
     assert calls == ["first", "own", "own"]
+
+
+def test_waiters_on_a_job_deleted_meanwhile_get_a_404_naming_it(live_tenant: Any, no_dispatch: None) -> None:
+    from webapp.speech.models import SynthesisJob
+    from webapp.speech.services import jobs
+
+    tenant = live_tenant(max_concurrent_waits=10)
+    job = submit_espeak(tenant.org)
+    answers = _long_polls_in_process(
+        tenant.raw_key, job.id, 2, lambda: jobs.delete_job(SynthesisJob.objects.get(pk=job.id))
+    )
+    assert [a.status_code for a in answers] == [404, 404]
+    assert all(problem(a)["code"] == "not_found" for a in answers)
+    assert all(str(job.id) in problem(a)["detail"] for a in answers)

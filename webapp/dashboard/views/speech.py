@@ -166,7 +166,7 @@ def _job_status_data(request: HttpRequest, job_id: Any) -> dict[str, Any] | None
 
 
 def _job_status_answer(
-    request: HttpRequest, data: dict[str, Any] | None, first: HttpResponseBase
+    request: HttpRequest, job_id: Any, data: dict[str, Any] | None, first: HttpResponseBase
 ) -> HttpResponseBase:
     return first if data is None else JsonResponse(data)
 

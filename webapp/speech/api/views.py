@@ -258,10 +258,10 @@ def _job_data(request: HttpRequest, job_id: Any) -> dict[str, Any] | None:
 
 
 def _job_answer(
-    request: HttpRequest, data: dict[str, Any] | None, first: HttpResponseBase
+    request: HttpRequest, job_id: Any, data: dict[str, Any] | None, first: HttpResponseBase
 ) -> HttpResponseBase:
     if data is None:
-        return render(request, DomainError(ErrorCode.NOT_FOUND, "No such job in this organization."))
+        return render(request, DomainError(ErrorCode.NOT_FOUND, f"No job {job_id} in this organization."))
     response = JsonResponse(data)
     for key, value in rate_headers(first).items():
         response[key] = value

@@ -61,15 +61,15 @@ class SharedAnswer:
     """An answer after a wait whose costly part the waiters of one job share.
 
     ``build`` (sync, in a thread, with a database connection) reads and
-    serialises the job; ``respond`` (in the event loop, no queries) turns what
-    it built into one request's response. Waiters of a job woken by the same
+    serialises the job; ``respond`` (in the event loop, no queries) turns the
+    job id and what was built into one request's response. Waiters of a job woken by the same
     change in one process run ``build`` once: a burst of long-polls on one job
     used to read and serialise the same row once each, one key's answers two
     at a time, and the last of them waited for all the others.
     """
 
     build: Callable[[HttpRequest, Any], Any]
-    respond: Callable[[HttpRequest, Any, HttpResponseBase], HttpResponseBase]
+    respond: Callable[[HttpRequest, Any, Any, HttpResponseBase], HttpResponseBase]
 
 
 Answer = Callable[[HttpRequest, Any, HttpResponseBase], HttpResponseBase] | SharedAnswer
@@ -160,10 +160,10 @@ async def _answer(
             return await sync_to_async(answer.build)(request, job_id)
 
     if state is None:  # gone, or not known: nothing to share on
-        return answer.respond(request, await build(), first)
+        return answer.respond(request, job_id, await build(), first)
     # The host is part of the key: an answer may hold absolute URLs built from it.
     key = (answer.build, job_id, state, request.build_absolute_uri("/"))
-    return answer.respond(request, await shared(key, build), first)
+    return answer.respond(request, job_id, await shared(key, build), first)
 
 
 def then_wait(view: Callable[..., HttpResponseBase], answer: Answer) -> Callable[..., Any]:
