@@ -47,14 +47,14 @@ def format_count(n: int) -> str:
     return f"{n:,}"
 
 
-def storage_used(organization: Organization, jobs_audio: int | None = None) -> int:
-    """Bytes a tenant stores: job audio (``jobs_audio`` when the caller has summed it) plus voice prompts."""
-    if jobs_audio is None:
-        jobs_audio = SynthesisJob.objects.filter(organization=organization).aggregate(n=Sum("audio_bytes"))[
-            "n"
-        ]
-    voices = Voice.objects.filter(organization=organization).aggregate(n=Sum("prompt_bytes"))["n"] or 0
-    return int(jobs_audio or 0) + int(voices)
+def storage_used(organization: Organization) -> int:
+    """Bytes a tenant stores: job audio plus voice prompts."""
+    jobs = SynthesisJob.objects.filter(organization=organization).aggregate(n=Sum("audio_bytes"))["n"] or 0
+    return int(jobs) + _prompt_bytes(organization)
+
+
+def _prompt_bytes(organization: Organization) -> int:
+    return int(Voice.objects.filter(organization=organization).aggregate(n=Sum("prompt_bytes"))["n"] or 0)
 
 
 # --------------------------------------------------------------------- limits and reservation
@@ -114,7 +114,7 @@ def check_limits(organization: Organization, chars: int, now: dt.datetime) -> dt
             "wait for one to finish.",
             retry_after=5,
         )
-    used_bytes = storage_used(organization, jobs["audio"] or 0)
+    used_bytes = int(jobs["audio"] or 0) + _prompt_bytes(organization)  # storage_used, jobs summed above
     if used_bytes >= plan.storage_bytes:
         raise DomainError(
             ErrorCode.STORAGE_LIMIT,
