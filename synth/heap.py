@@ -1,32 +1,27 @@
-"""The memory of a process that runs inference on the CPU: kept while it works, given back when idle.
+"""The C heap of a process that runs inference on the CPU (glibc only; elsewhere a no-op).
 
-Every VITS inference allocates and frees ~100-300 MB of intermediate tensors.
-Handed back to the OS after each sentence, each sentence faulted in every page
+Every VITS inference allocates and frees ~100-300 MB of intermediate tensors
+(onnxruntime's own arena is off: it would keep the largest sentence's worth for
+the life of the process). By default glibc serves blocks that large with fresh
+``mmap`` calls and returns them on free, so each sentence faulted in every page
 again: measured on the 2-core machine, 30-40 k minor page faults and ~0.1 s of
-system time per 5-second sentence, a third of its wall time. So while a job
-runs, what it frees is kept for the next sentence: in onnxruntime's memory
-arena (Piper's sessions), and in the C heap (glibc only, :func:`keep_freed_memory`:
-blocks up to 32 MiB come from the heap, and its top is not trimmed on free).
+system time per 5-second sentence, a third of its wall time.
 
-What is kept goes back once the process has been idle for
-:data:`IDLE_TRIM_SECONDS` after a job: the hooks registered with
-:func:`on_idle` run (an engine shrinks its arenas there), then the heap is
-trimmed; so an idle worker child is back at its baseline and a steady stream
-of short jobs pays no page faults. The heap is also trimmed every
-:data:`TRIM_EVERY` sentences, so it cannot fragment without bound over a long
-text (docs/decisions.md).
+So while a job runs, the heap keeps what it frees (:func:`keep_freed_memory`):
+blocks up to 32 MiB come from the heap, and its top is not trimmed on free. A
+job's later sentences reuse pages already mapped. What the heap holds is given
+back to the OS every :data:`TRIM_EVERY` sentences (it cannot fragment without
+bound over a long text) and once the process has been idle for
+:data:`IDLE_TRIM_SECONDS` after a job, so an idle worker child is back at its
+baseline and a steady stream of short jobs pays no page faults
+(docs/decisions.md).
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
 import threading
-import weakref
-from collections.abc import Callable
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 TRIM_EVERY = 8  # sentences
 IDLE_TRIM_SECONDS = 1.0
@@ -41,7 +36,6 @@ _configured = False
 _idle_timer: threading.Timer | None = None
 _sentences = 0
 _active = 0  # jobs running in this process
-_idle_hooks: list[weakref.WeakMethod[Callable[[], None]]] = []  # an engine's, gone with it
 
 
 def _libc() -> Any:
@@ -62,28 +56,6 @@ def release_free_heap() -> None:
     libc = _libc()
     if libc:
         libc.malloc_trim(0)
-
-
-def on_idle(hook: Callable[[], None]) -> None:
-    """Run the bound method ``hook`` each time the process has idled after a job, before the heap
-    is trimmed, for as long as its object lives."""
-    ref = weakref.WeakMethod(hook)  # type: ignore[arg-type]
-    with _state:
-        _idle_hooks[:] = [r for r in _idle_hooks if r() is not None]
-        if ref not in _idle_hooks:
-            _idle_hooks.append(ref)
-
-
-def _idle() -> None:
-    for ref in list(_idle_hooks):
-        hook = ref()
-        if hook is None:
-            continue
-        try:
-            hook()
-        except Exception:  # giving memory back must never take the process down
-            log.exception("idle memory hook %r failed", hook)
-    release_free_heap()
 
 
 def keep_freed_memory() -> bool:
@@ -124,14 +96,14 @@ def sentence_done() -> None:
 
 
 def job_ended() -> None:
-    """A job is over: give memory back once the process has stayed idle for IDLE_TRIM_SECONDS."""
+    """A job is over: trim once the process has stayed idle for IDLE_TRIM_SECONDS."""
     global _idle_timer, _active
     with _state:
         _active = max(0, _active - 1)
-        if (not _configured and not _idle_hooks) or _active:
+        if not _configured or _active:
             return
         if _idle_timer is not None:
             _idle_timer.cancel()
-        _idle_timer = threading.Timer(IDLE_TRIM_SECONDS, _idle)
+        _idle_timer = threading.Timer(IDLE_TRIM_SECONDS, release_free_heap)
         _idle_timer.daemon = True  # never holds up the process's exit
         _idle_timer.start()

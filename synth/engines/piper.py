@@ -46,10 +46,6 @@ def length_scale_for(speed: float) -> float:
     return max(scale, _MIN_LENGTH_SCALE)
 
 
-# onnxruntime's memory arena for CPU sessions (off only to measure what it saves: tests/unit/synth/test_heap.py).
-MEMORY_ARENA = True
-
-
 class PiperEngine:
     name = "piper"
     seeded = False  # whether VoiceParams.seed decides the noise
@@ -82,7 +78,6 @@ class PiperEngine:
             self.solo_threads = None  # threads are the CPU's matter
         else:
             heap.keep_freed_memory()  # a sentence reuses the last one's pages (synth.heap)
-            heap.on_idle(self.release_arenas)
         for vid in voice_ids if voice_ids is not None else list(self._infos):
             if vid in self._infos:
                 self._voice(vid)
@@ -147,11 +142,10 @@ class PiperEngine:
         import onnxruntime
 
         opts = onnxruntime.SessionOptions()
-        # onnxruntime's arena keeps a sentence's tensors for the next one (5 % faster on a short
-        # sentence, 20 % on a long one, a lower peak than the C heap's); it grows to the largest
-        # sentence since the process last idled, and release_arenas gives it back (synth.heap).
-        opts.enable_cpu_mem_arena = MEMORY_ARENA
-        opts.enable_mem_pattern = MEMORY_ARENA
+        # Sentence lengths vary; an arena sized by the largest one is kept for the life
+        # of the worker, so RSS would creep with text length. Plain allocations stay flat.
+        opts.enable_cpu_mem_arena = False
+        opts.enable_mem_pattern = False
         if threads:
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
@@ -163,36 +157,6 @@ class PiperEngine:
         if self.device.startswith("cuda") and "CUDAExecutionProvider" not in session.get_providers():
             raise EngineUnavailable(f"onnxruntime could not start the CUDA provider on {self.device}")
         return session
-
-    def release_arenas(self) -> None:
-        """Give back what the sessions' memory arenas hold beyond their baseline (CPU).
-
-        onnxruntime shrinks an arena only at the end of a run asked to: one run of
-        a single phoneme per session (~20 ms) with that option. Called by
-        synth.heap once the process has idled after a job.
-        """
-        if self.device != "cpu":
-            return
-        import numpy as np
-        import onnxruntime
-
-        shrink = onnxruntime.RunOptions()
-        shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-        with self._lock:
-            voices = list(self._loaded.values())
-        for voice in voices:
-            ids = voice.phonemes_to_ids(voice.phonemize("a")[0])
-            config = voice.config
-            inputs = {
-                "input": np.array([ids], dtype=np.int64),
-                "input_lengths": np.array([len(ids)], dtype=np.int64),
-                "scales": np.array(
-                    [config.noise_scale, config.length_scale, config.noise_w_scale], dtype=np.float32
-                ),
-            }
-            if config.num_speakers > 1:
-                inputs["sid"] = np.array([config.default_speaker_id or 0], dtype=np.int64)
-            voice.session.run(None, inputs, shrink)
 
     def _open(self, model_path: str, threads: int | None = None) -> Any:
         """The loaded voice: piper's PiperVoice (phonemizer, config and its onnxruntime session)."""

@@ -1,5 +1,4 @@
-"""A worker keeps freed inference memory while it works and gives it back when idle (synth.heap):
-onnxruntime's arenas and the C heap."""
+"""A worker's heap keeps freed inference memory while it works and gives it back when idle (synth.heap)."""
 
 from __future__ import annotations
 
@@ -22,11 +21,10 @@ _PROBE = """
 import json, resource, sys, time, psutil
 from synth import heap
 from synth.engines.base import VoiceParams
-from synth.engines import piper
-if sys.argv[1] == "untuned":  # as before either was kept: every sentence maps its tensors afresh
+from synth.engines.piper import PiperEngine
+if sys.argv[1] == "untuned":
     heap.keep_freed_memory = lambda: False
-    piper.MEMORY_ARENA = False
-engine = piper.PiperEngine(threads=1)
+engine = PiperEngine(threads=1)
 engine.load("cpu", ["en_US-joe-medium"])
 params = VoiceParams(voice="en_US-joe-medium")
 text = "The keeper climbed the stairs, trimmed the wick and watched the ships pass in the dark."
@@ -62,7 +60,7 @@ def test_it_reuses_pages_between_jobs_and_returns_them_when_idle() -> None:
     tuned, untuned = _probe("tuned"), _probe("untuned")
     # Untuned, every sentence maps its tensors afresh (tens of thousands of faults).
     assert tuned["faults"] * 4 < untuned["faults"], (tuned, untuned)
-    # What the arena and the heap kept for the next job goes back to the OS once the process idles.
+    # What the heap kept for the next job goes back to the OS once the process idles.
     assert tuned["idle_mb"] < tuned["busy_mb"] - 50, tuned
 
 
@@ -117,43 +115,3 @@ def test_the_idle_trim_never_holds_up_exit(trims: list[float]) -> None:
     heap.job_ended()
     timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
     assert timers and all(t.daemon for t in timers)
-
-
-def test_idle_hooks_run_before_the_trim_and_a_failing_one_stops_nothing(
-    trims: list[float], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(heap, "_idle_hooks", [])
-    calls: list[str] = []
-
-    class Engine:
-        def release(self) -> None:
-            calls.append("released")
-
-        def broken(self) -> None:
-            raise RuntimeError("onnxruntime said no")
-
-    engine = Engine()
-    heap.on_idle(engine.broken)
-    heap.on_idle(engine.release)
-    heap.on_idle(engine.release)  # once is enough
-    heap.job_started()
-    heap.job_ended()
-    time.sleep(0.5)
-    assert calls == ["released"] and len(trims) == 1
-
-
-def test_an_idle_hook_goes_with_its_engine(trims: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(heap, "_idle_hooks", [])
-    calls: list[str] = []
-
-    class Engine:
-        def release(self) -> None:
-            calls.append("released")
-
-    engine = Engine()
-    heap.on_idle(engine.release)
-    del engine  # a test's engine, or one replaced on reload: not kept alive, not called
-    heap.job_started()
-    heap.job_ended()
-    time.sleep(0.5)
-    assert calls == [] and len(trims) == 1

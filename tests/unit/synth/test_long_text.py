@@ -21,11 +21,10 @@ def _text(chars: int) -> str:
 
 
 def _baseline(s: Synthesizer, tmp: Path, voice: str) -> float:
-    """The peak of a 2,000-character text, run twice: the first run grows onnxruntime's arena
-    (Piper) towards its plateau, which later texts of any length reuse."""
-    request = SynthesisRequest(_text(2000), voice=voice, format="pcm", sample_rate=8000)
-    s.synthesize(request, str(tmp / "base.pcm"))
-    return s.synthesize(request, str(tmp / "base.pcm")).peak_rss_mb
+    res = s.synthesize(
+        SynthesisRequest(_text(2000), voice=voice, format="pcm", sample_rate=8000), str(tmp / "base.pcm")
+    )
+    return res.peak_rss_mb
 
 
 @pytest.mark.slow
