@@ -80,8 +80,8 @@ class StackConfig:
     def from_env(cls) -> StackConfig:
         return cls(
             var_dir=Path(env_str("TTS_VAR_DIR", str(ROOT / "var"))).resolve(),
-            pg_port=env_int("TTS_PG_PORT", 55432),
-            redis_port=env_int("TTS_REDIS_PORT", 56379),
+            pg_port=env_int("TTS_PG_PORT", 15432),
+            redis_port=env_int("TTS_REDIS_PORT", 16379),
             http_port=env_int("TTS_HTTP_PORT", 8080),
             https_port=env_int("TTS_HTTPS_PORT", 8443),
         )
@@ -90,8 +90,8 @@ class StackConfig:
     def for_tests(cls) -> StackConfig:
         return cls(
             var_dir=Path(env_str("TTS_TEST_VAR_DIR", str(ROOT / "var" / "test"))).resolve(),
-            pg_port=env_int("TTS_TEST_PG_PORT", 55433),
-            redis_port=env_int("TTS_TEST_REDIS_PORT", 56380),
+            pg_port=env_int("TTS_TEST_PG_PORT", 15433),
+            redis_port=env_int("TTS_TEST_REDIS_PORT", 16380),
             http_port=env_int("TTS_TEST_HTTP_PORT", 18080),
             https_port=env_int("TTS_TEST_HTTPS_PORT", 18443),
             name="test",
@@ -265,7 +265,10 @@ def init_postgres(cfg: StackConfig) -> None:
 
 
 def postgres_command(cfg: StackConfig) -> tuple[list[str], dict[str, Any]]:
-    return [str(_pg_bindir() / "postgres"), "-D", str(cfg.pg_data)], as_user(pg_user())
+    # The port on the command line, not only in the cluster's config: a changed
+    # TTS_PG_PORT takes effect on the next start of an existing cluster.
+    command = [str(_pg_bindir() / "postgres"), "-D", str(cfg.pg_data), "-p", str(cfg.pg_port)]
+    return command, as_user(pg_user())
 
 
 def create_database(cfg: StackConfig) -> None:

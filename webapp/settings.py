@@ -130,7 +130,7 @@ def _database_from_url(url: str) -> dict[str, object]:
 
 DATABASES = {
     "default": _database_from_url(
-        env_str("DATABASE_URL", "postgres://tts:tts@127.0.0.1:55432/tts"),
+        env_str("DATABASE_URL", "postgres://tts:tts@127.0.0.1:15432/tts"),
     )
 }
 # The ASGI web tier (webapp/asgi.py sets it) runs each request's sync code in a
@@ -144,7 +144,7 @@ if DATABASE_POOL_SIZE > 0:
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = env_str("REDIS_URL", "redis://:tts@127.0.0.1:56379/0")
+REDIS_URL = env_str("REDIS_URL", "redis://:tts@127.0.0.1:16379/0")
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",

@@ -40,8 +40,8 @@ from tests.e2e.local_stack import (
 
 ROOT = Path(__file__).resolve().parents[2]
 PORTS = {
-    "TTS_PG_PORT": "55448",
-    "TTS_REDIS_PORT": "56448",
+    "TTS_PG_PORT": "15448",
+    "TTS_REDIS_PORT": "16448",
     "TTS_HTTP_PORT": "18448",
     "TTS_HTTPS_PORT": "18449",
 }

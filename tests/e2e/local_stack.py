@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -84,7 +85,9 @@ class StackProcess:
         raise AssertionError(f"not healthy in {timeout}s: {last}\n{self.output[-3000:]}")
 
     def interrupt(self) -> int:
-        os.kill(self.proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process
+        # A stack that already failed on its own keeps that failure the one reported.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process
         return self.proc.wait(150)
 
     def stop_command(self) -> subprocess.CompletedProcess[str]:

@@ -21,8 +21,8 @@ from tests.e2e.local_stack import StackProcess, listening, stack_env
 ROOT = Path(__file__).resolve().parents[2]
 VAR = ROOT / "var" / "test-local-stack"
 PORTS = {
-    "TTS_PG_PORT": "55440",
-    "TTS_REDIS_PORT": "56440",
+    "TTS_PG_PORT": "15440",
+    "TTS_REDIS_PORT": "16440",
     "TTS_HTTP_PORT": "18440",
     "TTS_HTTPS_PORT": "18441",
 }

@@ -28,8 +28,8 @@ from tests.e2e.local_stack import (
 ROOT = Path(__file__).resolve().parents[2]
 VAR = ROOT / "var" / "test-stack-recovery"
 PORTS = {
-    "TTS_PG_PORT": "55446",
-    "TTS_REDIS_PORT": "56446",
+    "TTS_PG_PORT": "15446",
+    "TTS_REDIS_PORT": "16446",
     "TTS_HTTP_PORT": "18446",
     "TTS_HTTPS_PORT": "18447",
 }

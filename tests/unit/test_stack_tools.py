@@ -209,3 +209,34 @@ def test_the_app_user_runs_django_processes_with_a_private_umask(tmp_path: Path)
     log = tmp_path / "log" / "whoami.log"
     _wait(lambda: log.exists() and "ids" in log.read_text(), 10, "the output")
     assert f"ids {user.pw_uid} {user.pw_gid} 0o27" in log.read_text()
+
+
+def test_every_fixed_port_lies_below_the_kernels_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux hands out 32768-60999 to outgoing connections; a long-lived one (a worker's Redis
+    connection) can hold a port there for minutes, and a stack that wants to listen on it fails.
+    CI failed that way once on 55440, so our listening ports stay below the range."""
+    from tests.bench.bench_soak import PORTS as SOAK
+    from tests.e2e.test_local_stack import PORTS as LOCAL
+    from tests.e2e.test_stack_recovery import PORTS as RECOVERY
+
+    for name in [*StackConfig.from_env().port_vars.values(), *StackConfig.for_tests().port_vars.values()]:
+        monkeypatch.delenv(name, raising=False)
+    configs = [StackConfig.from_env(), StackConfig.for_tests()]
+    ports = [getattr(cfg, attr) for cfg in configs for attr in cfg.port_vars]
+    ports += [int(port) for fixed in (LOCAL, RECOVERY, SOAK) for port in fixed.values()]
+    low = 32768
+    range_file = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if range_file.exists():
+        low = min(low, int(range_file.read_text().split()[0]))
+    assert all(0 < port < low for port in ports), sorted(ports)
+    assert len(set(ports)) == len(ports)  # and no two stacks share one
+
+
+def test_postgres_is_told_its_port_on_every_start(tmp_path: Path) -> None:
+    """The cluster's config keeps the port it was created with; the command line wins, so a
+    changed TTS_PG_PORT (or a new default) applies to an existing var/."""
+    from deploy.provision import postgres_command
+
+    cfg = StackConfig(var_dir=tmp_path, pg_port=15999, redis_port=0, http_port=0, https_port=0)
+    command, _ = postgres_command(cfg)
+    assert command[-2:] == ["-p", "15999"]
