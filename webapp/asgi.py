@@ -1,5 +1,7 @@
 """ASGI entry point, served by gunicorn with uvicorn workers (deploy/gunicorn.conf.py).
 
+/healthz is answered before Django's handler (webapp/health.py says why).
+
 Under ASGI the waiting views (long-poll, /v1/audio/speech) wait as coroutines
 on Redis notifications, so a waiting client holds no thread; the sync views
 run in a thread of their own per request (Django's thread-sensitive mode).
@@ -18,7 +20,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 # a Celery parent would be shared by its forked children.
 os.environ.setdefault("DATABASE_POOL_SIZE", "20")
 
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+from webapp.health import answered_first  # noqa: E402 -- imports Django's parts: after its setup
+
+application = answered_first(django_application)
 
 
 def _warm_up() -> None:

@@ -57,3 +57,72 @@ def test_it_shows_no_hosts_pids_or_versions(db: None, synth_worker: Any) -> None
         assert w["host"] not in text
     assert "version" not in text.lower()
     assert set(json.loads(text)) <= {"status", "checks", "failing"}
+
+
+# --------------------------------------------------------------------- under ASGI, before Django
+
+
+def _asgi(
+    method: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> tuple[int, dict[str, str], bytes, list[str]]:
+    """One request to the ASGI application's /healthz; Django's handler replaced by a recorder."""
+    import asyncio
+
+    from webapp.health import answered_first
+
+    passed_on: list[str] = []
+
+    async def django(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        passed_on.append(scope["method"])
+        await send({"type": "http.response.start", "status": 405, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {"type": "http", "method": method, "path": "/healthz", "headers": headers or []}
+    asyncio.run(answered_first(django)(scope, receive, send))
+    start, body = sent
+    names = {k.decode().lower(): v.decode() for k, v in start.get("headers", [])}
+    return start["status"], names, body["body"], passed_on
+
+
+def _count(status: str) -> float:
+    from prometheus_client import REGISTRY
+
+    labels = {"view": "healthz", "method": "GET", "status": status}
+    return REGISTRY.get_sample_value("tts_http_requests_total", labels) or 0.0
+
+
+def test_under_asgi_it_answers_as_the_view_does_without_django(db: None, synth_worker: Any) -> None:
+    before = _count("200")
+    status, headers, body, passed_on = _asgi("GET", [(b"x-request-id", b"probe-1")])
+    assert passed_on == []  # no request thread, no middleware chain
+    assert _count("200") == before + 1  # counted under the view's name, as Django's answers are
+    assert status == 200
+    assert json.loads(body) == Client().get("/healthz").json()
+    assert headers["content-type"] == "application/json" and headers["content-length"] == str(len(body))
+    assert "no-store" in headers["cache-control"] and headers["x-content-type-options"] == "nosniff"
+    assert headers["x-request-id"] == "probe-1"
+
+    forged = _asgi("GET", [(b"x-request-id", b"bad id\nnewline")])[1]["x-request-id"]
+    assert forged != "bad id\nnewline" and len(forged) == 32
+    status, headers, body, _ = _asgi("HEAD")
+    assert status == 200 and body == b"" and int(headers["content-length"]) > 0
+
+
+def test_under_asgi_other_methods_go_to_django(db: None) -> None:
+    assert _asgi("POST")[3] == ["POST"]
+
+
+def test_under_asgi_a_failing_check_is_a_503_with_retry_after(db: None) -> None:
+    with override_settings(REDIS_URL="redis://:nopass@127.0.0.1:1/0"):
+        heartbeat._client = None
+        status, headers, body, _ = _asgi("GET")
+    assert status == 503 and headers["retry-after"]
+    assert json.loads(body)["failing"] == ["redis", "workers"]
