@@ -23,7 +23,7 @@ from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from webapp.speech.models import SynthesisJob, UsagePeriod, Voice
+from webapp.speech.models import LIVE_JOBS, SynthesisJob, UsagePeriod, Voice
 from webapp.speech.services import ledger, operator
 from webapp.tenants.models import Organization, Plan
 
@@ -51,7 +51,7 @@ def with_usage(queryset: QuerySet[Organization]) -> QuerySet[Organization]:
         month_used=_per_tenant(month, n=Sum("characters_used")),
         month_characters=_per_tenant(month, n=Sum("characters_used") + Sum("characters_reserved")),
         active_jobs=_per_tenant(SynthesisJob.objects.filter(status__in=SynthesisJob.ACTIVE), n=Count("id")),
-        storage=_per_tenant(SynthesisJob.objects.all(), n=Sum("audio_bytes"))
+        storage=_per_tenant(SynthesisJob.objects.filter(LIVE_JOBS), n=Sum("audio_bytes"))
         + _per_tenant(Voice.objects.all(), n=Sum("prompt_bytes")),
         voice_count=_per_tenant(tenant_voices, n=Count("id")),
     )

@@ -73,6 +73,12 @@ class Voice(models.Model):
         return self.voice_id
 
 
+# Jobs that count against a tenant's limits: queued or running, or holding audio. Job
+# rows are kept for good; the limits read only these (through speech_job_org_live_idx,
+# whose condition this is: a query must state it as is for PostgreSQL to use the index).
+LIVE_JOBS = models.Q(status__in=("queued", "running")) | models.Q(audio_bytes__gt=0)
+
+
 class SynthesisJob(models.Model):
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -154,6 +160,14 @@ class SynthesisJob(models.Model):
                 fields=["engine", "created_at"],
                 condition=models.Q(status="queued"),
                 name="speech_job_engine_queued_idx",
+            ),
+            # Every submit counts the tenant's active jobs and sums its stored audio: this
+            # index holds only those rows, so that costs what is live, not the whole history.
+            models.Index(
+                fields=["organization"],
+                include=["status", "audio_bytes"],
+                condition=LIVE_JOBS,
+                name="speech_job_org_live_idx",
             ),
         ]
         constraints = [

@@ -255,3 +255,39 @@ def test_a_submit_locks_the_tenant_once_and_reads_its_usage_row_once(make_tenant
     assert sum('FROM "speech_usageperiod"' in s for s in statements) == 1
     # 18 before: the tenant locked twice, the usage row read twice, its jobs counted and summed apart.
     assert len(statements) <= 15
+
+
+@pytest.mark.usefixtures("synth_worker", "builtin_voices", "no_dispatch")
+def test_a_submits_limits_read_the_tenants_live_jobs_not_its_history(make_tenant: Any) -> None:
+    """Job rows are kept for good: the count and sum every submit runs go through an index of
+    the active jobs and those holding audio, so they cost what is live, not months of history."""
+    from django.test.utils import CaptureQueriesContext
+
+    from webapp.speech.models import SynthesisJob
+
+    t = make_tenant(storage_bytes=10_000)
+    common = {"organization": t.org, "voice_name": "v", "engine": "espeak", "text": "x", "text_chars": 1}
+    history = [SynthesisJob(status="expired", format="wav", **common) for _ in range(4000)]
+    live = [
+        SynthesisJob(status="succeeded", format="wav", audio_bytes=600, **common),
+        SynthesisJob(status="running", format="wav", **common),
+    ]
+    SynthesisJob.objects.bulk_create(history + live)
+    with connection.cursor() as cursor:
+        cursor.execute('ANALYZE "speech_synthesisjob"')
+    with CaptureQueriesContext(connection) as queries:
+        assert t.client.post("/api/v1/speech", {"text": TEN_CHARS}).status_code == 202
+    (limits,) = [
+        q["sql"] for q in queries.captured_queries if 'SUM("speech_synthesisjob"."audio_bytes")' in q["sql"]
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + limits)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "speech_job_org_live_idx" in plan, plan
+
+    # What the limits see: the stored audio and the active jobs, nothing of the history.
+    SynthesisJob.objects.filter(organization=t.org, status="succeeded").update(audio_bytes=10_000)
+    blocked = t.client.post("/api/v1/speech", {"text": TEN_CHARS})
+    assert (
+        problem(blocked)["code"] == "storage_limit" and "10,000 of 10,000 bytes" in problem(blocked)["detail"]
+    )

@@ -19,7 +19,7 @@ from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
-from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod, Voice
+from webapp.speech.models import LIVE_JOBS, SynthesisJob, UsageEvent, UsagePeriod, Voice
 from webapp.tenants.models import Organization
 
 # --------------------------------------------------------------------- periods
@@ -49,8 +49,8 @@ def format_count(n: int) -> str:
 
 def storage_used(organization: Organization) -> int:
     """Bytes a tenant stores: job audio plus voice prompts."""
-    jobs = SynthesisJob.objects.filter(organization=organization).aggregate(n=Sum("audio_bytes"))["n"] or 0
-    return int(jobs) + _prompt_bytes(organization)
+    jobs = SynthesisJob.objects.filter(LIVE_JOBS, organization=organization).aggregate(n=Sum("audio_bytes"))
+    return int(jobs["n"] or 0) + _prompt_bytes(organization)
 
 
 def _prompt_bytes(organization: Organization) -> int:
@@ -102,8 +102,8 @@ def check_limits(organization: Organization, chars: int, now: dt.datetime) -> dt
             f"{format_count(plan.max_characters_per_request)}.",
             field="text",
         )
-    # The tenant's jobs in one pass: how many are active, and the bytes of their audio.
-    jobs = SynthesisJob.objects.filter(organization=organization).aggregate(
+    # The tenant's live jobs in one pass: how many are active, and the bytes of their audio.
+    jobs = SynthesisJob.objects.filter(LIVE_JOBS, organization=organization).aggregate(
         active=Count("id", filter=Q(status__in=SynthesisJob.ACTIVE)), audio=Sum("audio_bytes")
     )
     active = jobs["active"]
