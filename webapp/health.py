@@ -28,10 +28,12 @@ from webapp.audit.context import HEADER as REQUEST_ID_HEADER
 from webapp.audit.context import new_request_id, valid_request_id
 from webapp.metrics.http import LATENCY, REQUESTS
 from webapp.speech import heartbeat
+from webapp.speech.api.waiting import shared
 
 log = logging.getLogger(__name__)
 
 PATH = "/healthz"
+SHARED_KEY = ("healthz",)
 RETRY_AFTER = "10"
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[Mapping[str, Any]]]
@@ -106,7 +108,9 @@ def _request_id(scope: Scope) -> str:
 async def answer(scope: Scope, send: Send) -> None:
     """Answer a GET or HEAD of /healthz as the Django view would (headers, metrics, request id)."""
     started = time.perf_counter()
-    body, status = await sync_to_async(_check_in_pool_thread, thread_sensitive=False)()
+    # Probes that arrive while a check runs share it: one pool thread at most per process,
+    # however many probes there are, and however long a database that hangs keeps it.
+    body, status = await shared(SHARED_KEY, sync_to_async(_check_in_pool_thread, thread_sensitive=False))
     content = json.dumps(body).encode()
     headers = [
         (b"content-type", b"application/json"),

@@ -126,3 +126,38 @@ def test_under_asgi_a_failing_check_is_a_503_with_retry_after(db: None) -> None:
         status, headers, body, _ = _asgi("GET")
     assert status == 503 and headers["retry-after"]
     assert json.loads(body)["failing"] == ["redis", "workers"]
+
+
+def test_under_asgi_probes_during_one_check_share_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many probes come at once, a process runs one check at a time (a database that
+    hangs holds one pool thread, not one per probe)."""
+    import asyncio
+    import threading
+    import time
+
+    from webapp import health
+
+    calls = []
+
+    def slow_check() -> tuple[dict[str, object], int]:
+        calls.append(threading.get_ident())
+        time.sleep(0.3)  # injected: a slow database
+        return {"status": "ok"}, 200
+
+    monkeypatch.setattr(health, "check", slow_check)
+    monkeypatch.setattr(health.connection, "close", lambda: None)
+    sent: list[list[dict[str, Any]]] = [[] for _ in range(5)]
+
+    async def probes() -> None:
+        async def probe(i: int) -> None:
+            async def send(message: dict[str, Any]) -> None:
+                sent[i].append(message)
+
+            await health.answer({"type": "http", "method": "GET", "path": "/healthz", "headers": []}, send)
+
+        await asyncio.gather(*(probe(i) for i in range(5)))
+        await probe(0)  # one that comes after: a check of its own
+
+    asyncio.run(probes())
+    assert len(calls) == 2
+    assert [messages[0]["status"] for messages in sent] == [200] * 5
