@@ -94,7 +94,10 @@ def _check_in_pool_thread() -> tuple[dict[str, object], int]:
     try:
         return check()
     finally:
-        connection.close()  # back to the pool: a pool thread keeps no connection of its own
+        try:
+            connection.close()  # back to the pool: a pool thread keeps no connection of its own
+        except Exception as exc:  # a broken connection's close must not turn the answer into a 500
+            log.warning("healthz: closing the database connection failed: %s", exc)
 
 
 def _request_id(scope: Scope) -> str:

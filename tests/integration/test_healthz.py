@@ -145,7 +145,6 @@ def test_under_asgi_probes_during_one_check_share_it(monkeypatch: pytest.MonkeyP
         return {"status": "ok"}, 200
 
     monkeypatch.setattr(health, "check", slow_check)
-    monkeypatch.setattr(health.connection, "close", lambda: None)
     sent: list[list[dict[str, Any]]] = [[] for _ in range(5)]
 
     async def probes() -> None:
@@ -161,3 +160,20 @@ def test_under_asgi_probes_during_one_check_share_it(monkeypatch: pytest.MonkeyP
     asyncio.run(probes())
     assert len(calls) == 2
     assert [messages[0]["status"] for messages in sent] == [200] * 5
+
+
+def test_under_asgi_a_connection_that_fails_to_close_is_no_500(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import DatabaseError
+
+    from webapp import health
+
+    class Broken:
+        def close(self) -> None:
+            raise DatabaseError("server closed the connection unexpectedly")  # injected
+
+    monkeypatch.setattr(health, "check", lambda: ({"status": "fail"}, 503))
+    monkeypatch.setattr(health, "connection", Broken())
+    status, headers, _, _ = _asgi("GET")
+    assert status == 503 and headers["retry-after"]
