@@ -1,9 +1,9 @@
 """GET /healthz: database, Redis and a recent worker heartbeat. No internals shown.
 
 Under ASGI (:func:`answered_first`, webapp/asgi.py) a GET or HEAD of /healthz
-is answered before Django's handler: its checks run in the event loop's
-thread pool, without the request thread and middleware chain every Django
-request gets. A probe then waits for one short check, not for a turn of the
+is answered before Django's handler: its checks run in a thread of their
+own, without the request thread and middleware chain every Django request
+gets. A probe then waits for one short check, not for a turn of the
 GIL among a busy process's request threads: under the waiting benchmark's
 load its p99 was 150-190 ms through Django (docs/decisions.md). The Django
 view below answers the same way where there is no ASGI server (tests' client,
@@ -16,6 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 PATH = "/healthz"
 SHARED_KEY = ("healthz",)
+_CHECKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="healthz")  # its thread starts with a check
 RETRY_AFTER = "10"
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[Mapping[str, Any]]]
@@ -90,12 +92,12 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return response
 
 
-def _check_in_pool_thread() -> tuple[dict[str, object], int]:
+def _check_in_own_thread() -> tuple[dict[str, object], int]:
     try:
         return check()
     finally:
         try:
-            connection.close()  # back to the pool: a pool thread keeps no connection of its own
+            connection.close()  # back to the pool: this thread keeps no connection of its own
         except Exception as exc:  # a broken connection's close must not turn the answer into a 500
             log.warning("healthz: closing the database connection failed: %s", exc)
 
@@ -111,9 +113,11 @@ def _request_id(scope: Scope) -> str:
 async def answer(scope: Scope, send: Send) -> None:
     """Answer a GET or HEAD of /healthz as the Django view would (headers, metrics, request id)."""
     started = time.perf_counter()
-    # Probes that arrive while a check runs share it: one pool thread at most per process,
-    # however many probes there are, and however long a database that hangs keeps it.
-    body, status = await shared(SHARED_KEY, sync_to_async(_check_in_pool_thread, thread_sensitive=False))
+    # Probes that arrive while a check runs share it: one check at a time per process, however
+    # many probes there are and however long a database that hangs keeps it. Its thread is its
+    # own, not the loop's pool, where it would queue behind a burst of waiters' reads.
+    check_now = sync_to_async(_check_in_own_thread, thread_sensitive=False, executor=_CHECKS)
+    body, status = await shared(SHARED_KEY, check_now)
     content = json.dumps(body).encode()
     headers = [
         (b"content-type", b"application/json"),
