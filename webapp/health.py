@@ -26,8 +26,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from webapp.audit.context import HEADER as REQUEST_ID_HEADER
-from webapp.audit.context import new_request_id, valid_request_id
-from webapp.metrics.http import LATENCY, REQUESTS
+from webapp.audit.context import request_id_from
+from webapp.metrics.http import record
 from webapp.speech import heartbeat
 from webapp.speech.api.waiting import shared
 
@@ -104,10 +104,8 @@ def _check_in_own_thread() -> tuple[dict[str, object], int]:
 
 def _request_id(scope: Scope) -> str:
     name = REQUEST_ID_HEADER.lower().encode()
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return valid_request_id(value.decode("latin-1")) or new_request_id()
-    return new_request_id()
+    given = next((value for key, value in scope.get("headers", ()) if key == name), None)
+    return request_id_from(None if given is None else given.decode("latin-1"))
 
 
 async def answer(scope: Scope, send: Send) -> None:
@@ -130,8 +128,7 @@ async def answer(scope: Scope, send: Send) -> None:
         headers.append((b"retry-after", RETRY_AFTER.encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else content})
-    REQUESTS.labels("healthz", scope["method"], str(status)).inc()
-    LATENCY.labels("healthz", scope["method"]).observe(time.perf_counter() - started)
+    record("healthz", scope["method"], status, started)
 
 
 def answered_first(app: ASGIApp) -> ASGIApp:

@@ -130,7 +130,7 @@ def test_under_asgi_a_failing_check_is_a_503_with_retry_after(db: None) -> None:
 
 def test_under_asgi_probes_during_one_check_share_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """However many probes come at once, a process runs one check at a time (a database that
-    hangs holds one pool thread, not one per probe)."""
+    hangs holds one thread, not one per probe)."""
     import asyncio
     import threading
     import time

@@ -56,6 +56,11 @@ def valid_request_id(value: str | None) -> str | None:
     return value if value and _VALID.match(value) else None
 
 
+def request_id_from(value: str | None) -> str:
+    """The id an incoming X-Request-Id gives this request: its own if valid, else a new one."""
+    return valid_request_id(value) or new_request_id()
+
+
 def bind(request_id: str, **fields: Any) -> contextvars.Token[RequestContext | None]:
     return _current.set(RequestContext(request_id=request_id, **fields))
 
@@ -93,7 +98,7 @@ class RequestContextMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        request_id = valid_request_id(request.headers.get(HEADER)) or new_request_id()
+        request_id = request_id_from(request.headers.get(HEADER))
         request.request_id = request_id  # type: ignore[attr-defined]
         token = bind(request_id, request=request, ip=client_ip(request))
         try:

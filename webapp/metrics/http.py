@@ -32,6 +32,13 @@ def view_label(request: HttpRequest) -> str:
     return str(match.view_name or match.url_name or "unnamed")
 
 
+def record(view: str, method: str, status: int, started: float) -> None:
+    """Count one answered request; ``started`` is its ``time.perf_counter()`` at arrival."""
+    method = method if method in METHODS else "other"
+    REQUESTS.labels(view, method, str(status)).inc()
+    LATENCY.labels(view, method).observe(time.perf_counter() - started)
+
+
 class RequestMetricsMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -39,8 +46,5 @@ class RequestMetricsMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         started = time.perf_counter()
         response = self.get_response(request)
-        view = view_label(request)
-        method = request.method if request.method in METHODS else "other"
-        REQUESTS.labels(view, method, str(response.status_code)).inc()
-        LATENCY.labels(view, method).observe(time.perf_counter() - started)
+        record(view_label(request), request.method or "", response.status_code, started)
         return response
