@@ -73,14 +73,16 @@ def _assert_django_runs_unprivileged(stack: Stack) -> None:
     assert ("so gunicorn and Celery run as root" in stack.output) == (not readable), stack.output[-2000:]
     if not readable:
         return
-    owners: dict[str, str] = {}
+    # Keyed by pid: the command lines of a worker's children, or of two gunicorn workers, are the
+    # same, and a longer checkout path makes any prefix of them the same too.
+    owners: dict[int, tuple[str, str]] = {}
     for proc in psutil.Process(stack.proc.pid).children(recursive=True):
         command = " ".join(proc.cmdline())
         parent = " ".join(proc.parent().cmdline())
         if "celery" in command or ("gunicorn" in command and "gunicorn" in parent):
-            owners[command[:120]] = proc.username()
+            owners[proc.pid] = (command[-80:], proc.username())
     assert len(owners) >= 4, owners  # 2 gunicorn workers, the worker's parent, its children, beat...
-    assert set(owners.values()) == {APP_SYSTEM_USER}, owners
+    assert {user for _, user in owners.values()} == {APP_SYSTEM_USER}, owners
 
 
 def test_run_serves_stops_cleanly_and_reuses_data() -> None:
