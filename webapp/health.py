@@ -12,7 +12,6 @@ WSGI).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -22,6 +21,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
+from django.utils.cache import add_never_cache_headers
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -82,14 +82,17 @@ def check() -> tuple[dict[str, object], int]:
     return body, 200 if not failing else 503
 
 
-@never_cache
-@require_GET
-def healthz(request: HttpRequest) -> JsonResponse:
-    body, status = check()
+def _response(body: dict[str, object], status: int) -> JsonResponse:
     response = JsonResponse(body, status=status)
     if status != 200:
         response["Retry-After"] = RETRY_AFTER
     return response
+
+
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    return _response(*check())
 
 
 def _check_in_own_thread() -> tuple[dict[str, object], int]:
@@ -116,16 +119,15 @@ async def answer(scope: Scope, send: Send) -> None:
     # own, not the loop's pool, where it would queue behind a burst of waiters' reads.
     check_now = sync_to_async(_check_in_own_thread, thread_sensitive=False, executor=_CHECKS)
     body, status = await shared(SHARED_KEY, check_now)
-    content = json.dumps(body).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(content)).encode()),
-        (b"cache-control", b"max-age=0, no-cache, no-store, must-revalidate, private"),
-        (b"x-content-type-options", b"nosniff"),
-        (REQUEST_ID_HEADER.encode(), _request_id(scope).encode()),
-    ]
-    if status != 200:
-        headers.append((b"retry-after", RETRY_AFTER.encode()))
+    # The view's response, with what this path skips added: @never_cache's headers, the
+    # security middleware's nosniff and the request id.
+    response = _response(body, status)
+    add_never_cache_headers(response)
+    response["X-Content-Type-Options"] = "nosniff"
+    response[REQUEST_ID_HEADER] = _request_id(scope)
+    content = response.content
+    headers = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in response.items()]
+    headers.append((b"content-length", str(len(content)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else content})
     record("healthz", scope["method"], status, started)
