@@ -3,7 +3,10 @@
 One run on this machine, voice en_US-joe-medium, the same eight ~5-second
 sentences for everyone, a fixed number of requests per client count:
 
-* raw engine: ``synth.Synthesizer`` in this process (the ceiling);
+* raw engine: ``synth.Synthesizer`` in this process, one client (a lone request's ceiling);
+* raw engine in the worker's layout: ``TTS_WORKER_CONCURRENCY`` processes of
+  ``TTS_WORKER_THREADS`` threads side by side (tests/bench/raw_layout.py; the
+  throughput ceiling of our layout);
 * peer: ``python -m piper.http_server`` (Flask, one process; the ``bench`` extra);
 * ours through Nginx/TLS with a key: ``/v1/audio/speech`` (whole WAV), the
   same with streaming (time to first byte), and the native submit +
@@ -31,7 +34,18 @@ from typing import Any
 
 import requests
 
-from tests.bench.peer_table import PEER, Result, Tally, median_rows, pct, ratio_rows
+from tests.bench.peer_table import (
+    CLIENT,
+    PEER,
+    Ceiling,
+    Result,
+    Tally,
+    ceiling_lines,
+    median_rows,
+    pct,
+    ratio_rows,
+)
+from tests.bench.raw_layout import run_layout
 
 VOICE = "en_US-joe-medium"
 TEXTS = [
@@ -143,7 +157,7 @@ def process_groups(stack: Any, peer: subprocess.Popen[bytes] | None) -> dict[str
     """Every process involved, by name: each service with its children."""
     import psutil
 
-    groups: dict[str, list[Any]] = {"bench client + raw engine": [psutil.Process()]}
+    groups: dict[str, list[Any]] = {CLIENT: [psutil.Process()]}
     named = [(s.name, s.process) for s in stack.sup.services] + (
         [("piper.http_server", peer)] if peer else []
     )
@@ -312,22 +326,33 @@ def warm_up(base: str, key: str) -> None:
             run_clients("warm-up", clients, 4, call, auth)
 
 
-def measure_round(ctx: dict[str, Any], n: int, tally: Tally) -> list[Result]:
-    """One round: the raw engine, then per client count the peer and each of our paths, interleaved."""
+def measure_round(ctx: dict[str, Any], n: int, tally: Tally, ceiling: Ceiling) -> list[Result]:
+    """One round: the raw engine (alone, then in the worker's layout), then per client count the
+    peer and each of our paths, interleaved."""
+    from django.conf import settings
     from django.utils import timezone
 
     stack, peer = ctx["stack"], ctx["peer"]
     results = [raw_engine(ctx["synth"], n)]
+    layout, raw_cpu = run_layout(settings.TTS_WORKER_CONCURRENCY, settings.TTS_WORKER_THREADS or 1, n)
+    results.append(layout)
+    ceiling.solo.append(results[0])
+    ceiling.layout.append(layout)
+    ceiling.raw_cpu.append(raw_cpu)
     auth = {"Authorization": f"Bearer {ctx['key']}"}
     for clients in CLIENTS:
-        results.append(run_clients(PEER, clients, n, peer_request))
-        for name, call in our_paths(ctx["base"]).items():
+        calls = {
+            PEER: (peer_request, None),
+            **{name: (call, auth) for name, call in our_paths(ctx["base"]).items()},
+        }
+        for name, (call, headers) in calls.items():
             # Looked up at both ends: children forked during the row (recycles) count too.
             before, since = cpu_seconds(process_groups(stack, peer)), timezone.now()
-            results.append(run_clients(name, clients, n, call, auth))
+            results.append(run_clients(name, clients, n, call, headers))
             after = cpu_seconds(process_groups(stack, peer))
             spent = {g: after[g] - before[g] for g in after if g in before}
-            tally.add((name, clients), spent, n, dispatch_latency(since, ctx["org_id"]))
+            waits = [] if name == PEER else dispatch_latency(since, ctx["org_id"])
+            tally.add((name, clients), spent, n, waits)
     return results
 
 
@@ -363,13 +388,13 @@ def run(quick: bool) -> list[str]:
     synth = load_raw_engine()
     stack, base, key, org_id = start_ours()
     peer = None
-    tally, rounds = Tally(), []
+    tally, rounds, ceiling = Tally(), [], Ceiling()
     try:
         peer = start_peer()
         warm_up(base, key)
         ctx = {"stack": stack, "peer": peer, "synth": synth, "base": base, "key": key, "org_id": org_id}
         for _ in range(ROUNDS):
-            rounds.append(measure_round(ctx, n, tally))
+            rounds.append(measure_round(ctx, n, tally, ceiling))
         extra = multi_sentence(base, key, max(4, n // 2))
         memory = [
             "",
@@ -396,6 +421,8 @@ def run(quick: bool) -> list[str]:
         "| path | clients | throughput | p50 | p95 | first byte / peer p50 |",
         "|---|---|---|---|---|---|",
         *ratio_rows(rounds),
+        "",
+        *ceiling_lines(rounds, ceiling, tally, "ours /v1/audio/speech"),
         "",
         "CPU seconds per request, by process (all rounds):",
         "",

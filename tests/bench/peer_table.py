@@ -7,6 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 PEER = "Piper HTTP server"
+CLIENT = "bench client + raw engine"  # the benchmark's own process
 
 
 @dataclass
@@ -59,6 +60,8 @@ class Tally:
     def wait_lines(self) -> list[str]:
         lines = []
         for (name, clients), waits in self.waits.items():
+            if not waits:  # the peer's rows: no jobs of ours
+                continue
             label = "dispatch (idle worker)" if clients == 1 else "queue wait"
             lines.append(
                 f"| {name} | {clients} | {label} | {len(waits)} | {pct(waits, 50) * 1000:.0f} | "
@@ -117,4 +120,72 @@ def ratio_rows(rounds: list[list[Result]]) -> list[str]:
         + " | ".join(_spread(list(column)) for column in zip(*values, strict=True))
         + " |"
         for (name, clients), values in per.items()
+    ]
+
+
+@dataclass
+class Ceiling:
+    """What the raw engine allows us against the peer, and what our stack spends beyond it.
+
+    ``layout``: the raw engine in the worker's layout (tests/bench/raw_layout.py), one per round;
+    ``solo``: the raw engine alone in one process (a lone request's session), one per round;
+    ``raw_cpu``: CPU seconds per request of the layout rows, one per round.
+    """
+
+    layout: list[Result] = field(default_factory=list)
+    solo: list[Result] = field(default_factory=list)
+    raw_cpu: list[float] = field(default_factory=list)
+
+
+P50_TARGET = 1.15  # 1 client: our p50 at most this times the peer's
+
+
+def ceiling_lines(rounds: list[list[Result]], ceiling: Ceiling, tally: Tally, path: str) -> list[str]:
+    """The targets against the raw limit of this machine, and where our CPU per request goes.
+
+    At the top client count the machine's cores are the limit: throughput is inversely
+    proportional to the CPU seconds a request costs. The layout's raw throughput over the peer's
+    says how much CPU per request our stack may spend beyond the engine's own and still match the
+    peer; the tally says what it spends. With one client, the lone raw engine's p50 and the
+    peer's say how many milliseconds the rest of the pipeline may take.
+    """
+    top = max(r.clients for r in rounds[0])
+    peers = [next(r for r in results if r.name == PEER and r.clients == top) for results in rounds]
+    ratios = [lay.throughput / peer.throughput for lay, peer in zip(ceiling.layout, peers, strict=True)]
+    ratio, raw_cpu = statistics.median(ratios), statistics.median(ceiling.raw_cpu)
+    budget = raw_cpu * (ratio - 1)
+    groups = tally.cpu.get((path, top), {})
+    n = tally.requests.get((path, top), 0) or 1
+    spent = {g: s / n for g, s in groups.items() if g != "piper.http_server"}
+    if "worker" in spent:
+        spent["worker"] -= raw_cpu  # the engine's own share is what the layout row spent
+    # The peer's rows have a client on the same cores too: only what ours costs beyond it counts.
+    peer_groups, peer_n = tally.cpu.get((PEER, top), {}), tally.requests.get((PEER, top), 0)
+    if CLIENT in spent and CLIENT in peer_groups and peer_n:
+        spent[CLIENT] -= peer_groups[CLIENT] / peer_n
+    beyond = sum(spent.values())
+    names = {"worker": "worker beyond the engine", CLIENT: "bench client beyond the peer's"}
+    by_group = ", ".join(
+        f"{names.get(g, g)} {s:.3f}" for g, s in sorted(spent.items(), key=lambda kv: -kv[1])
+    )
+    lone = [
+        (next(r for r in results if r.name == PEER and r.clients == 1), solo, ours)
+        for results, solo in zip(rounds, ceiling.solo, strict=True)
+        for ours in results
+        if ours.name == path and ours.clients == 1
+    ]
+    allowed = statistics.median(P50_TARGET * pct(p.latencies, 50) - pct(s.latencies, 50) for p, s, _ in lone)
+    taken = statistics.median(pct(o.latencies, 50) - pct(s.latencies, 50) for _, s, o in lone)
+    reachable = "can" if ratio >= 1 and beyond <= budget else "cannot"
+    return [
+        f"Against the raw limit ({path}; medians over the rounds):",
+        "",
+        f"- {top} clients: the {ceiling.layout[0].name} gives "
+        f"{ratio:.2f} x ({min(ratios):.2f}-{max(ratios):.2f}) the peer's throughput at "
+        f"{raw_cpu:.3f} CPU-s per request. To match the peer, the rest of our stack may spend "
+        f"{max(budget, 0.0):.3f} CPU-s per request beyond the engine; it spends {beyond:.3f} "
+        f"({by_group}), so 1.0 x {reachable} be reached this way on this machine.",
+        f"- 1 client: the raw engine alone answers in {pct(ceiling.solo[0].latencies, 50) * 1000:.0f} ms "
+        f"(p50, first round); {P50_TARGET:.2f} x the peer's p50 leaves {allowed * 1000:.0f} ms for "
+        f"everything around it; ours takes {taken * 1000:.0f} ms more than the raw engine.",
     ]
