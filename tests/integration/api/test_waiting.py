@@ -355,3 +355,138 @@ def test_waiters_on_a_job_deleted_meanwhile_get_a_404_naming_it(live_tenant: Any
     assert [a.status_code for a in answers] == [404, 404]
     assert all(problem(a)["code"] == "not_found" for a in answers)
     assert all(str(job.id) in problem(a)["detail"] for a in answers)
+
+
+# --------------------------------------------------------------------- one shared Redis connection
+
+
+def _pubsub_clients() -> list[dict[str, Any]]:
+    from webapp.speech import heartbeat
+
+    clients: list[dict[str, Any]] = heartbeat.client().client_list(_type="pubsub")
+    return clients
+
+
+def _subscribers(channel_name: str) -> int:
+    from webapp.speech import heartbeat
+
+    return int(dict(heartbeat.client().pubsub_numsub(channel_name))[channel_name])
+
+
+def test_the_waiters_of_a_process_share_one_redis_connection(tenant: Tenant) -> None:
+    from webapp.speech.services.notify import channel
+
+    job_ids = [submit_espeak(tenant.org).id for _ in range(10)]
+    before = {c["id"] for c in _pubsub_clients()}
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> dict[Any, float]:
+        woke: dict[Any, float] = {}
+        # Two waiters per job, as a web process holds long-polls of several clients on one job.
+        waiters = [asyncio.create_task(_wait(j, 10, woke)) for j in job_ids * 2]
+        while _subscribers(channel(job_ids[-1])) < 1:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # every waiter subscribed (or failed to)
+        seen["clients"] = [c for c in await asyncio.to_thread(_pubsub_clients) if c["id"] not in before]
+        seen["per_channel"] = [await asyncio.to_thread(_subscribers, channel(j)) for j in job_ids]
+        changed: dict[Any, float] = {}
+        claimer = _claim_later(job_ids, 0.0, changed)
+        await asyncio.gather(*waiters)
+        await asyncio.to_thread(claimer.join)
+        seen["after"] = [await asyncio.to_thread(_subscribers, channel(j)) for j in job_ids]
+        return {j: woke[j] - changed[j] for j in job_ids}
+
+    try:
+        delays = asyncio.run(scenario())
+    finally:
+        connection.close()
+    # Twenty waiters: one connection (each used to open its own), one subscription per job.
+    assert len(seen["clients"]) == 1, seen["clients"]
+    assert seen["per_channel"] == [1] * len(job_ids)
+    assert max(delays.values()) < 0.5, delays  # woken by the notification, not the 1 s fallback
+    assert seen["after"] == [0] * len(job_ids)  # the last waiter of a job unsubscribed
+
+
+def test_a_channel_left_and_joined_again_at_once_still_delivers(stack: Any) -> None:
+    from webapp.speech import heartbeat
+    from webapp.speech.api import notifications
+
+    async def scenario() -> list[bytes | None]:
+        got = []
+        for round_ in range(20):
+            name = f"tts:test:rejoin:{round_}"
+            first = await notifications.subscribe(name)
+            # The UNSUBSCRIBE of the last listener and the SUBSCRIBE of the next one race.
+            _, second = await asyncio.gather(first.close(), notifications.subscribe(name))
+            await asyncio.to_thread(heartbeat.client().publish, name, "running 0.5")
+            got.append(await second.get(timeout=2))
+            await second.close()
+        return got
+
+    assert asyncio.run(scenario()) == [b"running 0.5"] * 20
+
+
+def test_when_the_shared_connection_drops_waiters_read_their_rows_and_the_next_reconnects(
+    tenant: Tenant, reads: list[float]
+) -> None:
+    from webapp.speech import heartbeat
+    from webapp.speech.api import notifications
+    from webapp.speech.services.notify import channel
+
+    job_ids = [submit_espeak(tenant.org).id for _ in range(3)]
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> dict[Any, float]:
+        woke: dict[Any, float] = {}
+        waiters = [asyncio.create_task(_wait(j, 10, woke)) for j in job_ids]
+        while _subscribers(channel(job_ids[-1])) < 1:
+            await asyncio.sleep(0.02)
+        # Injected fault: the shared connection is killed while every waiter is subscribed on it.
+        conn = notifications.hub()._conn
+        port = conn._writer.get_extra_info("sockname")[1]
+        mine = [c for c in _pubsub_clients() if c["addr"].endswith(f":{port}")]
+        seen["subscribed_when_killed"] = [_subscribers(channel(j)) for j in job_ids]
+        heartbeat.client().client_kill_filter(_id=mine[0]["id"])
+        await asyncio.sleep(0.3)
+        seen["reads_after_kill"] = len(reads)
+        changed: dict[Any, float] = {}
+        claimer = _claim_later(job_ids, 0.5, changed)
+        await asyncio.gather(*waiters)
+        await asyncio.to_thread(claimer.join)
+        # A later waiter opens a new connection, and notifications flow again.
+        again = await notifications.subscribe("tts:test:after-kill")
+        await asyncio.to_thread(heartbeat.client().publish, "tts:test:after-kill", "x")
+        seen["after"] = await again.get(timeout=2)
+        await again.close()
+        return {j: woke[j] - changed[j] for j in job_ids}
+
+    try:
+        delays = asyncio.run(scenario())
+    finally:
+        connection.close()
+    assert seen["subscribed_when_killed"] == [1, 1, 1]  # the fault hit waiters that were waiting
+    # Each waiter read its row once on subscribing and once more when told the connection was lost...
+    assert seen["reads_after_kill"] == 2 * len(job_ids)
+    # ...then found its change by reading once a second.
+    assert all(0 <= d <= 1.2 for d in delays.values()), delays
+    assert seen["after"] == b"x"
+
+
+def test_a_subscription_counts_as_confirmed_only_when_every_subscribe_sent_is_answered() -> None:
+    from webapp.speech.api.notifications import Hub
+
+    async def scenario() -> list[bool]:
+        # A listener left before Redis confirmed its SUBSCRIBE, and the next one subscribed
+        # again: Redis answers subscribe, unsubscribe, subscribe. Only the last answer is the
+        # next listener's; taking the first for it would let a change published between the
+        # UNSUBSCRIBE and the second SUBSCRIBE go unseen.
+        hub = Hub()
+        confirmed = asyncio.get_running_loop().create_future()
+        hub._confirmed["c"], hub._unanswered["c"] = confirmed, 2
+        seen = []
+        for reply in ([b"subscribe", b"c", 1], [b"unsubscribe", b"c", 0], [b"subscribe", b"c", 1]):
+            hub._handle(reply)
+            seen.append(confirmed.done())
+        return seen
+
+    assert asyncio.run(scenario()) == [False, False, True]

@@ -1,6 +1,7 @@
 """Waiting for a job to change without holding a thread, a connection, or polling PostgreSQL.
 
-A waiter subscribes to the job's channel first and then reads the row, so no
+A waiter subscribes to the job's channel first (over its process's one shared Redis connection,
+``api.notifications``) and then reads the row, so no
 change between the two is missed; after that it reads the row only when a
 notification arrives (``services.notify``), or at its deadline. If Redis is
 away it falls back to reading the row once a second. The long-poll and the
@@ -22,9 +23,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-import redis.asyncio as aredis
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
@@ -32,6 +31,8 @@ from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
 from webapp import gate
+from webapp.speech.api import notifications
+from webapp.speech.api.notifications import NotificationsLost, Subscription
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services import waits
 from webapp.speech.services.notify import channel, parse_state
@@ -221,19 +222,13 @@ async def _read(job_id: Any, share_connection: bool) -> JobState | None:
     return await sync_to_async(_read_row, thread_sensitive=share_connection)(job_id)
 
 
-async def _subscribe(job_id: Any) -> Any:
-    """A pub/sub subscribed to the job's channel, or None when Redis is unreachable."""
-    client = aredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)
-    pubsub = client.pubsub(ignore_subscribe_messages=True)
+async def _subscribe(job_id: Any) -> Subscription | None:
+    """A confirmed subscription to the job's channel, or None when Redis is unreachable."""
     try:
-        await pubsub.subscribe(channel(job_id))
-    except (RedisError, OSError) as exc:
+        return await notifications.subscribe(channel(job_id))
+    except (RedisError, OSError, NotificationsLost) as exc:
         log.warning("waiting without notifications (polling once a second): %s", exc)
-        await pubsub.aclose()
-        await client.aclose()
         return None
-    pubsub.owner = client  # type: ignore[attr-defined]  # closed with it
-    return pubsub
 
 
 async def await_job(job_id: Any, seconds: float, done: Callable[[JobState], bool]) -> JobState | None:
@@ -248,37 +243,28 @@ async def await_job(job_id: Any, seconds: float, done: Callable[[JobState], bool
     share_connection = await sync_to_async(lambda: connection.in_atomic_block)()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    pubsub = await _subscribe(job_id)
+    subscription = await _subscribe(job_id)
     try:
         state = await _read(job_id, share_connection)
         while state is not None and not done(state):
             left = deadline - loop.time()
             if left <= 0:
                 return state
-            if pubsub is None:
+            if subscription is None:
                 await asyncio.sleep(min(FALLBACK_POLL_SECONDS, left))
                 state = await _read(job_id, share_connection)
                 continue
             try:
-                message = await pubsub.get_message(timeout=left)
-            except (RedisError, OSError) as exc:
+                message = await subscription.get(timeout=left)
+            except NotificationsLost as exc:
                 log.warning("notifications lost while waiting (polling once a second): %s", exc)
-                await _close(pubsub)
-                pubsub = None
+                await subscription.close()
+                subscription = None
                 state = await _read(job_id, share_connection)  # the change it missed may be the last
                 continue
-            if message is not None:  # None: the subscribe confirmation, or the deadline
-                state = parse_state(message["data"]) or await _read(job_id, share_connection)
+            if message is not None:  # None: the deadline
+                state = parse_state(message) or await _read(job_id, share_connection)
         return state
     finally:
-        await _close(pubsub)
-
-
-async def _close(pubsub: Any) -> None:
-    if pubsub is None:
-        return
-    try:
-        await pubsub.aclose()
-        await pubsub.owner.aclose()  # type: ignore[attr-defined]
-    except (RedisError, OSError):
-        pass
+        if subscription is not None:
+            await subscription.close()
