@@ -107,7 +107,9 @@ def test_eight_waiting_requests_do_not_block_the_site(live_tenant: Any, web: Any
     t = live_tenant(max_concurrent_jobs=20)
     url = base_url(web)
     results: list[int] = []
-    text = "A sentence long enough to keep the single worker busy for a little while, " * 3
+    # Long enough that the worker's two children are still busy when the site is probed, even
+    # with Piper warm from earlier tests (three repeats were all done in time after the streaming tests).
+    text = "A sentence long enough to keep the single worker busy for a little while, " * 8
 
     def call() -> None:
         r = requests.post(

@@ -53,9 +53,8 @@ def test_an_async_stream_wakes_when_its_file_grows_and_knows_a_state_change(stac
         job_id = uuid.uuid4()
         wakeups = await AsyncWakeups(job_id).open()
         try:
-            assert wakeups.pubsub is not None
-            for _ in wakeups.channels:
-                await wakeups.pubsub.get_message(timeout=1)
+            # Both channels confirmed by Redis when open() returns: nothing to drain first.
+            assert wakeups.pubsub is not None and wakeups.row_check_seconds == SAFETY_SECONDS
             started = time.monotonic()
             _later(0.3, notify.stream_grew, job_id)
             await wakeups.wait()
@@ -83,3 +82,27 @@ def test_without_redis_a_stream_polls(
     assert time.monotonic() - started < 0.5
     wakeups.close()
     monkeypatch.setattr(stream_wakeups, "_client", None)  # not kept with the unreachable URL
+
+
+def test_async_streams_share_their_loops_one_redis_connection(stack: TestStack) -> None:
+    from webapp.speech import heartbeat
+
+    before = {c["id"] for c in heartbeat.client().client_list(_type="pubsub")}
+
+    async def scenario() -> tuple[int, list[bool]]:
+        job_ids = [uuid.uuid4() for _ in range(5)]
+        streams = [await AsyncWakeups(job_id).open() for job_id in job_ids]
+        try:
+            clients = [c for c in heartbeat.client().client_list(_type="pubsub") if c["id"] not in before]
+            _later(0.1, notify.stream_grew, job_ids[2])
+            await streams[2].wait()
+            _later(0.1, _state_changed, job_ids[3])
+            await streams[3].wait()
+            return len(clients), [s.take_row_changed() for s in streams]
+        finally:
+            for s in streams:
+                await s.close()
+
+    connections, row_changed = asyncio.run(scenario())
+    assert connections == 1  # five streams, ten channels, one connection (each opened its own before)
+    assert row_changed == [False, False, False, True, False]  # only the state change marks the row

@@ -46,10 +46,14 @@ class NotificationsLost(Exception):
     """The shared connection failed: what was published meanwhile may not have arrived."""
 
 
-class Subscription:
-    """One waiter's view of a channel: the messages published on it after ``subscribe``."""
+# What a listener's queue receives: (channel, message), or None once the connection is lost.
+Item = tuple[str, bytes] | None
 
-    def __init__(self, hub: Hub, channel: str, queue: asyncio.Queue[bytes | None]) -> None:
+
+class Subscription:
+    """One listener's view of a channel: the messages published on it after ``subscribe``."""
+
+    def __init__(self, hub: Hub, channel: str, queue: asyncio.Queue[Item]) -> None:
         self.hub = hub
         self.channel = channel
         self._queue = queue
@@ -66,7 +70,7 @@ class Subscription:
             return None
         if item is None:
             raise NotificationsLost("the notification connection was lost")
-        return item
+        return item[1]
 
     async def close(self) -> None:
         if not self._closed:
@@ -83,7 +87,7 @@ class Hub:
         self._conn: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
-        self._listeners: dict[str, set[asyncio.Queue[bytes | None]]] = {}
+        self._listeners: dict[str, set[asyncio.Queue[Item]]] = {}
         self._confirmed: dict[str, asyncio.Future[None]] = {}
         self._unanswered: dict[str, int] = {}  # SUBSCRIBEs sent and not yet confirmed, per channel
         self._down_until = 0.0  # loop time before which no connect is tried again
@@ -92,10 +96,14 @@ class Hub:
     def connected(self) -> bool:
         return self._conn is not None
 
-    async def subscribe(self, channel: str) -> Subscription:
+    async def subscribe(self, channel: str, queue: asyncio.Queue[Item] | None = None) -> Subscription:
         """Listen on ``channel``; returns once Redis has confirmed it. Raises RedisError or OSError
-        when Redis cannot be reached, NotificationsLost when the connection fails meanwhile."""
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        when Redis cannot be reached, NotificationsLost when the connection fails meanwhile.
+
+        ``queue``: where the messages go, shared by a listener of several channels (each item
+        says its channel); by default one of the subscription's own.
+        """
+        queue = asyncio.Queue() if queue is None else queue
         async with self._lock:
             conn = await self._connection()
             self._listeners.setdefault(channel, set()).add(queue)
@@ -120,7 +128,7 @@ class Hub:
             raise
         return subscription
 
-    async def leave(self, channel: str, queue: asyncio.Queue[bytes | None]) -> None:
+    async def leave(self, channel: str, queue: asyncio.Queue[Item]) -> None:
         async with self._lock:
             listeners = self._listeners.get(channel)
             if listeners is None or queue not in listeners:
@@ -181,7 +189,7 @@ class Hub:
         kind, channel = bytes(reply[0]), _text(reply[1])
         if kind == b"message":
             for queue in self._listeners.get(channel, ()):
-                queue.put_nowait(bytes(reply[2]))
+                queue.put_nowait((channel, bytes(reply[2])))
         elif kind == b"subscribe":
             left = self._unanswered.get(channel, 1) - 1
             if left > 0:
@@ -230,5 +238,5 @@ def hub() -> Hub:
     return found
 
 
-async def subscribe(channel: str) -> Subscription:
-    return await hub().subscribe(channel)
+async def subscribe(channel: str, queue: asyncio.Queue[Item] | None = None) -> Subscription:
+    return await hub().subscribe(channel, queue)

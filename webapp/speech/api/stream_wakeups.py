@@ -7,20 +7,24 @@ the end). So a message published between a read and the wait is not missed:
 it waits in the subscription. A stream then reads the file when told, and
 re-reads the row when the job's channel speaks (or at a slow safety interval,
 should a message be lost). Without Redis it falls back to looking at the file
-every ``POLL_SECONDS`` and the row every ``POLL_ROW_CHECK_SECONDS``.
+every ``POLL_SECONDS`` and the row every ``POLL_ROW_CHECK_SECONDS``. Under ASGI
+the subscriptions go through the event loop's one shared connection
+(``api.notifications``); under WSGI through a pooled sync client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
 
 import redis
-import redis.asyncio as aredis
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from webapp.speech.api import notifications
+from webapp.speech.api.notifications import Item, NotificationsLost, Subscription
 from webapp.speech.services.notify import channel, stream_channel
 
 log = logging.getLogger(__name__)
@@ -103,38 +107,44 @@ class SyncWakeups(Wakeups):
 
 
 class AsyncWakeups(Wakeups):
-    """For a stream iterated by the ASGI event loop (a client of its own, as the loop may change)."""
+    """For a stream iterated by the ASGI event loop: both channels on the loop's one shared Redis
+    connection (``api.notifications``), confirmed by Redis before ``open`` returns."""
+
+    def __init__(self, job_id: Any) -> None:
+        super().__init__(job_id)
+        self._subscriptions: list[Subscription] = []
 
     async def open(self) -> AsyncWakeups:
-        client = aredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        queue: asyncio.Queue[Item] = asyncio.Queue()  # both channels' messages, each with its channel
         try:
-            await pubsub.subscribe(*self.channels)
-            self.pubsub, self.client = pubsub, client
-        except (RedisError, OSError) as exc:
-            await pubsub.aclose()
-            await client.aclose()
+            for name in self.channels:
+                self._subscriptions.append(await notifications.subscribe(name, queue))
+            self.pubsub = queue
+        except (RedisError, OSError, NotificationsLost) as exc:
+            await self.close()
             self._lost(exc)
         return self
 
     async def wait(self) -> None:
-        import asyncio
-
         if self.pubsub is None:
             await asyncio.sleep(POLL_SECONDS)
             return
+        queue: asyncio.Queue[Item] = self.pubsub
         try:
-            self._note(await self.pubsub.get_message(timeout=SAFETY_SECONDS))
-            while (message := await self.pubsub.get_message(timeout=0)) is not None:
-                self._note(message)
-        except (RedisError, OSError) as exc:
-            await self.close()
-            self._lost(exc)
+            async with asyncio.timeout(SAFETY_SECONDS):
+                items = [await queue.get()]
+        except TimeoutError:
+            return
+        while not queue.empty():  # whatever else is already there
+            items.append(queue.get_nowait())
+        for item in items:
+            if item is None:
+                await self.close()
+                self._lost(NotificationsLost("the notification connection was lost"))
+                return
+            self.row_changed = self.row_changed or item[0] == self.job_channel
 
     async def close(self) -> None:
-        if self.pubsub is not None:
-            try:
-                await self.pubsub.aclose()
-                await self.client.aclose()
-            except (RedisError, OSError):
-                pass
+        subscriptions, self._subscriptions = self._subscriptions, []
+        for subscription in subscriptions:
+            await subscription.close()
