@@ -92,10 +92,6 @@ class Hub:
         self._unanswered: dict[str, int] = {}  # SUBSCRIBEs sent and not yet confirmed, per channel
         self._down_until = 0.0  # loop time before which no connect is tried again
 
-    @property
-    def connected(self) -> bool:
-        return self._conn is not None
-
     async def subscribe(self, channel: str, queue: asyncio.Queue[Item] | None = None) -> Subscription:
         """Listen on ``channel``; returns once Redis has confirmed it. Raises RedisError or OSError
         when Redis cannot be reached, NotificationsLost when the connection fails meanwhile.
