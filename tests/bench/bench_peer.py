@@ -210,8 +210,9 @@ def rss_lines(groups: dict[str, list[Any]]) -> list[str]:
 # ----------------------------------------------------------------------------- the systems
 
 
-def raw_engine(synth: Any, requests_total: int) -> Result:
-    """``synth``: a loaded and warmed ``synth.Synthesizer`` (the same one every round)."""
+def raw_engine(synth: Any, requests_total: int, offset: int = 0) -> Result:
+    """``synth``: a loaded and warmed ``synth.Synthesizer`` (the same one every round);
+    ``offset``: the first of the texts, taken in turn."""
     from synth import SynthesisRequest
 
     result = Result("raw engine", 1, 0.0, 0.0)
@@ -219,7 +220,8 @@ def raw_engine(synth: Any, requests_total: int) -> Result:
         started = time.monotonic()
         for i in range(requests_total):
             t0 = time.monotonic()
-            r = synth.synthesize(SynthesisRequest(text=TEXTS[i % len(TEXTS)], voice=VOICE), f"{tmp}/{i}.wav")
+            text = TEXTS[(offset + i) % len(TEXTS)]
+            r = synth.synthesize(SynthesisRequest(text=text, voice=VOICE), f"{tmp}/{i}.wav")
             result.latencies.append(time.monotonic() - t0)
             result.ttfb.append(result.latencies[-1])
             result.audio_seconds += r.duration_seconds
@@ -227,10 +229,11 @@ def raw_engine(synth: Any, requests_total: int) -> Result:
     return result
 
 
-def load_raw_engine() -> Any:
+def load_raw_engine(threads: int | None = None) -> Any:
+    """The engine, loaded and warmed; ``threads``: inference threads (None: onnxruntime's default)."""
     from synth import Synthesizer
 
-    synth = Synthesizer(engines=["piper"])
+    synth = Synthesizer(engines=["piper"], threads=threads)
     synth.load([VOICE])
     synth.warm_up()
     return synth

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -25,27 +24,17 @@ EXIT_TIMEOUT = 30
 
 
 def child(threads: int, requests_total: int, offset: int) -> None:
-    from synth import SynthesisRequest, Synthesizer
-    from tests.bench.bench_peer import TEXTS, VOICE
+    from tests.bench.bench_peer import TEXTS, load_raw_engine, raw_engine
 
-    synth = Synthesizer(engines=["piper"], threads=threads)
-    synth.load([VOICE])
-    synth.warm_up()
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, text in enumerate(TEXTS):  # the same warm-up for every process
-            synth.synthesize(SynthesisRequest(text=text, voice=VOICE), f"{tmp}/warm{i}.wav")
-        print("ready", flush=True)
-        sys.stdin.readline()
-        latencies, audio = [], 0.0
-        cpu = time.process_time()
-        for i in range(requests_total):
-            t0 = time.monotonic()
-            text = TEXTS[(offset + i) % len(TEXTS)]
-            r = synth.synthesize(SynthesisRequest(text=text, voice=VOICE), f"{tmp}/{i}.wav")
-            latencies.append(time.monotonic() - t0)
-            audio += r.duration_seconds
-        cpu = time.process_time() - cpu
-    print(json.dumps({"latencies": latencies, "audio_seconds": audio, "cpu_seconds": cpu}), flush=True)
+    synth = load_raw_engine(threads)
+    raw_engine(synth, len(TEXTS))  # the same warm-up for every process
+    print("ready", flush=True)
+    sys.stdin.readline()
+    cpu = time.process_time()
+    result = raw_engine(synth, requests_total, offset)
+    cpu = time.process_time() - cpu
+    figures = {"latencies": result.latencies, "audio_seconds": result.audio_seconds, "cpu_seconds": cpu}
+    print(json.dumps(figures), flush=True)
 
 
 def run_layout(processes: int, threads: int, requests_total: int) -> tuple[Result, float]:
