@@ -105,6 +105,7 @@ def test_eta_shares_the_jobs_ahead_among_children(make_tenant: Any) -> None:
 
 def test_api_eta_uses_live_heartbeats(make_tenant: Any, stack: Any) -> None:
     from webapp.speech import heartbeat
+    from webapp.speech.services import eta
 
     t: Tenant = make_tenant()
     t0 = timezone.now() - dt.timedelta(minutes=5)
@@ -114,6 +115,7 @@ def test_api_eta_uses_live_heartbeats(make_tenant: Any, stack: Any) -> None:
     mine = _job(t.org, "queued", 500, t0 + dt.timedelta(seconds=3))
 
     def get_eta() -> float:
+        eta.forget_bases()  # what a process sees after its saved basis has aged (a second)
         body = t.client.get(f"/api/v1/speech/{mine.id}").json()
         assert body["queue_position"] == 1
         return float(body["eta_seconds"])
@@ -133,3 +135,32 @@ def test_api_eta_uses_live_heartbeats(make_tenant: Any, stack: Any) -> None:
     finally:
         for worker_id in ids:
             heartbeat.remove(worker_id)
+
+
+def test_a_process_reads_an_engines_basis_at_most_once_a_second(
+    make_tenant: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from webapp.speech.services import eta
+
+    org = make_tenant().org
+    t0 = timezone.now() - dt.timedelta(minutes=5)
+    _done(org, 1000, 4000, "cpu", t0)
+    eta.forget_bases()
+    clock = [1000.0]
+    monkeypatch.setattr(eta.time, "monotonic", lambda: clock[0])
+    first = eta.eta_basis(ENGINE)
+    assert first.seconds_per_char == pytest.approx(0.004)
+    _done(org, 1000, 1000, "cpu", t0 + dt.timedelta(seconds=1))  # the mean becomes 0.0025
+    clock[0] += eta.BASIS_MAX_AGE_SECONDS - 0.01
+    with CaptureQueriesContext(connection) as queries:
+        assert eta.eta_basis(ENGINE) is first  # within the second: no query
+    assert len(queries) == 0
+    clock[0] += 0.02
+    assert eta.eta_basis(ENGINE).seconds_per_char == pytest.approx(0.0025)  # aged: read again
+    queued = _job(org, "queued", 100, t0 + dt.timedelta(seconds=2))
+    with CaptureQueriesContext(connection) as queries:
+        assert eta.estimate(queued) == (pytest.approx(0.2), 0)  # position and ETA in one query
+    assert len(queries) == 1

@@ -36,7 +36,7 @@ def no_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Injected fault: no message reaches a worker; the test plays the worker itself."""
     from webapp.speech.services import dispatch
 
-    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id: False)
+    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
 
 
 @pytest.fixture

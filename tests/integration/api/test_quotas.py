@@ -24,7 +24,7 @@ def no_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     """
     from webapp.speech.services import dispatch
 
-    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id: False)
+    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
 
 
 def _parallel_submits(raw_key: str, n: int, text: str) -> list[Any]:

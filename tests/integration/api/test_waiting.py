@@ -22,7 +22,7 @@ def no_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Injected fault: no message reaches a worker, so the jobs stay queued until the test moves them."""
     from webapp.speech.services import dispatch
 
-    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id: False)
+    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
 
 
 @pytest.fixture

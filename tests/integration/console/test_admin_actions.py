@@ -67,7 +67,7 @@ def _failed_job(tenant: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     from webapp.speech.services import attempts, dispatch
 
     with monkeypatch.context() as patch:
-        patch.setattr(dispatch, "dispatch_job", lambda job_id: False)
+        patch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
         body = tenant.client.post("/api/v1/speech", {"text": "Hello from a job that failed once."}).json()
     assert attempts.fail_job(body["id"], "synthesis_failed", "injected failure")
     return SynthesisJob.objects.get(id=body["id"])

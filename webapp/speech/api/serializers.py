@@ -23,7 +23,7 @@ from webapp.api_fields import StrictCharField, StrictIntegerField, StrictNumberF
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.api.voice_fields import uploaded_voice_fields
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.services.eta import EtaBasis, estimate_eta, eta_basis, queue_position
+from webapp.speech.services.eta import EtaBasis, estimate, eta_basis
 from webapp.speech.services.jobs import JobRequest
 from webapp.speech.services.queries import visible_voices
 from webapp.tenants.models import Organization
@@ -268,8 +268,7 @@ class JobSerializer(serializers.Serializer):
         if not job.is_finished:
             if job.engine not in bases:
                 bases[job.engine] = eta_basis(job.engine)
-            eta = estimate_eta(job, bases[job.engine])
-            position = queue_position(job)
+            eta, position = estimate(job, bases[job.engine])
         audio_url = None
         if job.status == SynthesisJob.Status.SUCCEEDED and job.audio_path:
             path = reverse("api-speech-audio", args=[job.id])

@@ -81,6 +81,8 @@ class PendingWait:
     job_id: Any
     seconds: float
     done: Callable[[JobState], bool]
+    # The view ran inside a transaction (a test's): the wait reads the row on that connection.
+    in_transaction: bool = False
 
 
 def _django_request(request: Any) -> HttpRequest:
@@ -95,7 +97,8 @@ def reserve_wait(request: Any, organization: Organization, seconds: float) -> No
 
 def request_to_wait(request: Any, job_id: Any, seconds: float, done: Callable[[JobState], bool]) -> None:
     """Ask the async view around a sync DRF view to wait for the job before answering."""
-    setattr(_django_request(request), WAIT_ATTRIBUTE, PendingWait(job_id, seconds, done))
+    pending = PendingWait(job_id, seconds, done, connection.in_atomic_block)
+    setattr(_django_request(request), WAIT_ATTRIBUTE, pending)
 
 
 _slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = (
@@ -181,7 +184,7 @@ def then_wait(view: Callable[..., HttpResponseBase], answer: Answer) -> Callable
             if pending is None or first.status_code >= 300:
                 return first
             gate.release(request)  # a waiting request holds none of its key's turns
-            state = await await_job(pending.job_id, pending.seconds, pending.done)
+            state = await await_job(pending.job_id, pending.seconds, pending.done, pending.in_transaction)
             return await _answer(answer, request, pending.job_id, state, first)
         finally:
             slot = getattr(request, SLOT_ATTRIBUTE, None)
@@ -231,16 +234,24 @@ async def _subscribe(job_id: Any) -> Subscription | None:
         return None
 
 
-async def await_job(job_id: Any, seconds: float, done: Callable[[JobState], bool]) -> JobState | None:
+async def await_job(
+    job_id: Any, seconds: float, done: Callable[[JobState], bool], in_transaction: bool | None = None
+) -> JobState | None:
     """Wait until ``done((status, progress))`` holds, the job is gone, or ``seconds`` have passed;
     return the job's last known state (None: gone).
+
+    ``in_transaction``: whether the caller's connection is inside a transaction
+    (a test's), as the sync view saw it; None: ask the connection (one more hop
+    to the request's thread).
 
     The row is read once after subscribing; after that each notification says
     the job's new state itself, so the row is read again only for one that
     does not (or once a second while Redis is away). The caller reads the
     final state for its answer.
     """
-    share_connection = await sync_to_async(lambda: connection.in_atomic_block)()
+    share_connection = in_transaction
+    if share_connection is None:
+        share_connection = await sync_to_async(lambda: connection.in_atomic_block)()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     subscription = await _subscribe(job_id)

@@ -57,7 +57,7 @@ def celery_time_limit() -> int:
     return int(settings.TTS_MAX_JOB_SECONDS + 2 * settings.TTS_JOB_HARD_GRACE_SECONDS)
 
 
-def _send(job_id: Any) -> bool:
+def _send(job_id: Any, engine: str | None = None, text_chars: int | None = None) -> bool:
     from webapp.speech.tasks import synthesize_job  # tasks import the services
 
     # Sent whatever the job's status now: a message is a wake-up for the engine's queue,
@@ -65,17 +65,19 @@ def _send(job_id: Any) -> bool:
     # already have claimed this one while its own job waits; skipping this message
     # would leave that job with none until the lost-delivery sweep (minutes). A
     # message that finds nothing to claim costs the worker one query.
-    job = SynthesisJob.objects.filter(id=job_id).only("id", "engine", "text_chars").first()
-    if job is None:
-        return False
+    if engine is None or text_chars is None:
+        row = SynthesisJob.objects.filter(id=job_id).values_list("engine", "text_chars").first()
+        if row is None:
+            return False
+        engine, text_chars = row
     # This job's limits travel with its message (the worker applies them when it claims
     # this job); Celery's own limit is one ceiling for all.
-    soft, hard = job_time_limits(job.text_chars)
+    soft, hard = job_time_limits(text_chars)
     try:
         synthesize_job.apply_async(
-            args=(str(job.id),),
+            args=(str(job_id),),
             kwargs={"limits": [soft, hard]},
-            queue=queue_for_engine(job.engine),
+            queue=queue_for_engine(engine),
             time_limit=celery_time_limit(),
             retry=True,
             retry_policy={"max_retries": 1, "interval_start": 0.2, "interval_step": 0.2},
@@ -87,13 +89,15 @@ def _send(job_id: Any) -> bool:
     return True
 
 
-def dispatch_job(job_id: Any) -> bool:
+def dispatch_job(job_id: Any, engine: str | None = None, text_chars: int | None = None) -> bool:
     """Send the job's message to its engine queue and mark it dispatched (run after commit).
 
+    ``engine`` and ``text_chars``: the job's own, when the caller has them (the
+    submit that just created it), which spares reading the row again.
     A failure to reach the broker is logged, not raised: the job stays
     undispatched and beat sends it again.
     """
-    return _send(job_id)
+    return _send(job_id, engine, text_chars)
 
 
 def redispatch_undispatched(older_than_seconds: int | None = None, limit: int = 500) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,12 @@ DEFAULT_SECONDS_PER_CHAR = 0.01
 ETA_SAMPLE_JOBS = 20
 # Recent successes one ETA reads (one query): room for ETA_SAMPLE_JOBS on a few devices.
 ETA_SCAN_JOBS = 100
+# How long a process reuses an engine's basis. Reading it (the last ETA_SCAN_JOBS
+# successes and the heartbeats) cost 1.3 ms of CPU, and every job answer and
+# long-poll wake-up needed it: 200 long-polls woken within a second read it once
+# per job and process. A figure that rests on the last hundred jobs does not
+# change within a second.
+BASIS_MAX_AGE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -94,8 +101,18 @@ def rolling_seconds_per_char(engine: str) -> tuple[dict[str, float], float | Non
     return by_device, overall
 
 
+_bases: dict[str, tuple[float, EtaBasis]] = {}  # engine -> (monotonic time read, basis)
+
+
+def forget_bases() -> None:
+    """Drop this process's saved bases (the next ETA reads its engine's afresh)."""
+    _bases.clear()
+
+
 def eta_basis(engine: str, workers: list[dict[str, Any]] | None = None) -> EtaBasis:
-    """Seconds per character and children for the ETAs of ``engine`` (one query, one Redis read).
+    """Seconds per character and children for the ETAs of ``engine``: read at most once per
+    ``BASIS_MAX_AGE_SECONDS`` per process (a read is one query and one Redis read); given
+    ``workers``, computed from them now.
 
     With n_d live children on device d, each at s_d seconds per character
     (its rolling mean; the engine's all-device mean where the device has no
@@ -105,6 +122,18 @@ def eta_basis(engine: str, workers: list[dict[str, Any]] | None = None) -> EtaBa
                                            sum(n_d / s_d) characters per second)
     No live child: N = 1 and s = the engine's all-device mean.
     """
+    if workers is None:
+        saved = _bases.get(engine)
+        now = time.monotonic()
+        if saved is not None and now - saved[0] < BASIS_MAX_AGE_SECONDS:
+            return saved[1]
+        basis = _read_basis(engine, None)
+        _bases[engine] = (now, basis)
+        return basis
+    return _read_basis(engine, workers)
+
+
+def _read_basis(engine: str, workers: list[dict[str, Any]] | None) -> EtaBasis:
     devices = serving_children(engine, workers)
     by_device, overall = rolling_seconds_per_char(engine)
     fallback = overall if overall is not None else DEFAULT_SECONDS_PER_CHAR
@@ -117,15 +146,19 @@ def eta_basis(engine: str, workers: list[dict[str, Any]] | None = None) -> EtaBa
 
 def queue_position(job: SynthesisJob) -> int | None:
     """Queued jobs of the same engine (any tenant) created before this one; 0 = next."""
-    if job.status != Status.QUEUED:
-        return None
-    return SynthesisJob.objects.filter(
-        engine=job.engine, status=Status.QUEUED, created_at__lt=job.created_at
-    ).count()
+    return estimate(job, DEFAULT_SECONDS_PER_CHAR)[1]  # any basis: the position does not depend on it
 
 
 def estimate_eta(job: SynthesisJob, basis: EtaBasis | float | None = None) -> float | None:
-    """Seconds until the job is likely done; None once finished.
+    """Seconds until the job is likely done; None once finished (``estimate`` says how)."""
+    return estimate(job, basis)[0]
+
+
+def estimate(job: SynthesisJob, basis: EtaBasis | float | None = None) -> tuple[float | None, int | None]:
+    """(ETA in seconds, queue position) of a job: (None, None) once finished; no position once running.
+
+    The queue position is the number of queued jobs of the same engine (any
+    tenant) created before this one; 0 = next.
 
     With s and N from ``eta_basis(engine)``:
       running: eta = s * text_chars * (1 - progress)
@@ -138,17 +171,17 @@ def estimate_eta(job: SynthesisJob, basis: EtaBasis | float | None = None) -> fl
     seconds-per-character figure with one child.
     """
     if job.is_finished:
-        return None
+        return None, None
     if basis is None:
         basis = eta_basis(job.engine)
     elif not isinstance(basis, EtaBasis):
         basis = EtaBasis(float(basis), 1, {})
     spc = basis.seconds_per_char
     if job.status == Status.RUNNING:
-        return round(spc * job.text_chars * (1.0 - job.progress), 1)
+        return round(spc * job.text_chars * (1.0 - job.progress), 1), None
     queued_ahead = Q(status=Status.QUEUED, created_at__lt=job.created_at)
     running = Q(status=Status.RUNNING)
-    # One query for both: the ETA is computed on every job GET.
+    # One query for the position and both parts of the wait: it runs on every GET of a queued job.
     ahead = SynthesisJob.objects.filter(
         engine=job.engine, status__in=(Status.QUEUED, Status.RUNNING)
     ).aggregate(
@@ -160,4 +193,4 @@ def estimate_eta(job: SynthesisJob, basis: EtaBasis | float | None = None) -> fl
     jobs_ahead = ahead["queued_n"] + ahead["running_n"]
     work = float(ahead["queued_chars"] or 0) + float(ahead["running_chars"] or 0)
     wait = 0.0 if jobs_ahead < basis.children else spc * work / basis.children
-    return round(wait + spc * job.text_chars, 1)
+    return round(wait + spc * job.text_chars, 1), int(ahead["queued_n"])

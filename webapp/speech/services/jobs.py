@@ -239,8 +239,8 @@ def submit_job(
         ledger.reserve_usage(job, period)
         if idempotency_key is not None:
             IdempotencyKey.objects.filter(organization=org, key=idempotency_key).update(job=job)
-        job_id = job.id
-        transaction.on_commit(lambda: dispatch.dispatch_job(job_id))
+        job_id, engine, chars = job.id, job.engine, job.text_chars
+        transaction.on_commit(lambda: dispatch.dispatch_job(job_id, engine, chars))
     return job, True
 
 
