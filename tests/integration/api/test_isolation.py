@@ -70,3 +70,21 @@ def test_other_tenants_voice_is_404_everywhere(two_tenants: Any) -> None:
     builtin = a.client.delete("/api/v1/voices/en_US-joe-medium")
     assert builtin.status_code == 403 and problem(builtin)["code"] == "builtin_voice"
     assert Voice.objects.filter(voice_id="en_US-joe-medium").exists()
+
+
+def test_a_submit_finds_only_voices_the_tenant_may_use(two_tenants: Any) -> None:
+    from webapp.speech.models import Voice
+    from webapp.speech.services.queries import visible_voice, visible_voices
+
+    a, b, _, voice_id = two_tenants
+    assert visible_voice(a.org, voice_id) is not None  # its own, ready
+    assert visible_voice(b.org, voice_id) is None  # another tenant's
+    assert visible_voice(b.org, "en_US-joe-medium") is not None  # built-in
+    assert visible_voice(a.org, "no-such-voice") is None
+    Voice.objects.filter(voice_id=voice_id).update(status=Voice.Status.PROCESSING)
+    assert visible_voice(a.org, voice_id) is None  # not ready yet
+    # The same rule as the listing, for every voice either tenant could name.
+    for tenant in (a, b):
+        for voice in Voice.objects.all():
+            listed = visible_voices(tenant.org).filter(pk=voice.pk).exists()
+            assert (visible_voice(tenant.org, voice.voice_id) is not None) == listed, voice.voice_id

@@ -25,7 +25,7 @@ from webapp.speech.api.voice_fields import uploaded_voice_fields
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services.eta import EtaBasis, estimate, eta_basis
 from webapp.speech.services.jobs import JobRequest
-from webapp.speech.services.queries import visible_voices
+from webapp.speech.services.queries import visible_voice
 from webapp.tenants.models import Organization
 
 FORMATS = ("wav", "flac", "ogg", "mp3", "pcm", "aac")
@@ -87,7 +87,7 @@ def _bad(code: str, field: str, detail: str, **extra: Any) -> DomainError:
 
 
 def find_voice(organization: Organization, voice_id: str) -> Voice | None:
-    return visible_voices(organization).filter(voice_id=voice_id).first()
+    return visible_voice(organization, voice_id)
 
 
 def build_job_request(organization: Organization, data: dict[str, Any], source: str = "api") -> JobRequest:
