@@ -216,7 +216,7 @@ def test_a_job_that_finishes_after_its_caller_gave_up_ends_canceled_and_uncharge
 
 
 @pytest.mark.usefixtures("synth_worker", "builtin_voices", "no_dispatch")
-def test_a_finishing_job_is_published_and_charged_in_eight_statements(
+def test_a_finishing_job_is_published_and_charged_in_five_statements(
     make_tenant: Any, django_assert_max_num_queries: Any
 ) -> None:
     """The worker's last step sits between the synthesis and the client's answer: it is kept short."""
@@ -228,10 +228,10 @@ def test_a_finishing_job_is_published_and_charged_in_eight_statements(
     claimed = attempts.claim_job(job_id, "w1")
     assert claimed is not None
     done = {"audio_bytes": 100, "duration_seconds": 1.0, "metrics": {}, "applied_instructions": {}}
-    # Lock and update the job (expiry included), read its ledger, lock the tenant, insert the
-    # charge (in a savepoint), update the usage row; the test's transaction makes the outer
-    # block a savepoint too (two statements more). It took 14 (+2) before.
-    with django_assert_max_num_queries(8 + 2):
+    # Lock and update the job (expiry included) in one statement, read its ledger, lock the
+    # tenant, insert the charge unless one exists, update the usage row; the test's transaction
+    # makes the outer block a savepoint (two statements more). It took 14 (+2), then 8 (+2).
+    with django_assert_max_num_queries(5 + 2):
         assert attempts.complete_job(job_id, claimed.claim_token, audio_path="a.wav", **done) is True
     job = SynthesisJob.objects.get(id=job_id)
     assert job.status == "succeeded" and job.finished_at is not None
@@ -293,3 +293,35 @@ def test_a_submits_limits_read_the_tenants_live_jobs_not_its_history(make_tenant
     assert (
         problem(blocked)["code"] == "storage_limit" and "10,000 of 10,000 bytes" in problem(blocked)["detail"]
     )
+
+
+@pytest.mark.usefixtures("synth_worker", "builtin_voices", "no_dispatch")
+def test_a_settled_job_is_never_settled_again(make_tenant: Any) -> None:
+    from django.db import transaction
+
+    from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
+    from webapp.speech.services import attempts, ledger
+
+    t = make_tenant()
+    job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
+    claimed = attempts.claim_job(job_id, "w1")
+    assert claimed is not None
+    done = {
+        "audio_bytes": 100,
+        "duration_seconds": 1.0,
+        "metrics": {"synth_ms": 5},
+        "applied_instructions": {},
+    }
+    assert attempts.complete_job(job_id, claimed.claim_token, audio_path="a.wav", **done) is True
+    job = SynthesisJob.objects.get(id=job_id)
+    assert job.metrics == {"synth_ms": 5} and job.audio_path == "a.wav" and job.progress == 1.0
+    for settle in (ledger.charge_usage, ledger.release_usage, lambda j: ledger.charge_part(j, 3)):
+        with transaction.atomic():
+            assert settle(job) is False
+    kinds = sorted(UsageEvent.objects.filter(job_key=job_id).values_list("kind", "characters"))
+    assert kinds == [("charge", 10), ("reserve", 10)]
+    row = UsagePeriod.objects.get(organization=t.org)
+    assert (row.characters_reserved, row.characters_used) == (0, 10)
+    # The same attempt finishing again (a retried commit) changes nothing either.
+    assert attempts.complete_job(job_id, claimed.claim_token, audio_path="b.wav", **done) is False
+    assert SynthesisJob.objects.get(id=job_id).audio_path == "a.wav"

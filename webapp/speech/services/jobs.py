@@ -9,7 +9,10 @@ says so, so redeliveries and races are harmless.
 Public functions are actions: each opens the outermost transaction
 (``durable=True``) and never calls another action. The worker side (claims,
 fenced progress and results, the reaper, lost deliveries) is in
-:mod:`webapp.speech.services.attempts`, built on the same transitions.
+:mod:`webapp.speech.services.attempts`, built on the same transitions, except
+the three writes every job makes (its claim, its progress and its completion),
+which are one ``UPDATE ... RETURNING`` each there, with the same rule: the row
+changes only if it is still in a state the write allows.
 """
 
 from __future__ import annotations
