@@ -47,11 +47,11 @@ def tenant(live_tenant: Any, no_dispatch: None) -> Tenant:
     return t
 
 
-def _wait(job_id: Any, seconds: float, woke: dict[Any, float]) -> Any:
+def _wait(job_id: Any, seconds: float, woke: dict[Any, float], in_transaction: bool) -> Any:
     from webapp.speech.api.waiting import await_job
 
     async def one() -> None:
-        await await_job(job_id, seconds, lambda state: state[0] != "queued")
+        await await_job(job_id, seconds, lambda state: state[0] != "queued", in_transaction)
         woke[job_id] = time.monotonic()
 
     return one()
@@ -59,9 +59,10 @@ def _wait(job_id: Any, seconds: float, woke: dict[Any, float]) -> Any:
 
 def _wait_all(job_ids: list[Any], seconds: float) -> dict[Any, float]:
     woke: dict[Any, float] = {}
+    in_transaction = connection.in_atomic_block  # as a view would see it, before the wait
 
     async def all_of_them() -> None:
-        await asyncio.gather(*(_wait(j, seconds, woke) for j in job_ids))
+        await asyncio.gather(*(_wait(j, seconds, woke, in_transaction) for j in job_ids))
 
     try:
         asyncio.run(all_of_them())
@@ -379,11 +380,12 @@ def test_the_waiters_of_a_process_share_one_redis_connection(tenant: Tenant) -> 
     job_ids = [submit_espeak(tenant.org).id for _ in range(10)]
     before = {c["id"] for c in _pubsub_clients()}
     seen: dict[str, Any] = {}
+    in_transaction = connection.in_atomic_block
 
     async def scenario() -> dict[Any, float]:
         woke: dict[Any, float] = {}
         # Two waiters per job, as a web process holds long-polls of several clients on one job.
-        waiters = [asyncio.create_task(_wait(j, 10, woke)) for j in job_ids * 2]
+        waiters = [asyncio.create_task(_wait(j, 10, woke, in_transaction)) for j in job_ids * 2]
         while _subscribers(channel(job_ids[-1])) < 1:
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.1)  # every waiter subscribed (or failed to)
@@ -435,10 +437,11 @@ def test_when_the_shared_connection_drops_waiters_read_their_rows_and_the_next_r
 
     job_ids = [submit_espeak(tenant.org).id for _ in range(3)]
     seen: dict[str, Any] = {}
+    in_transaction = connection.in_atomic_block
 
     async def scenario() -> dict[Any, float]:
         woke: dict[Any, float] = {}
-        waiters = [asyncio.create_task(_wait(j, 10, woke)) for j in job_ids]
+        waiters = [asyncio.create_task(_wait(j, 10, woke, in_transaction)) for j in job_ids]
         while _subscribers(channel(job_ids[-1])) < 1:
             await asyncio.sleep(0.02)
         # Injected fault: the shared connection is killed while every waiter is subscribed on it.

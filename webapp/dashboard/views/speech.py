@@ -76,12 +76,13 @@ def job_json(job: SynthesisJob) -> dict[str, Any]:
     """What the page's script needs of a job; audio URLs are the dashboard's own (session, not key)."""
     done = job.status == SynthesisJob.Status.SUCCEEDED and bool(job.audio_path)
     audio = reverse("dashboard:job-audio", args=[job.id])
+    eta_seconds, position = eta.estimate(job)
     return {
         "id": str(job.id),
         "status": job.status,
         "progress": round(float(job.progress), 4),
-        "queue_position": None if job.is_finished else eta.queue_position(job),
-        "eta_seconds": None if job.is_finished else eta.estimate_eta(job),
+        "queue_position": position,
+        "eta_seconds": eta_seconds,
         "duration_seconds": job.duration_seconds,
         "audio_url": audio if done else None,
         "download_url": f"{audio}?download=1" if done else None,

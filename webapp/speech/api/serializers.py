@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings
 from django.core.validators import ProhibitNullCharactersValidator
@@ -23,7 +23,7 @@ from webapp.api_fields import StrictCharField, StrictIntegerField, StrictNumberF
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.api.voice_fields import uploaded_voice_fields
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.services.eta import EtaBasis, estimate, eta_basis
+from webapp.speech.services.eta import estimate
 from webapp.speech.services.jobs import JobRequest
 from webapp.speech.services.queries import visible_voice
 from webapp.tenants.models import Organization
@@ -86,16 +86,12 @@ def _bad(code: str, field: str, detail: str, **extra: Any) -> DomainError:
     return DomainError(ErrorCode(code), detail, field=field, extra=extra or None)
 
 
-def find_voice(organization: Organization, voice_id: str) -> Voice | None:
-    return visible_voice(organization, voice_id)
-
-
 def build_job_request(organization: Organization, data: dict[str, Any], source: str = "api") -> JobRequest:
     """Check a validated request against its voice's capabilities and the text rules."""
     from synth.text import billable_characters
 
     voice_id = data.get("voice") or settings.TTS_DEFAULT_VOICE
-    voice = find_voice(organization, voice_id)
+    voice = visible_voice(organization, voice_id)
     if voice is None:
         raise _bad(
             "unknown_voice", "voice", f"There is no voice {voice_id!r}; GET /api/v1/voices lists them."
@@ -260,15 +256,8 @@ class JobSerializer(serializers.Serializer):
     def to_representation(self, instance: Any) -> dict[str, Any]:
         job: SynthesisJob = instance
         request = self.context.get("request")
-        # Shared by every job of one response, so the rolling mean and the
-        # heartbeats are read once per engine.
-        bases: dict[str, EtaBasis] = cast(dict[str, Any], self.context).setdefault("eta_bases", {})
-        eta = None
-        position = None
-        if not job.is_finished:
-            if job.engine not in bases:
-                bases[job.engine] = eta_basis(job.engine)
-            eta, position = estimate(job, bases[job.engine])
+        # The engine's basis (rolling mean, heartbeats) is read once a second per process.
+        eta, position = estimate(job)
         audio_url = None
         if job.status == SynthesisJob.Status.SUCCEEDED and job.audio_path:
             path = reverse("api-speech-audio", args=[job.id])

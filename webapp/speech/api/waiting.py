@@ -235,35 +235,31 @@ async def _subscribe(job_id: Any) -> Subscription | None:
 
 
 async def await_job(
-    job_id: Any, seconds: float, done: Callable[[JobState], bool], in_transaction: bool | None = None
+    job_id: Any, seconds: float, done: Callable[[JobState], bool], in_transaction: bool
 ) -> JobState | None:
     """Wait until ``done((status, progress))`` holds, the job is gone, or ``seconds`` have passed;
     return the job's last known state (None: gone).
 
     ``in_transaction``: whether the caller's connection is inside a transaction
-    (a test's), as the sync view saw it; None: ask the connection (one more hop
-    to the request's thread).
+    (a test's), as the sync view saw it: the row is then read on that connection.
 
     The row is read once after subscribing; after that each notification says
     the job's new state itself, so the row is read again only for one that
     does not (or once a second while Redis is away). The caller reads the
     final state for its answer.
     """
-    share_connection = in_transaction
-    if share_connection is None:
-        share_connection = await sync_to_async(lambda: connection.in_atomic_block)()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     subscription = await _subscribe(job_id)
     try:
-        state = await _read(job_id, share_connection)
+        state = await _read(job_id, in_transaction)
         while state is not None and not done(state):
             left = deadline - loop.time()
             if left <= 0:
                 return state
             if subscription is None:
                 await asyncio.sleep(min(FALLBACK_POLL_SECONDS, left))
-                state = await _read(job_id, share_connection)
+                state = await _read(job_id, in_transaction)
                 continue
             try:
                 message = await subscription.get(timeout=left)
@@ -271,10 +267,10 @@ async def await_job(
                 log.warning("notifications lost while waiting (polling once a second): %s", exc)
                 await subscription.close()
                 subscription = None
-                state = await _read(job_id, share_connection)  # the change it missed may be the last
+                state = await _read(job_id, in_transaction)  # the change it missed may be the last
                 continue
             if message is not None:  # None: the deadline
-                state = parse_state(message) or await _read(job_id, share_connection)
+                state = parse_state(message) or await _read(job_id, in_transaction)
         return state
     finally:
         if subscription is not None:

@@ -271,7 +271,7 @@ _COMPLETE = f"""
             SELECT p.retention_days FROM {Organization._meta.db_table} o
             JOIN {Plan._meta.db_table} p ON p.id = o.plan_id WHERE o.id = {TABLE}.organization_id))
     WHERE id = %(id)s AND status = 'running' AND claim_token = %(token)s AND NOT cancel_requested
-    RETURNING id, organization_id, text_chars"""
+    RETURNING id, organization_id"""
 
 
 def fail_job(job_id: Any, code: str, message: str, token: int | None = None) -> bool:

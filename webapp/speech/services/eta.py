@@ -144,11 +144,6 @@ def _read_basis(engine: str, workers: list[dict[str, Any]] | None) -> EtaBasis:
     return EtaBasis(children / chars_per_second, children, devices)
 
 
-def queue_position(job: SynthesisJob) -> int | None:
-    """Queued jobs of the same engine (any tenant) created before this one; 0 = next."""
-    return estimate(job, DEFAULT_SECONDS_PER_CHAR)[1]  # any basis: the position does not depend on it
-
-
 def estimate_eta(job: SynthesisJob, basis: EtaBasis | float | None = None) -> float | None:
     """Seconds until the job is likely done; None once finished (``estimate`` says how)."""
     return estimate(job, basis)[0]
