@@ -53,6 +53,32 @@ def test_missing_unknown_revoked_and_expired_keys_are_401(make_tenant: Any) -> N
     assert ApiClient(expired).get("/api/v1/voices").status_code == 401
 
 
+def test_a_key_is_found_with_its_tenant_plan_and_role_in_one_query(
+    make_tenant: Any, django_user_model: Any, django_assert_num_queries: Any
+) -> None:
+    from webapp.tenants.models import ApiKey, Membership
+    from webapp.tenants.services import OPERATOR, create_api_key, find_api_key
+
+    t = make_tenant()
+    member = django_user_model.objects.create_user("keyholder", password="pw-keyholder-1")
+    Membership.objects.create(user=member, organization=t.org, role="member")
+    key, raw = create_api_key(t.org, "mine", created_by=OPERATOR, user=member, scopes=["speech:read"])
+    with django_assert_num_queries(1):
+        found = find_api_key(raw)
+    assert found is not None
+    orm = ApiKey.objects.select_related("organization__plan").get(pk=key.pk)
+    with django_assert_num_queries(0):  # everything the request reads of the key came with it
+        assert [getattr(found, f.attname) for f in ApiKey._meta.concrete_fields] == [
+            getattr(orm, f.attname) for f in ApiKey._meta.concrete_fields
+        ]
+        assert found.scopes == ["speech:read"]  # the JSON column as Python values, not text
+        assert found.organization == t.org and found.organization.plan == t.org.plan
+        assert found.organization.plan.monthly_characters == orm.organization.plan.monthly_characters
+        assert found.holder_role == "member"  # type: ignore[attr-defined]
+    Membership.objects.filter(user=member).delete()
+    assert find_api_key(raw) is None  # a key of a user who left the tenant is unusable
+
+
 def test_key_without_scope_is_403(make_tenant: Any) -> None:
     from webapp.speech.models import SynthesisJob
 
