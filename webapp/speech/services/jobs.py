@@ -114,9 +114,6 @@ def _requeue(job_id: Any, allowed: Q, reason: str, **changes: Any) -> bool:
 
 # --------------------------------------------------------------------- submit
 
-# What a refused submission is told to wait (queue_full).
-QUEUE_FULL_RETRY_SECONDS = 30
-
 
 @dataclass(frozen=True)
 class JobRequest:
@@ -180,20 +177,6 @@ def idempotent_replay(organization: Organization, key: str, fingerprint: str) ->
     return row.job
 
 
-def _check_queue_room(engine: str) -> None:
-    """Refuse a job for an engine whose queue is full, rather than queue without end."""
-    limit = settings.TTS_MAX_QUEUED_JOBS_PER_ENGINE
-    if limit <= 0:
-        return
-    queued = SynthesisJob.objects.filter(status=Status.QUEUED, engine=engine).values("id")[:limit]
-    if queued.count() >= limit:
-        raise DomainError(
-            ErrorCode.QUEUE_FULL,
-            f"The {engine} queue is full ({limit} jobs waiting); try again later.",
-            retry_after=QUEUE_FULL_RETRY_SECONDS,
-        )
-
-
 def submit_job(
     organization: Organization,
     request: JobRequest,
@@ -217,9 +200,8 @@ def submit_job(
             existing = _claim_idempotency_key(org, idempotency_key, fingerprint or "", now)
             if existing is not None:
                 return existing, False
-        period = ledger.check_limits(org, request.billable_chars, now)
+        period = ledger.check_limits(org, request.billable_chars, now, request.voice.engine)
         voice_name, engine, params, mode = prompts.job_voice(request.voice, request.params, now)
-        _check_queue_room(engine)
         job = SynthesisJob.objects.create(
             organization=org,
             api_key=api_key,

@@ -12,15 +12,18 @@ the job action that calls them (``services.jobs``).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
-from django.db.models import Count, F, Q, Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
+from webapp.rawrows import Columns
 from webapp.speech.models import LIVE_JOBS, SynthesisJob, UsageEvent, UsagePeriod, Voice
-from webapp.tenants.models import Organization
+from webapp.tenants.models import Organization, Plan
 
 # --------------------------------------------------------------------- periods
 
@@ -68,31 +71,45 @@ def lock_tenant(organization_id: Any) -> Organization:
     FOR NO KEY UPDATE, not FOR UPDATE: Django's foreign keys are checked at
     COMMIT with a KEY SHARE lock on the tenant row, which FOR UPDATE would
     block while its holder waits for a usage row the committer holds.
-    ``of=("self",)``: without it PostgreSQL also locks the joined plan row,
-    serialising every tenant on the same plan.
+    ``OF o``: without it PostgreSQL also locks the joined plan row, serialising
+    every tenant on the same plan. Written once (webapp/rawrows.py): every
+    submit runs it.
     """
-    return (
-        Organization.objects.select_for_update(of=("self",), no_key=True)
-        .select_related("plan")
-        .get(pk=organization_id)
-    )
+    columns = _tenant_columns()
+    with connection.cursor() as cursor:
+        cursor.execute(columns.sql, [organization_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise Organization.DoesNotExist(f"no tenant {organization_id}")
+    organization = columns.organization.build(row[: len(columns.organization)])
+    organization.plan = columns.plan.build(row[len(columns.organization) :])
+    return organization
 
 
-def _usage_row(organization_id: Any, period: dt.date) -> UsagePeriod:
-    """The tenant's usage row for a period, locked for this transaction.
+class _TenantColumns:
+    def __init__(self) -> None:
+        self.organization = Columns(Organization, "o")
+        self.plan = Columns(Plan, "p")
+        self.sql = f"""
+            SELECT {self.organization.sql}, {self.plan.sql}
+            FROM {Organization._meta.db_table} o JOIN {Plan._meta.db_table} p ON p.id = o.plan_id
+            WHERE o.id = %s FOR NO KEY UPDATE OF o"""
 
-    The caller holds the tenant row's lock (``lock_tenant``), which every writer
-    of these rows takes first: the row cannot appear between the read and the
-    create, and one locking read is all it takes when it exists.
-    """
-    rows = UsagePeriod.objects.select_for_update().filter(organization_id=organization_id, period=period)
-    return rows.first() or UsagePeriod.objects.create(organization_id=organization_id, period=period)
+
+@functools.cache
+def _tenant_columns() -> _TenantColumns:
+    return _TenantColumns()  # built on first use: the models' fields are known once apps are loaded
 
 
-def check_limits(organization: Organization, chars: int, now: dt.datetime) -> dt.date:
-    """Request size, concurrency, storage and monthly quota, under row locks.
+def check_limits(organization: Organization, chars: int, now: dt.datetime, engine: str) -> dt.date:
+    """Request size, concurrency, storage, monthly quota and the engine's queue room.
 
-    Returns the period to reserve in. The caller holds the tenant row lock.
+    Returns the period to reserve in. The caller holds the tenant row's lock,
+    which every writer of the tenant's usage rows takes first (the reservation
+    below, settlements, tenant deletion): the usage row read here cannot change
+    before ``reserve_usage`` updates it, nor appear between the read and its
+    creation. The engine's queue depth is a limit, not a count to the job, and
+    is read without a lock.
     """
     plan = organization.plan
     if chars > plan.max_characters_per_request:
@@ -102,11 +119,15 @@ def check_limits(organization: Organization, chars: int, now: dt.datetime) -> dt
             f"{format_count(plan.max_characters_per_request)}.",
             field="text",
         )
-    # The tenant's live jobs in one pass: how many are active, and the bytes of their audio.
-    jobs = SynthesisJob.objects.filter(LIVE_JOBS, organization=organization).aggregate(
-        active=Count("id", filter=Q(status__in=SynthesisJob.ACTIVE)), audio=Sum("audio_bytes")
-    )
-    active = jobs["active"]
+    period = period_start(now)
+    queue_limit = settings.TTS_MAX_QUEUED_JOBS_PER_ENGINE
+    # Everything below in one statement: it was five, each a round trip and a queryset to compile.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _LIMITS,
+            {"org": organization.pk, "period": period, "engine": engine, "queue_limit": max(queue_limit, 0)},
+        )
+        active, job_bytes, prompt_bytes, period_chars, queued = cursor.fetchone()
     if active >= plan.max_concurrent_jobs:
         raise DomainError(
             ErrorCode.CONCURRENCY_LIMIT,
@@ -114,7 +135,7 @@ def check_limits(organization: Organization, chars: int, now: dt.datetime) -> dt
             "wait for one to finish.",
             retry_after=5,
         )
-    used_bytes = int(jobs["audio"] or 0) + _prompt_bytes(organization)  # storage_used, jobs summed above
+    used_bytes = int(job_bytes) + int(prompt_bytes)  # what storage_used counts
     if used_bytes >= plan.storage_bytes:
         raise DomainError(
             ErrorCode.STORAGE_LIMIT,
@@ -122,33 +143,66 @@ def check_limits(organization: Organization, chars: int, now: dt.datetime) -> dt
             "delete old jobs or voices, or wait for audio to expire.",
             retry_after=3600,
         )
-    period = period_start(now)
-    row = _usage_row(organization.pk, period)
-    total = row.characters_used + row.characters_reserved + chars
+    if period_chars is None:  # the tenant's first job this month
+        UsagePeriod.objects.create(organization_id=organization.pk, period=period)
+        period_chars = 0
+    total = period_chars + chars
     if total > plan.monthly_characters:
         raise DomainError(
             ErrorCode.QUOTA_EXCEEDED,
             f"{format_count(total)} of {format_count(plan.monthly_characters)} characters this month "
-            f"({format_count(row.characters_used + row.characters_reserved)} used or reserved, "
-            f"{format_count(chars)} requested).",
+            f"({format_count(period_chars)} used or reserved, {format_count(chars)} requested).",
             retry_after=seconds_to_period_end(now),
+        )
+    if queue_limit > 0 and queued >= queue_limit:
+        raise DomainError(
+            ErrorCode.QUEUE_FULL,
+            f"The {engine} queue is full ({queue_limit} jobs waiting); try again later.",
+            retry_after=QUEUE_FULL_RETRY_SECONDS,
         )
     return period
 
 
 def reserve_usage(job: SynthesisJob, period: dt.date) -> None:
-    """Reserve the job's characters in ``period`` (the row was locked by ``check_limits``)."""
-    UsageEvent.objects.create(
-        organization_id=job.organization_id,
-        job=job,
-        job_key=job.id,
-        kind=UsageEvent.Kind.RESERVE,
-        characters=job.text_chars,
-        period=period,
+    """Reserve the job's characters in ``period``: its event and the usage row's total, in one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RESERVE,
+            {
+                "org": job.organization_id,
+                "job": job.id,
+                "chars": job.text_chars,
+                "period": period,
+                "now": timezone.now(),
+            },
+        )
+
+
+# What a refused submission is told to wait (queue_full).
+QUEUE_FULL_RETRY_SECONDS = 30
+
+_JOBS, _VOICES, _PERIODS = SynthesisJob._meta.db_table, Voice._meta.db_table, UsagePeriod._meta.db_table
+# The job rows' condition is LIVE_JOBS, as the partial index speech_job_org_live_idx has it, so
+# the count and sum read only the tenant's live jobs (tests/integration/api/test_quotas.py).
+_LIMITS = f"""
+    SELECT count(*) FILTER (WHERE status IN ('queued', 'running')),
+        coalesce(sum(audio_bytes), 0),
+        (SELECT coalesce(sum(prompt_bytes), 0) FROM {_VOICES} WHERE organization_id = %(org)s),
+        (SELECT characters_used + characters_reserved FROM {_PERIODS}
+         WHERE organization_id = %(org)s AND period = %(period)s),
+        (SELECT count(*) FROM (
+            SELECT 1 FROM {_JOBS} WHERE status = 'queued' AND engine = %(engine)s LIMIT %(queue_limit)s
+        ) AS waiting)
+    FROM {_JOBS}
+    WHERE organization_id = %(org)s AND (status IN ('queued', 'running') OR audio_bytes > 0)"""
+_RESERVE = f"""
+    WITH event AS (
+        INSERT INTO {UsageEvent._meta.db_table}
+            (organization_id, job_id, job_key, kind, characters, period, created_at)
+        VALUES (%(org)s, %(job)s, %(job)s, 'reserve', %(chars)s, %(period)s, %(now)s)
     )
-    UsagePeriod.objects.filter(organization_id=job.organization_id, period=period).update(
-        characters_reserved=F("characters_reserved") + job.text_chars
-    )
+    UPDATE {_PERIODS} SET characters_reserved = characters_reserved + %(chars)s
+    WHERE organization_id = %(org)s AND period = %(period)s"""
 
 
 def _settle(job: SynthesisJob, kind: str, characters: int | None = None) -> bool:
