@@ -39,6 +39,7 @@ from synth.stream import StreamWriter, stream_path
 # webapp.celery must still send to the configured broker.
 from webapp.audit import context as request_context
 from webapp.celery import app
+from webapp.rawrows import fetch_one
 from webapp.speech import batching, faults, recycling, worker
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services import attempts, notify, prompts
@@ -214,6 +215,10 @@ def _owner_gone(owner: str, me: str) -> tuple[list[str], str]:
     return ([owner], "") if local else ([], owner)
 
 
+# Every message reads its job first; written once (webapp/rawrows.py), not compiled per message.
+_MESSAGE_JOB = f"SELECT status, worker, engine FROM {SynthesisJob._meta.db_table} WHERE id = %s"
+
+
 def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> SynthesisJob | None:
     """The message's job if its owner is gone, else the fairest queued job of the message's engine.
 
@@ -221,9 +226,7 @@ def _claim(state: worker.WorkerState, job_id: str, hard: float | None) -> Synthe
     engine must not use up the message another engine's job is waiting for.
     """
     me = state.worker_id
-    row = db_retry(
-        lambda: SynthesisJob.objects.filter(id=job_id).values_list("status", "worker", "engine").first()
-    )
+    row = db_retry(fetch_one, _MESSAGE_JOB, [job_id])
     if row is None:
         return None  # deleted meanwhile
     status, owner, engine = row

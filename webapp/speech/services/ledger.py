@@ -12,7 +12,6 @@ the job action that calls them (``services.jobs``).
 from __future__ import annotations
 
 import datetime as dt
-import functools
 from typing import Any
 
 from django.conf import settings
@@ -21,7 +20,7 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
-from webapp.rawrows import Columns
+from webapp.rawrows import columns, fetch_one
 from webapp.speech.models import LIVE_JOBS, SynthesisJob, UsageEvent, UsagePeriod, Voice
 from webapp.tenants.models import Organization, Plan
 
@@ -75,30 +74,17 @@ def lock_tenant(organization_id: Any) -> Organization:
     every tenant on the same plan. Written once (webapp/rawrows.py): every
     submit runs it.
     """
-    columns = _tenant_columns()
-    with connection.cursor() as cursor:
-        cursor.execute(columns.sql, [organization_id])
-        row = cursor.fetchone()
+    o, p = columns(Organization, "o"), columns(Plan, "p")
+    row = fetch_one(
+        f"SELECT {o.sql}, {p.sql} FROM {o.table} JOIN {p.table} ON p.id = o.plan_id "
+        "WHERE o.id = %s FOR NO KEY UPDATE OF o",
+        [organization_id],
+    )
     if row is None:
         raise Organization.DoesNotExist(f"no tenant {organization_id}")
-    organization = columns.organization.build(row[: len(columns.organization)])
-    organization.plan = columns.plan.build(row[len(columns.organization) :])
+    organization: Organization = o.build(row)
+    organization.plan = p.build(row, len(o))
     return organization
-
-
-class _TenantColumns:
-    def __init__(self) -> None:
-        self.organization = Columns(Organization, "o")
-        self.plan = Columns(Plan, "p")
-        self.sql = f"""
-            SELECT {self.organization.sql}, {self.plan.sql}
-            FROM {Organization._meta.db_table} o JOIN {Plan._meta.db_table} p ON p.id = o.plan_id
-            WHERE o.id = %s FOR NO KEY UPDATE OF o"""
-
-
-@functools.cache
-def _tenant_columns() -> _TenantColumns:
-    return _TenantColumns()  # built on first use: the models' fields are known once apps are loaded
 
 
 def check_limits(organization: Organization, chars: int, now: dt.datetime, engine: str) -> dt.date:

@@ -9,11 +9,13 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from webapp.rawrows import columns, fetch_one
 from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod, Voice
 from webapp.speech.services.ledger import period_end, period_start, storage_used
 from webapp.tenants.models import Organization
 
 Status = SynthesisJob.Status
+READY = Voice.Status.READY.value
 
 
 def usage_summary(
@@ -103,12 +105,14 @@ def visible_voice(organization: Organization, voice_id: str) -> Voice | None:
     """The voice ``voice_id`` if the tenant may use it (``visible_voices``' rule), else None.
 
     Voice ids are unique across tenants and built-ins, so the row is read by
-    its id alone and the rule checked on it: every submit runs this, and the
-    ORM built the two-branch filter and an ORDER BY for ``.first()`` each time
-    (0.95 against 0.51 ms of CPU).
+    its id alone and the rule checked on it. Every submit runs this: the
+    query is written once (webapp/rawrows.py), where the ORM compiled a
+    two-branch filter and an ORDER BY each time (0.95 ms of CPU; a plain
+    ``get`` still 0.5 ms).
     """
-    try:
-        voice = Voice.objects.get(voice_id=voice_id, status=Voice.Status.READY)
-    except Voice.DoesNotExist:
-        return None
-    return voice if voice.organization_id in (None, organization.pk) else None
+    v = columns(Voice, "v")
+    row = fetch_one(
+        f"SELECT {v.sql} FROM {v.table} WHERE v.voice_id = %s AND v.status = %s", [voice_id, READY]
+    )
+    voice: Voice | None = None if row is None else v.build(row)
+    return voice if voice is not None and voice.organization_id in (None, organization.pk) else None
