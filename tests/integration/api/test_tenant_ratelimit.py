@@ -18,7 +18,7 @@ RATE_RE = re.compile(r'^"minute";r=(\d+);t=(\d+)$')
 
 
 def _seconds_left(counter: str) -> int:
-    """Seconds left in the fixed window django-ratelimit uses for this counter (offset by its name)."""
+    """Seconds left in the fixed window the rate limit uses for this counter (offset by its name)."""
     now = int(time.time())
     end = now - now % 60 + zlib.crc32(counter.encode()) % 60
     return end - now if end >= now else end + 60 - now
