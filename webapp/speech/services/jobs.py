@@ -29,6 +29,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from webapp import rawrows
 from webapp.audit.context import current_request_id
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import IdempotencyKey, SynthesisJob, Voice
@@ -202,7 +203,7 @@ def submit_job(
                 return existing, False
         period = ledger.check_limits(org, request.billable_chars, now, request.voice.engine)
         voice_name, engine, params, mode = prompts.job_voice(request.voice, request.params, now)
-        job = SynthesisJob.objects.create(
+        job = SynthesisJob(
             organization=org,
             api_key=api_key,
             user=user if getattr(user, "is_authenticated", False) else None,
@@ -221,6 +222,7 @@ def submit_job(
             created_at=now,
             queued_at=now,
         )
+        rawrows.insert(job)  # every submit: the statement is written once, not compiled each time
         ledger.reserve_usage(job, period)
         if idempotency_key is not None:
             IdempotencyKey.objects.filter(organization=org, key=idempotency_key).update(job=job)
