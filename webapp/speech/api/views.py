@@ -37,10 +37,11 @@ from webapp.speech.api.serializers import (
 )
 from webapp.speech.api.waiting import SharedAnswer, request_to_wait, reserve_wait, then_wait
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.services import jobs, prompts
+from webapp.speech.services import jobs, prompts, queries
 from webapp.speech.services.queries import usage_summary, visible_voices
 from webapp.speech.services.voices import delete_voice
 from webapp.tenants.api.base import TenantAPIView as KeyedAPIView
+from webapp.tenants.api.base import not_found, object_id
 from webapp.tenants.models import ApiKey, Organization
 from webapp.tenants.permissions import require_job_access
 
@@ -53,7 +54,12 @@ class TenantAPIView(KeyedAPIView):
     """A tenant API view of the speech app: the tenant's jobs, looked up inside the tenant."""
 
     def get_job(self, job_id: str) -> SynthesisJob:
-        return self.tenant_object(SynthesisJob.objects.all(), job_id, "job")
+        """The tenant's job with this id (invalid_id, not_found as ``tenant_object``)."""
+        pk = object_id(job_id, "job")
+        job = queries.job_row(pk, self.organization.pk)
+        if job is None:
+            raise not_found("job", pk)
+        return job
 
     def get_owned_job(self, job_id: str) -> SynthesisJob:
         """A job this key may change: any of the tenant's for owners and admins, else its own user's."""
@@ -253,7 +259,7 @@ def rate_headers(response: HttpResponseBase) -> dict[str, str]:
 
 def _job_data(request: HttpRequest, job_id: Any) -> dict[str, Any] | None:
     """The job as it is now, serialised (None: deleted meanwhile)."""
-    job = SynthesisJob.objects.filter(pk=job_id).first()
+    job = queries.job_row(job_id)
     return None if job is None else JobSerializer(job, context={"request": request}).data
 
 

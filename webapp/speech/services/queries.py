@@ -101,6 +101,23 @@ def visible_voices(organization: Organization) -> Any:
     )
 
 
+def job_row(job_id: Any, organization_id: Any = None) -> SynthesisJob | None:
+    """The job with this id (of this tenant, if given), or None.
+
+    Every job GET, long-poll answer and download reads it: the query is written
+    once (webapp/rawrows.py) instead of compiled each time.
+    """
+    j = columns(SynthesisJob, "j")
+    if organization_id is None:
+        row = fetch_one(f"SELECT {j.sql} FROM {j.table} WHERE j.id = %s", [job_id])
+    else:
+        row = fetch_one(
+            f"SELECT {j.sql} FROM {j.table} WHERE j.id = %s AND j.organization_id = %s",
+            [job_id, organization_id],
+        )
+    return None if row is None else j.build(row)
+
+
 def visible_voice(organization: Organization, voice_id: str) -> Voice | None:
     """The voice ``voice_id`` if the tenant may use it (``visible_voices``' rule), else None.
 

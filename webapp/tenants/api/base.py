@@ -46,13 +46,22 @@ class TenantAPIView(APIView):
 
     def tenant_object(self, queryset: QuerySet[M], raw_id: str, noun: str) -> M:
         """The tenant's object with this UUID: invalid_id for a malformed id, not_found outside the tenant."""
-        try:
-            pk = uuid.UUID(raw_id)
-        except ValueError:
-            raise DomainError(
-                ErrorCode.INVALID_ID, f"{raw_id[:60]!r} is not a {noun} id; {noun} ids are UUIDs.", field="id"
-            ) from None
+        pk = object_id(raw_id, noun)
         try:
             return queryset.get(pk=pk, organization=self.organization)  # no ORDER BY, unlike .first()
         except ObjectDoesNotExist:
-            raise DomainError(ErrorCode.NOT_FOUND, f"No {noun} {pk} in this organization.") from None
+            raise not_found(noun, pk) from None
+
+
+def object_id(raw_id: str, noun: str) -> uuid.UUID:
+    """The UUID in a URL, or invalid_id."""
+    try:
+        return uuid.UUID(raw_id)
+    except ValueError:
+        raise DomainError(
+            ErrorCode.INVALID_ID, f"{raw_id[:60]!r} is not a {noun} id; {noun} ids are UUIDs.", field="id"
+        ) from None
+
+
+def not_found(noun: str, pk: uuid.UUID) -> DomainError:
+    return DomainError(ErrorCode.NOT_FOUND, f"No {noun} {pk} in this organization.")
