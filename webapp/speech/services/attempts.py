@@ -31,6 +31,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
+from webapp.rawrows import columns, fetch_one
 from webapp.speech.models import ClaimProtocol, SynthesisJob
 from webapp.speech.services import dispatch, ledger, notify, outputs
 from webapp.speech.services.jobs import _cancel, _end, _fail, _requeue
@@ -104,12 +105,19 @@ def _claim_params(worker_id: str, hinted: Any = None, hard: float | None = None)
 
 
 def _claimed(sql: str, params: dict[str, Any]) -> SynthesisJob | None:
-    """Run one ``UPDATE ... RETURNING *``: the claim and the row it took in one statement."""
+    """Run one ``UPDATE ... RETURNING`` (``_claimed_columns``): the claim and the row it took in one statement."""
     with transaction.atomic(durable=True):
-        rows = list(SynthesisJob.objects.raw(sql, params))
-        if rows:
-            notify.job_changed(rows[0].id, rows[0].status, rows[0].progress)
-    return rows[0] if rows else None
+        row = fetch_one(sql, params)
+        job: SynthesisJob | None = None if row is None else columns(SynthesisJob, TABLE).build(row)
+        if job is not None:
+            notify.job_changed(job.id, job.status, job.progress)
+    return job
+
+
+def _claimed_columns() -> str:
+    """What a claim returns: the job's fields in the order ``_claimed`` builds it from."""
+    sql: str = columns(SynthesisJob, TABLE).sql
+    return sql
 
 
 def claim_job(
@@ -134,7 +142,7 @@ def claim_job(
         WHERE id = %(id)s AND NOT cancel_requested AND attempts < %(max_attempts)s
           AND (status = 'queued' OR (status = 'running' AND COALESCE(deadline > now(), true)
                AND (worker = ANY(%(dead)s::text[]) OR (worker = %(suspect)s AND lease_until < now()))))
-        RETURNING *"""
+        RETURNING {_claimed_columns()}"""
     job = _claimed(sql, params)
     if job is None:
         close_unclaimable(job_id, list(dead_workers))
@@ -163,7 +171,7 @@ def claim_next(
         )
         UPDATE {TABLE} SET {_SET_CLAIMED}
         FROM pick WHERE {TABLE}.id = pick.id AND {TABLE}.status = 'queued'
-        RETURNING {TABLE}.*"""
+        RETURNING {_claimed_columns()}"""
     return _claimed(sql, params)
 
 
@@ -249,13 +257,14 @@ def complete_job(
         "applied": Jsonb(applied_instructions),
     }
     with transaction.atomic(durable=True):
-        rows = list(SynthesisJob.objects.raw(_COMPLETE, params))
-        if not rows:
+        row = fetch_one(_COMPLETE, params)
+        if row is None:
             # Taken over (a no-op here), or a cancel was asked for meanwhile: then it ends canceled.
             _cancel(job_id, _current(token) & Q(cancel_requested=True))
             return False
         notify.job_changed(job_id, Status.SUCCEEDED, 1.0)
-        ledger.charge_usage(rows[0])
+        # The charge needs the job's id and tenant only: an instance of those two fields.
+        ledger.charge_usage(SynthesisJob.from_db(connection.alias, ["id", "organization_id"], list(row)))
     return True
 
 
