@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 POLICY = "minute"
 WINDOW_SECONDS = 60
-GROUP = "api"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 # How long a client should wait when the counter is unreachable: about the
 # time a Redis restart takes.
