@@ -16,12 +16,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, Sum
+from django.db.models import F
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
 from webapp.rawrows import columns, fetch_one
-from webapp.speech.models import LIVE_JOBS, SynthesisJob, UsageEvent, UsagePeriod, Voice
+from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod, Voice
 from webapp.tenants.models import Organization, Plan
 
 # --------------------------------------------------------------------- periods
@@ -50,13 +50,10 @@ def format_count(n: int) -> str:
 
 
 def storage_used(organization: Organization) -> int:
-    """Bytes a tenant stores: job audio plus voice prompts."""
-    jobs = SynthesisJob.objects.filter(LIVE_JOBS, organization=organization).aggregate(n=Sum("audio_bytes"))
-    return int(jobs["n"] or 0) + _prompt_bytes(organization)
-
-
-def _prompt_bytes(organization: Organization) -> int:
-    return int(Voice.objects.filter(organization=organization).aggregate(n=Sum("prompt_bytes"))["n"] or 0)
+    """Bytes a tenant stores: job audio plus voice prompts (as a submit's limits count them)."""
+    row = fetch_one(f"SELECT {_STORED_BYTES} FROM {_JOBS} WHERE {_LIVE_OF_TENANT}", {"org": organization.pk})
+    assert row is not None  # an aggregate answers one row
+    return int(row[0]) + int(row[1])
 
 
 # --------------------------------------------------------------------- limits and reservation
@@ -108,12 +105,12 @@ def check_limits(organization: Organization, chars: int, now: dt.datetime, engin
     period = period_start(now)
     queue_limit = settings.TTS_MAX_QUEUED_JOBS_PER_ENGINE
     # Everything below in one statement: it was five, each a round trip and a queryset to compile.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _LIMITS,
-            {"org": organization.pk, "period": period, "engine": engine, "queue_limit": max(queue_limit, 0)},
-        )
-        active, job_bytes, prompt_bytes, period_chars, queued = cursor.fetchone()
+    row = fetch_one(
+        _LIMITS,
+        {"org": organization.pk, "period": period, "engine": engine, "queue_limit": max(queue_limit, 0)},
+    )
+    assert row is not None  # an aggregate answers one row
+    active, job_bytes, prompt_bytes, period_chars, queued = row
     if active >= plan.max_concurrent_jobs:
         raise DomainError(
             ErrorCode.CONCURRENCY_LIMIT,
@@ -121,7 +118,7 @@ def check_limits(organization: Organization, chars: int, now: dt.datetime, engin
             "wait for one to finish.",
             retry_after=5,
         )
-    used_bytes = int(job_bytes) + int(prompt_bytes)  # what storage_used counts
+    used_bytes = int(job_bytes) + int(prompt_bytes)  # storage_used, read in the same statement
     if used_bytes >= plan.storage_bytes:
         raise DomainError(
             ErrorCode.STORAGE_LIMIT,
@@ -170,17 +167,18 @@ QUEUE_FULL_RETRY_SECONDS = 30
 _JOBS, _VOICES, _PERIODS = SynthesisJob._meta.db_table, Voice._meta.db_table, UsagePeriod._meta.db_table
 # The job rows' condition is LIVE_JOBS, as the partial index speech_job_org_live_idx has it, so
 # the count and sum read only the tenant's live jobs (tests/integration/api/test_quotas.py).
+_LIVE_OF_TENANT = "organization_id = %(org)s AND (status IN ('queued', 'running') OR audio_bytes > 0)"
+# What a tenant stores, over its live job rows: their audio, and its voices' prompts.
+_STORED_BYTES = f"""coalesce(sum(audio_bytes), 0),
+    (SELECT coalesce(sum(prompt_bytes), 0) FROM {_VOICES} WHERE organization_id = %(org)s)"""
 _LIMITS = f"""
-    SELECT count(*) FILTER (WHERE status IN ('queued', 'running')),
-        coalesce(sum(audio_bytes), 0),
-        (SELECT coalesce(sum(prompt_bytes), 0) FROM {_VOICES} WHERE organization_id = %(org)s),
+    SELECT count(*) FILTER (WHERE status IN ('queued', 'running')), {_STORED_BYTES},
         (SELECT characters_used + characters_reserved FROM {_PERIODS}
          WHERE organization_id = %(org)s AND period = %(period)s),
         (SELECT count(*) FROM (
             SELECT 1 FROM {_JOBS} WHERE status = 'queued' AND engine = %(engine)s LIMIT %(queue_limit)s
         ) AS waiting)
-    FROM {_JOBS}
-    WHERE organization_id = %(org)s AND (status IN ('queued', 'running') OR audio_bytes > 0)"""
+    FROM {_JOBS} WHERE {_LIVE_OF_TENANT}"""
 _RESERVE = f"""
     WITH event AS (
         INSERT INTO {UsageEvent._meta.db_table}
