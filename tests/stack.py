@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,6 +23,24 @@ from deploy import stack as deploy_stack
 from deploy.stack import Service, StackConfig, Supervisor
 
 CFG = StackConfig.for_tests()
+
+# Ports for the extra listeners a test starts (one more Nginx, a restored PostgreSQL). Like every
+# fixed port they lie below the kernel's ephemeral range (32768 and up), where an outgoing
+# connection can hold a port for minutes: a port the kernel handed out by binding to 0 could be
+# taken by such a connection before the listener binds it. None of the fixed ports is in here.
+SPARE_PORTS = range(21000, 29000)
+
+
+def spare_port() -> int:
+    """A port in SPARE_PORTS that nothing on 127.0.0.1 holds right now."""
+    for port in random.sample(SPARE_PORTS, 64):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {SPARE_PORTS}")
 
 
 def django_env(process: str, **overrides: str) -> dict[str, str]:

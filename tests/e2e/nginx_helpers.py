@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ from requests.adapters import HTTPAdapter
 
 from deploy import nginx as deploy_nginx
 from deploy.stack import Service, StackConfig, ensure_certificate
-from tests.stack import CFG, TestStack
+from tests.stack import CFG, TestStack, spare_port
 
 urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
@@ -55,12 +54,6 @@ def client(source: str = "127.0.0.1") -> requests.Session:
     # The test certificate names 127.0.0.1, 127.0.0.2 and localhost.
     session.verify = str(cert) if cert.exists() else False
     return session
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclasses.dataclass
@@ -100,7 +93,7 @@ def start_nginx(
     By default it proxies to the test stack's gunicorn socket (the `web` fixture's).
     """
     base = cfg or CFG
-    inst_cfg = dataclasses.replace(base, http_port=free_port(), https_port=free_port())
+    inst_cfg = dataclasses.replace(base, http_port=spare_port(), https_port=spare_port())
     full_env = {
         **os.environ,
         "TTS_TLS_CERT": str(CFG.path("tls", "cert.pem")),

@@ -218,6 +218,7 @@ def test_every_fixed_port_lies_below_the_kernels_ephemeral_range(monkeypatch: py
     from tests.bench.bench_soak import PORTS as SOAK
     from tests.e2e.test_local_stack import PORTS as LOCAL
     from tests.e2e.test_stack_recovery import PORTS as RECOVERY
+    from tests.stack import SPARE_PORTS, spare_port
 
     for name in [*StackConfig.from_env().port_vars.values(), *StackConfig.for_tests().port_vars.values()]:
         monkeypatch.delenv(name, raising=False)
@@ -230,6 +231,10 @@ def test_every_fixed_port_lies_below_the_kernels_ephemeral_range(monkeypatch: py
         low = min(low, int(range_file.read_text().split()[0]))
     assert all(0 < port < low for port in ports), sorted(ports)
     assert len(set(ports)) == len(ports)  # and no two stacks share one
+    # The spare ports extra listeners draw from lie below the range too, clear of every fixed one.
+    assert 0 < SPARE_PORTS[0] and SPARE_PORTS[-1] < low
+    assert not set(ports) & set(SPARE_PORTS)
+    assert all(spare_port() in SPARE_PORTS for _ in range(20))
 
 
 def test_postgres_is_told_its_port_on_every_start(tmp_path: Path) -> None:

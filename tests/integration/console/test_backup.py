@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +11,7 @@ from django.conf import settings
 
 from deploy import backup
 from deploy.provision import StackConfig
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.stack import spare_port
 
 
 @pytest.fixture
@@ -27,7 +21,7 @@ def fresh_cfg(stack: Any) -> StackConfig:
 
     shutil.rmtree(var_dir, ignore_errors=True)
     return StackConfig(
-        var_dir=var_dir, pg_port=_free_port(), redis_port=0, http_port=0, https_port=0, name="restore"
+        var_dir=var_dir, pg_port=spare_port(), redis_port=0, http_port=0, https_port=0, name="restore"
     )
 
 
