@@ -19,7 +19,7 @@ lint: bootstrap
 	TTS_LOG_TO_FILE=0 TTS_VAR_DIR=var/lint $(PY) manage.py makemigrations --check --dry-run -v 0 2>/dev/null
 
 typecheck: bootstrap
-	.venv/bin/mypy webapp synth deploy
+	.venv/bin/mypy webapp synth deploy tests
 
 test: bootstrap lint typecheck
 	.venv/bin/pytest $(PYTEST_ARGS)

@@ -22,9 +22,12 @@ import datetime as dt
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from tests.bench.bench_peer import pct
+
+if TYPE_CHECKING:
+    from tests.reliability.helpers import WorkerEnv
 
 TEXT = "Hi."
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
@@ -57,7 +60,7 @@ def _jobs(org: Any, n: int, voice: str) -> list[tuple[Any, float]]:
     return out
 
 
-def measure(stack: Any, n: int, label: str, **env: str) -> list[str]:
+def measure(stack: Any, n: int, label: str, **env: Unpack[WorkerEnv]) -> list[str]:
     from tests.reliability.helpers import PIPER, flush_queues, make_org, start_worker
 
     flush_queues(stack, "synth.piper")
@@ -93,7 +96,7 @@ def measure(stack: Any, n: int, label: str, **env: str) -> list[str]:
 
 
 # Celery's default (a new PostgreSQL connection per task) against ours (kept, closed when stale).
-VARIANTS = {"connection per task": {"CELERY_DB_REUSE_MAX": "0"}, "connection kept": {}}
+VARIANTS: dict[str, WorkerEnv] = {"connection per task": {"CELERY_DB_REUSE_MAX": "0"}, "connection kept": {}}
 
 
 def run(quick: bool) -> list[str]:

@@ -22,11 +22,15 @@ Runs real Celery workers against the test stack (PostgreSQL + Redis under
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import os
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from tests.reliability.helpers import WorkerEnv
 
 JOB_TEXT = "Hello there. This is a short job for the benchmark."
 PIPER_TEXT = " ".join(
@@ -103,7 +107,7 @@ def _memory(stack: Any, org: Any, marks: list[int], recycle: bool) -> tuple[list
     from webapp.speech import recycling
 
     flush_queues(stack, "synth.espeak")
-    env = (
+    env: WorkerEnv = (
         {"TTS_WORKER_MAX_TASKS_PER_CHILD": "50"}
         if recycle
         else {
@@ -248,7 +252,8 @@ def _eta_accuracy(stack: Any, org: Any, jobs: int) -> list[str]:
         done = SynthesisJob.objects.filter(
             organization=org, engine="piper", status="succeeded", text_chars__gt=100
         ).values_list("started_at", "finished_at", "metrics__synth_ms")
-        walls = [(f - s).total_seconds() for s, f, _ in done]
+        # Succeeded jobs have both times (the fields are nullable only for jobs not run yet).
+        walls = [(cast(dt.datetime, f) - cast(dt.datetime, s)).total_seconds() for s, f, _ in done]
         synths = [ms / 1000 for _, _, ms in done]
         lines.append(
             f"ETA basis check, {len(walls)} jobs: claim->finish mean {statistics.mean(walls):.2f} s, "

@@ -78,7 +78,9 @@ def _assert_django_runs_unprivileged(stack: Stack) -> None:
     owners: dict[int, tuple[str, str]] = {}
     for proc in psutil.Process(stack.proc.pid).children(recursive=True):
         command = " ".join(proc.cmdline())
-        parent = " ".join(proc.parent().cmdline())
+        parent_proc = proc.parent()
+        assert parent_proc is not None  # a child of the stack's process tree
+        parent = " ".join(parent_proc.cmdline())
         if "celery" in command or ("gunicorn" in command and "gunicorn" in parent):
             owners[proc.pid] = (command[-80:], proc.username())
     assert len(owners) >= 4, owners  # 2 gunicorn workers, the worker's parent, its children, beat...

@@ -82,7 +82,7 @@ def test_it_shows_backoff_retry_time_recycles_by_reason_and_escapes_values(
 ) -> None:
     now = time.time()
     node = "gpu-box-7:4242"
-    beat = {
+    beat: dict[str, Any] = {
         "worker_id": "gpu-box-7:4300",
         "node": node,
         "host": "gpu-box-7",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Coroutine, Iterator, Mapping
+from typing import Any, cast
 
 import pytest
 from django.test import Client, override_settings
@@ -77,16 +77,17 @@ def _asgi(
         await send({"type": "http.response.start", "status": 405, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    sent: list[dict[str, Any]] = []
+    sent: list[Mapping[str, Any]] = []
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Mapping[str, Any]) -> None:
         sent.append(message)
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
     scope = {"type": "http", "method": method, "path": "/healthz", "headers": headers or []}
-    asyncio.run(answered_first(django)(scope, receive, send))
+    # An ASGI app is typed to return an Awaitable; this one is an ``async def``: a coroutine.
+    asyncio.run(cast("Coroutine[Any, Any, None]", answered_first(django)(scope, receive, send)))
     start, body = sent
     names = {k.decode().lower(): v.decode() for k, v in start.get("headers", [])}
     return start["status"], names, body["body"], passed_on
@@ -145,11 +146,11 @@ def test_under_asgi_probes_during_one_check_share_it(monkeypatch: pytest.MonkeyP
         return {"status": "ok"}, 200
 
     monkeypatch.setattr(health, "check", slow_check)
-    sent: list[list[dict[str, Any]]] = [[] for _ in range(5)]
+    sent: list[list[Mapping[str, Any]]] = [[] for _ in range(5)]
 
     async def probes() -> None:
         async def probe(i: int) -> None:
-            async def send(message: dict[str, Any]) -> None:
+            async def send(message: Mapping[str, Any]) -> None:
                 sent[i].append(message)
 
             await health.answer({"type": "http", "method": "GET", "path": "/healthz", "headers": []}, send)

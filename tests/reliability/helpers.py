@@ -11,7 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypedDict
 
 import psutil
 
@@ -26,6 +26,21 @@ SHORT = "Hello there. This is a short job."
 LONG = " ".join(
     f"Sentence number {i} is here to keep the worker busy for a little while." for i in range(1, 11)
 )
+
+
+class WorkerEnv(TypedDict, total=False):
+    """Settings passed to :func:`start_worker` as a prepared dict (``**env``): environment strings.
+
+    Named, so that unpacking one cannot be taken for ``concurrency`` or ``wait_ready``.
+    """
+
+    CELERY_DB_REUSE_MAX: str
+    TTS_JOB_LEASE_SECONDS: str
+    TTS_WORKER_MAX_AGE_SECONDS: str
+    TTS_WORKER_MAX_MEMORY_KB: str
+    TTS_WORKER_MAX_RSS_MB: str
+    TTS_WORKER_MAX_TASKS_PER_CHILD: str
+    TTS_WORKER_RTF_DRIFT_FACTOR: str
 
 
 def make_org(name: str = "acme", **plan_fields: Any) -> Any:
@@ -158,7 +173,7 @@ def media_root() -> str:
 
 
 def partial_files(root: str) -> list[str]:
-    found = []
+    found: list[str] = []
     for dirpath, _dirs, files in os.walk(root):
         found.extend(os.path.join(dirpath, f) for f in files if f.startswith(".") or f.endswith(".part"))
     return found

@@ -130,6 +130,7 @@ def test_a_node_whose_heartbeat_stops_keeps_its_job_until_its_lease_expires(
             wait_until(lambda: job(j.id).progress >= 0.2, 60, "the node to be mid-job", 0.02)
             owner = job(j.id).worker
             assert owner.startswith("tts-node2:")
+            assert node.process is not None
             os.killpg(node.process.pid, signal.SIGSTOP)  # the whole node freezes: no beat, no progress
             frozen = time.monotonic()
             wait_until(lambda: not _node_heartbeats(stack, "tts-node2"), 10, "the node's heartbeat to expire")

@@ -13,6 +13,7 @@ from tests.reliability.helpers import (
     LONG,
     PIPER,
     SHORT,
+    WorkerEnv,
     children,
     flush_queues,
     job,
@@ -72,7 +73,7 @@ def test_kill_9_whole_worker_then_a_new_worker_completes_once(
     from webapp.speech.services import attempts
 
     flush_queues(stack, "synth.piper")
-    env = {"TTS_JOB_LEASE_SECONDS": "2"}
+    env: WorkerEnv = {"TTS_JOB_LEASE_SECONDS": "2"}
     first = start_worker(stack, "w-node-a", engines="piper", **env)
     second = None
     try:

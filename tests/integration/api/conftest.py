@@ -31,8 +31,9 @@ class ApiClient:
         self.raw_key = raw_key
         self.client = Client()
 
-    def _headers(self, extra: dict[str, str] | None) -> dict[str, str]:
-        headers = {"HTTP_AUTHORIZATION": f"Bearer {self.raw_key}"} if self.raw_key else {}
+    def _headers(self, extra: dict[str, str] | None) -> dict[str, Any]:
+        # WSGI environ entries for the test client's ``**extra`` (typed Any there).
+        headers: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Bearer {self.raw_key}"} if self.raw_key else {}
         headers.update(extra or {})
         return headers
 

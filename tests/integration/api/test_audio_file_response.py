@@ -8,6 +8,12 @@ import os
 import warnings
 from pathlib import Path
 
+import pytest
+
+# Closing a response sends request_finished, whose handler checks every database connection the
+# process holds; with one left open by an earlier test, that is database access.
+pytestmark = pytest.mark.django_db
+
 BLOCK = 64 * 1024  # what Django's ASGI handler sets on a FileResponse
 MIB = 1024 * 1024
 
@@ -30,7 +36,7 @@ def test_under_asgi_the_file_is_read_as_it_is_sent(tmp_path: Path) -> None:
     assert response["Content-Length"] == str(len(data))
 
     async def consume() -> tuple[list[bytes], int]:
-        parts = []
+        parts: list[bytes] = []
         read_when_first_sent = -1
         async for part in response.__aiter__():
             if not parts:

@@ -6,7 +6,7 @@ import io
 import struct
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 import openai
@@ -58,18 +58,21 @@ def test_openai_errors_have_openai_shape(live_tenant: Any, web: Any) -> None:
     client = _client(web, t.raw_key)
     with pytest.raises(openai.BadRequestError) as bad_voice:
         client.audio.speech.create(model="tts-1", voice="no-such-voice", input="Hi.")
-    err = bad_voice.value.body
+    err = cast("dict[str, Any]", bad_voice.value.body)  # the JSON error object
     assert (
         err["code"] == "unknown_voice" and err["param"] == "voice" and err["type"] == "invalid_request_error"
     )
     with pytest.raises(openai.BadRequestError) as empty:
         client.audio.speech.create(model="tts-1", voice="alloy", input="   ")
-    assert empty.value.body["param"] == "input"
+    assert cast("dict[str, Any]", empty.value.body)["param"] == "input"
     with pytest.raises(openai.AuthenticationError) as unauth:
         _client(web, "tts_AAAAAAAA_" + "x" * 40).audio.speech.create(
             model="tts-1", voice="alloy", input="Hi."
         )
-    assert unauth.value.status_code == 401 and unauth.value.body["code"] == "invalid_api_key"
+    assert (
+        unauth.value.status_code == 401
+        and cast("dict[str, Any]", unauth.value.body)["code"] == "invalid_api_key"
+    )
     # Unknown fields are ignored on /v1 (newer OpenAI clients send more).
     r = requests.post(
         f"{base_url(web)}/v1/audio/speech",

@@ -110,7 +110,7 @@ def test_redelivered_job_is_charged_once(make_tenant: Any) -> None:
     claimed = attempts.claim_job(job_id, "w1")
     assert claimed is not None
     assert attempts.claim_job(job_id, "w2") is None  # the duplicate message finds nothing to claim
-    done = {
+    done: dict[str, Any] = {
         "audio_path": "audio/x.wav",
         "audio_bytes": 10,
         "duration_seconds": 1.0,
@@ -227,7 +227,12 @@ def test_a_finishing_job_is_published_and_charged_in_five_statements(
     job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
     claimed = attempts.claim_job(job_id, "w1")
     assert claimed is not None
-    done = {"audio_bytes": 100, "duration_seconds": 1.0, "metrics": {}, "applied_instructions": {}}
+    done: dict[str, Any] = {
+        "audio_bytes": 100,
+        "duration_seconds": 1.0,
+        "metrics": {},
+        "applied_instructions": {},
+    }
     # Lock and update the job (expiry included) in one statement, read its ledger, lock the
     # tenant, insert the charge unless one exists, update the usage row; the test's transaction
     # makes the outer block a savepoint (two statements more). It took 14 (+2), then 8 (+2).
@@ -307,7 +312,7 @@ def test_a_settled_job_is_never_settled_again(make_tenant: Any) -> None:
     job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
     claimed = attempts.claim_job(job_id, "w1")
     assert claimed is not None
-    done = {
+    done: dict[str, Any] = {
         "audio_bytes": 100,
         "duration_seconds": 1.0,
         "metrics": {"synth_ms": 5},

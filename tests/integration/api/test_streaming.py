@@ -82,7 +82,7 @@ def test_mp3_opus_and_aac_stream_as_audio_of_the_same_length(live_tenant: Any, w
             model="tts-1", voice="alloy", input=text, response_format=fmt
         ) as response:
             body = b"".join(response.iter_bytes())
-        with av.open(io.BytesIO(body)) as container:
+        with av.open(io.BytesIO(body), mode="r") as container:
             samples = sum(frame.samples for frame in container.decode(audio=0))
             rate = container.streams.audio[0].rate
         assert 2.0 < samples / rate < 12.0, fmt

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from django.http import HttpResponseRedirect
+from django.http.response import HttpResponseBase
 from django.test import Client
 
 from tests.dashboard_data import make_owner
@@ -22,6 +24,11 @@ def collected_static(django_db_setup: None) -> None:
 @pytest.fixture
 def owner(db: None) -> tuple[Any, Any]:
     return make_owner(organization="Acme")
+
+
+def redirect_url(response: HttpResponseBase) -> str:
+    """A redirect's target: its ``.url``, which the test client's declared response type lacks."""
+    return cast(HttpResponseRedirect, response).url
 
 
 def client_for(user: Any) -> Client:

@@ -20,9 +20,9 @@ def test_old_records_are_pruned_and_recent_ones_stay(
     clock: Clock, stack: Stack, org: Any, lock_free: None
 ) -> None:
     hours = dt.timedelta(hours=1)
-    for i, age in enumerate([25, 30, 23, 1]):
+    for i, age_hours in enumerate([25, 30, 23, 1]):
         IdempotencyKey.objects.create(
-            organization=org, key=f"k{i}", request_hash="x", created_at=clock.now - age * hours
+            organization=org, key=f"k{i}", request_hash="x", created_at=clock.now - age_hours * hours
         )
     retention = dt.timedelta(days=settings.TTS_AUDIT_RETENTION_DAYS)
     HousekeepingRun.objects.create(job="expire_audio", started_at=clock.now - retention - hours)

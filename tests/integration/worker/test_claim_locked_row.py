@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import pytest
 from django.db import connection, transaction
@@ -22,7 +23,7 @@ from tests.stack import TestStack
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _hold_row_lock(job_id: object, locked: threading.Event, release: threading.Event) -> None:
+def _hold_row_lock(job_id: uuid.UUID, locked: threading.Event, release: threading.Event) -> None:
     """What the dispatch's UPDATE does for a moment, held as long as the test needs."""
     from webapp.speech.models import SynthesisJob
 

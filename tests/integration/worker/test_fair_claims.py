@@ -6,6 +6,8 @@ tenant's one-sentence job waits at the end of the engine's queue.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import pytest
 
 from tests.reliability.helpers import (
@@ -20,6 +22,9 @@ from tests.reliability.helpers import (
     wait_until,
 )
 from tests.stack import TestStack
+
+if TYPE_CHECKING:
+    from webapp.speech.models import SynthesisJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,7 +58,8 @@ def test_claims_go_to_the_tenant_running_the_fewest_then_the_oldest(
     a, b = make_org("fair-a2"), make_org("fair-b2")
     burst = [submit(a, f"{SHORT} {i}.", voice=PIPER) for i in range(3)]
     late = submit(b, SHORT, voice=PIPER)
-    order = [attempts.claim_next("piper", f"node:ns-1:{n}") for n in range(4)]
+    # Four queued jobs, four claims: each finds one (a None fails the comparisons below).
+    order = [cast("SynthesisJob", attempts.claim_next("piper", f"node:ns-1:{n}")) for n in range(4)]
     assert [j.id for j in order] == [burst[0].id, late.id, burst[1].id, burst[2].id]
     assert [j.claim_token for j in order] == [1, 1, 1, 1]
     assert attempts.claim_next("piper", "node:ns-1:9") is None

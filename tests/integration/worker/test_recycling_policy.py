@@ -114,15 +114,15 @@ def test_out_of_memory_and_storage_errors_are_classified() -> None:
 def test_exit_hook_reports_over_limit_only_once_requested() -> None:
     import billiard.pool as pool
 
-    original = pool.mem_rss
+    original = pool.mem_rss  # type: ignore[attr-defined]  # billiard-stubs omit pool.mem_rss (present at runtime)
     try:
         assert recycling.install_exit_hook()
-        assert pool.mem_rss() < 2**40  # a real reading while nothing is requested
+        assert pool.mem_rss() < 2**40  # type: ignore[attr-defined]  # a real reading while nothing is requested
         recycling._exit_requested.append("test")
-        assert pool.mem_rss() >= 2**62
+        assert pool.mem_rss() >= 2**62  # type: ignore[attr-defined]
     finally:
         recycling._exit_requested.clear()
-        pool.mem_rss = original
+        pool.mem_rss = original  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------ baselines, jitter, the loop guard

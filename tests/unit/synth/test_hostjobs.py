@@ -6,7 +6,7 @@ import multiprocessing
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from synth import DEFAULT_VOICE
 from synth.engines.base import VoiceParams
@@ -61,7 +61,7 @@ def test_piper_uses_its_solo_session_only_while_no_other_job_runs() -> None:
     busy = {"now": False}
     engine = PiperEngine(threads=1, solo_threads=2, busy=lambda: busy["now"])
     engine.load("cpu", [DEFAULT_VOICE])
-    sessions = {key[1]: voice.session for key, voice in engine._loaded.items()}
+    sessions = {cast(int, key[1]): voice.session for key, voice in engine._loaded.items()}
     assert sorted(sessions) == [1, 2]  # both loaded up front (the child's memory baseline)
     assert [s.get_session_options().intra_op_num_threads for s in (sessions[1], sessions[2])] == [1, 2]
 

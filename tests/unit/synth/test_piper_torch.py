@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import pytest
@@ -26,7 +26,14 @@ SENTENCES = [
     "The keeper trimmed the wick.",
     "Eight make one batch.",
 ]
-QUIET = {"noise_scale": 0.0, "noise_w": 0.0}
+
+
+class _Noise(TypedDict):
+    noise_scale: float
+    noise_w: float
+
+
+QUIET: _Noise = {"noise_scale": 0.0, "noise_w": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +78,7 @@ def test_weight_loading_covers_every_inference_parameter(voice_files: tuple[str,
 def test_a_parameter_missing_from_the_graph_is_refused(voice_files: tuple[str, str]) -> None:
     model_path, config_path = voice_files
     model, _ = vits_torch.load_voice(model_path, config_path)
-    model.dec.register_parameter("extra", torch.nn.Parameter(torch.zeros(3)))
+    cast(torch.nn.Module, model.dec).register_parameter("extra", torch.nn.Parameter(torch.zeros(3)))
     with pytest.raises(EngineUnavailable, match=r"no weights for 1 parameters.*dec\.extra"):
         vits_torch.load_onnx_weights(model, model_path)
 

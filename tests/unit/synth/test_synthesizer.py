@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pytest
@@ -33,6 +34,10 @@ from synth.errors import (
     UnsupportedFormat,
     UnsupportedSampleRate,
 )
+
+if TYPE_CHECKING:
+    from synth.engines.espeak import EspeakEngine
+    from synth.engines.piper import PiperEngine
 
 ROOT = Path(__file__).resolve().parents[3]
 SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank."
@@ -252,11 +257,11 @@ def test_validate_request_is_pure() -> None:
 
 
 def test_engine_markup_is_read_not_obeyed(synthesizer: Synthesizer, tmp_path: Path) -> None:
-    eng = synthesizer.engine("espeak")
+    eng = cast("EspeakEngine", synthesizer.engine("espeak"))  # render() is not in the Engine protocol
     params = VoiceParams(voice="espeak-en-us")
     rendered = eng.render("say [[h@l'oU]] <speak><break time='5s'/></speak>", params)
     assert "[[" not in rendered and "<" not in rendered
-    piper = synthesizer.engine("piper")
+    piper = cast("PiperEngine", synthesizer.engine("piper"))
     prender = piper.render("say [[ həlˈoʊ ]] now", VoiceParams(voice=DEFAULT_VOICE))
     assert "[[" not in prender
     hello, _, _ = _run(synthesizer, tmp_path, "Hello.", "h.wav", voice="espeak-en-us")
