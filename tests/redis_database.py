@@ -24,3 +24,25 @@ def redis_database(stack: Any, db: int) -> Iterator[Any]:
         finally:
             r.flushdb()
             heartbeat._client = None
+
+
+def clear_cache() -> None:
+    """Empty Django's cache and the request-rate counters, and nothing else in their Redis database.
+
+    ``cache.clear()`` runs FLUSHDB, and the cache shares its database with Celery's queues and the
+    workers' heartbeats: the session worker then looks gone until its next beat (a submit gets
+    503 no_worker, /healthz fails) and queued messages are lost.
+    """
+    import redis
+    from django.conf import settings
+    from django.core.cache import cache
+
+    prefix = settings.CACHES["default"].get("KEY_PREFIX", "")
+    client = redis.Redis.from_url(str(settings.CACHES["default"]["LOCATION"]))
+    try:
+        for pattern in (cache.make_key("*"), f"{prefix}:rate:*"):
+            keys = list(client.scan_iter(match=pattern, count=1000))
+            if keys:
+                client.delete(*keys)
+    finally:
+        client.close()

@@ -102,10 +102,16 @@ class TestStack:
         return service
 
     def ensure_session_worker(self) -> Service:
-        """The shared synthesis worker most tests use, started on first need."""
+        """The shared synthesis worker most tests use, started on first need.
+
+        Ready, not just running: after a test that killed its child, the parent's new child may
+        still be loading its models, and a test that needs a serving worker must wait for it.
+        """
         worker = self.session_worker
         if worker is None or worker.process is None or worker.process.poll() is not None:
             self.session_worker = worker = self.start_worker("worker")
+        else:
+            self.wait_for_workers(worker, 1, timeout=120)
         return worker
 
     def stop_session_worker(self) -> None:

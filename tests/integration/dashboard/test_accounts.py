@@ -9,18 +9,18 @@ from typing import Any, cast
 import pytest
 from django.contrib.auth import get_user_model
 from django.core import mail
-from django.core.cache import cache
 from django.test import Client, override_settings
 
 from tests.dashboard_data import PASSWORD
 from tests.integration.dashboard.conftest import client_for, redirect_url
+from tests.redis_database import clear_cache
 
 SIGNUP = {"email": "new@example.com", "organization": "New Co", "password": PASSWORD}
 
 
 @pytest.fixture(autouse=True)
 def fresh_throttle(stack: Any) -> None:
-    cache.clear()
+    clear_cache()
 
 
 def _link(pattern: str) -> str:

@@ -11,6 +11,7 @@ from django.core import mail
 
 from tests.dashboard_data import make_job, member_of
 from tests.integration.dashboard.conftest import client_for, redirect_url
+from tests.redis_database import clear_cache
 from webapp.speech.models import SynthesisJob
 from webapp.tenants.models import ApiKey, Membership
 
@@ -177,10 +178,8 @@ def test_job_status_waits_for_a_change_and_answers_when_it_comes(transactional_d
 def test_submits_beyond_the_plans_rate_get_a_readable_429(
     owner: tuple[Any, Any], builtin_voices: list[str]
 ) -> None:
-    from django.core.cache import cache
-
     user, org = owner
-    cache.clear()
+    clear_cache()
     org.plan.requests_per_minute = 1
     org.plan.save()
     client = client_for(user)
