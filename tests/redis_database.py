@@ -33,16 +33,12 @@ def clear_cache() -> None:
     workers' heartbeats: the session worker then looks gone until its next beat (a submit gets
     503 no_worker, /healthz fails) and queued messages are lost.
     """
-    import redis
-    from django.conf import settings
     from django.core.cache import cache
 
-    prefix = settings.CACHES["default"].get("KEY_PREFIX", "")
-    client = redis.Redis.from_url(str(settings.CACHES["default"]["LOCATION"]))
-    try:
-        for pattern in (cache.make_key("*"), f"{prefix}:rate:*"):
-            keys = list(client.scan_iter(match=pattern, count=1000))
-            if keys:
-                client.delete(*keys)
-    finally:
-        client.close()
+    from webapp.tenants.api import ratelimit
+
+    client, prefix = ratelimit._cache_redis()  # the cache's Redis, through the process's pool
+    for pattern in (cache.make_key("*"), f"{prefix}:{ratelimit.KEY_TAG}:*"):
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        if keys:
+            client.delete(*keys)

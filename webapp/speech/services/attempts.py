@@ -116,8 +116,7 @@ def _claimed(sql: str, params: dict[str, Any]) -> SynthesisJob | None:
 
 def _claimed_columns() -> str:
     """What a claim returns: the job's fields in the order ``_claimed`` builds it from."""
-    sql: str = columns(SynthesisJob, TABLE).sql
-    return sql
+    return columns(SynthesisJob, TABLE).sql
 
 
 def claim_job(

@@ -46,6 +46,8 @@ SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 UNAVAILABLE_RETRY_AFTER = 5
 # A window's counter outlives the window by this much (a request counted in its last second).
 EXPIRY_MARGIN_SECONDS = 5
+# A counter's key: "<cache prefix>:rate:<counter>:<window end>".
+KEY_TAG = "rate"
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ def _count(counter: str, limit: int, scope: str) -> RateUsage:
     now = int(time.time())
     end = window_end(counter, now)
     client, prefix = _cache_redis()
-    key = f"{prefix}:rate:{counter}:{end}"
+    key = f"{prefix}:{KEY_TAG}:{counter}:{end}"
     pipe = client.pipeline(transaction=False)
     pipe.set(key, 0, ex=end - now + EXPIRY_MARGIN_SECONDS, nx=True)
     pipe.incr(key)
