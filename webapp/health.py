@@ -62,8 +62,11 @@ def _check_redis() -> bool:
 
 
 def _check_workers() -> bool:
+    # A child being replaced counts, as it does for submit's no_worker check: its node serves
+    # again once the replacement has loaded, and jobs queue meanwhile. Counting only "ready"
+    # children failed the check whenever every child of the only node was recycling at once.
     try:
-        return any(w.get("state") == "ready" for w in heartbeat.live_workers())
+        return any(w.get("state") in heartbeat.SERVING_STATES for w in heartbeat.live_workers())
     except Exception:
         return False
 

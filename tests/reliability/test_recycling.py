@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -57,19 +58,24 @@ def test_300_jobs_through_one_worker_with_low_max_tasks_per_child(
         # No child started a task over its limits.
         assert max(r.metrics["child_task_no"] for r in rows) <= MAX_TASKS
         assert max(r.metrics["child_rss_before_mb"] for r in rows) < MAX_RSS_MB
-        assert sorted(len(v) for v in by_child.values()) == [MAX_TASKS] * (JOBS // MAX_TASKS)
+        # Each child leaves at a count of its own, drawn at or up to 15 % below the setting
+        # (children that share jobs would otherwise all leave at once); the last may not be done.
+        in_order = sorted(by_child.values(), key=lambda v: min(r.started_at for r in v))
+        done = [len(v) for v in in_order[:-1]]
+        assert all(math.ceil(MAX_TASKS * 0.85) <= n <= MAX_TASKS for n in done), done
+        assert len(in_order[-1]) <= MAX_TASKS
+        assert len(set(done)) > 1, done
 
         # Recycles as configured, counted per node (they outlive the children).
         node = rows[0].metrics["node"]
         stats = wait_until(
-            lambda: (
-                (s := recycling.node_stats(stack.redis_client(), node))["recycles"] >= JOBS // MAX_TASKS and s
-            ),
+            lambda: (s := recycling.node_stats(stack.redis_client(), node))["recycles"] >= len(done) and s,
             10,
             "the last recycle to be recorded",
         )
-        assert stats["recycles"] == JOBS // MAX_TASKS
-        assert stats["recycle_reasons"] == {"max_tasks": JOBS // MAX_TASKS}
+        # The last child may have reached its limit with the last job.
+        assert stats["recycles"] in (len(done), len(done) + 1)
+        assert stats["recycle_reasons"] == {"max_tasks": stats["recycles"]}
 
         # Longest time with no ready child: from a child's exit to the next child's ready.
         events = recycling.node_events(stack.redis_client(), node)
@@ -87,7 +93,7 @@ def test_300_jobs_through_one_worker_with_low_max_tasks_per_child(
             f"(mean {sum(gaps) / len(gaps):.2f} s); longest pause between jobs across a recycle: "
             f"{max(service_gaps):.2f} s"
         )
-        assert len(gaps) >= JOBS // MAX_TASKS - 1
+        assert len(gaps) >= len(done) - 1
         assert max(service_gaps) < 15
     finally:
         stack.stop_service(worker)

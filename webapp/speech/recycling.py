@@ -1,8 +1,9 @@
 """When a worker child should be replaced, and how it leaves cleanly.
 
-Celery's own ``worker_max_tasks_per_child`` covers the task count. This
-module adds the checks an operator of a model server cares about, evaluated
-after every task:
+Celery's own ``worker_max_tasks_per_child`` is the hard task count limit;
+each child leaves at a count of its own at or below it (:data:`TASK_JITTER`).
+This module adds the checks an operator of a model server cares about,
+evaluated after every task:
 
 - RSS over ``TTS_WORKER_MAX_RSS_MB`` (or Celery's ``worker_max_memory_per_child``
   when that is lower);
@@ -40,6 +41,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -89,6 +91,11 @@ MEMORY_GROWTH = 0.10
 # Children started together must not all leave together: each child's age
 # limit is drawn from limit x (1 +- AGE_JITTER).
 AGE_JITTER = 0.15
+# Nor at the same task count: children that share a queue's jobs evenly would
+# reach one count together and leave the node without a serving child while
+# every replacement loads. Each child's count limit is drawn from
+# [limit x (1 - TASK_JITTER), limit]; never above it (billiard's own limit).
+TASK_JITTER = 0.15
 
 
 @dataclass
@@ -104,6 +111,8 @@ class RecyclePolicy:
     min_tasks: int = 0
     # Age limit jitter, a fraction of the limit (the worker uses AGE_JITTER).
     age_jitter: float = 0.0
+    max_tasks: int = 0  # 0 = no limit
+    task_jitter: float = 0.0  # the worker uses TASK_JITTER
 
     @classmethod
     def from_settings(cls) -> RecyclePolicy:
@@ -118,6 +127,8 @@ class RecyclePolicy:
             rtf_window=max(1, settings.TTS_WORKER_RTF_WINDOW),
             min_tasks=max(0, settings.TTS_WORKER_MIN_TASKS_BEFORE_RECYCLE),
             age_jitter=AGE_JITTER,
+            max_tasks=max(0, settings.CELERY_WORKER_MAX_TASKS_PER_CHILD or 0),
+            task_jitter=TASK_JITTER,
         )
 
 
@@ -202,6 +213,14 @@ def jittered(limit: float, jitter: float, rng: random.Random | None = None) -> f
     return limit * (1 + (rng or random.SystemRandom()).uniform(-jitter, jitter))
 
 
+def lowered(limit: int, jitter: float, rng: random.Random | None = None) -> int:
+    """A whole number drawn from [``limit`` x (1 - ``jitter``), ``limit``], once per child."""
+    if limit <= 0 or jitter <= 0:
+        return max(0, limit)
+    low = max(1, math.ceil(limit * (1 - jitter)))
+    return (rng or random.SystemRandom()).randint(low, limit)
+
+
 @dataclass
 class ChildHealth:
     """What one worker child knows about itself, and the decision to replace it."""
@@ -212,6 +231,7 @@ class ChildHealth:
     rng: random.Random | None = None
     rtf: RtfTracker = field(init=False)
     max_age_seconds: float = field(init=False)
+    max_tasks: int = field(init=False)  # this child's own task count limit
     recycle_reason: str | None = None
     held_back: str = ""
     last_rss_mb: float = 0.0
@@ -222,6 +242,7 @@ class ChildHealth:
     def __post_init__(self) -> None:
         self.rtf = RtfTracker(self.policy.rtf_baseline_tasks, self.policy.rtf_window)
         self.max_age_seconds = jittered(self.policy.max_age_seconds, self.policy.age_jitter, self.rng)
+        self.max_tasks = lowered(self.policy.max_tasks, self.policy.task_jitter, self.rng)
 
     @property
     def age_deadline(self) -> float | None:

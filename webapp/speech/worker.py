@@ -107,7 +107,7 @@ class WorkerState:
             "started_at": self.started_at,
             "loaded_at": self.loaded_at,
             "tasks_done": self.tasks_done,
-            "max_tasks_per_child": current_app.conf.worker_max_tasks_per_child,
+            "max_tasks_per_child": self.health.max_tasks,  # this child's own (drawn) limit
             "current_job": self.current_job,
             "rss_mb": rss,
             "gpu_mb": _round(gpu),
@@ -412,9 +412,10 @@ def after_task(
         # the runtime's state is suspect, and the job's retry wants a fresh child.
         state.health.recycle_reason = "oom out-of-memory during a job"
     reason = state.health.check(tasks_done=state.tasks_done)
-    max_tasks = current_app.conf.worker_max_tasks_per_child
+    max_tasks = state.health.max_tasks
     if not reason and max_tasks and state.tasks_done >= max_tasks:
-        # billiard ends the child itself; counted here so the heartbeat shows it.
+        # The child's own limit, at or below billiard's (which would end it too): children
+        # that share jobs evenly draw different limits, so a node's children leave apart.
         reason = f"max_tasks {state.tasks_done} tasks"
     if reason:
         rolling.start_recycle(state, reason)

@@ -183,3 +183,14 @@ def test_drift_is_measured_per_character_so_short_jobs_are_not_drift() -> None:
         tracker.add("piper", 0.003, 1000)  # the long jobs themselves got 3 x slower
     assert tracker.drifted(2.0) == "piper"
     assert tracker.rolling("piper") == pytest.approx(0.003)
+
+
+def test_task_count_limits_are_drawn_per_child_at_or_below_the_setting() -> None:
+    policy = RecyclePolicy(max_tasks=200, task_jitter=recycling.TASK_JITTER)
+    limits = [ChildHealth(policy).max_tasks for _ in range(200)]
+    # Never above the setting (billiard's own limit), never more than 15 % below it.
+    assert all(170 <= x <= 200 for x in limits)
+    # Children that share jobs evenly reach one count together: their limits must differ.
+    assert len(set(limits)) > 20
+    assert ChildHealth(RecyclePolicy(max_tasks=0, task_jitter=0.15)).max_tasks == 0
+    assert ChildHealth(RecyclePolicy(max_tasks=1, task_jitter=0.15)).max_tasks == 1
