@@ -99,6 +99,28 @@ def start_data_services(sup: Supervisor, cfg: StackConfig) -> None:
                 raise
             time.sleep(0.3)
     sup.start(Service("redis", redis_command(cfg), ready_port=cfg.redis_port))
+    wait_for_redis_data(cfg)
+
+
+def wait_for_redis_data(cfg: StackConfig, timeout: float = 120) -> None:
+    """Redis accepts connections before it has read its append-only file back, and answers
+    every command with LOADING until then: the services started next would fail their first
+    calls (a queue with many messages takes seconds to load)."""
+    import redis
+
+    client = redis.Redis.from_url(cfg.redis_url, socket_connect_timeout=2, socket_timeout=5)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.BusyLoadingError:
+                if time.monotonic() > deadline:
+                    raise StackError(f"Redis was still loading its data after {timeout:.0f} s") from None
+                time.sleep(0.1)
+    finally:
+        client.close()
 
 
 def worker_service(cfg: StackConfig, name: str = "worker", role: str = "synth") -> Service:

@@ -264,7 +264,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", TTS_MAX_JOB_SECONDS * 2),
     "socket_connect_timeout": 3,
 }
-CELERY_WORKER_MAX_TASKS_PER_CHILD = env_int("TTS_WORKER_MAX_TASKS_PER_CHILD", 200)
+# A child leaves after a count of its own drawn from 85-100 % of this, later while another child of
+# its node is being replaced (webapp/speech/recycling.py). billiard's own count, which ends a child
+# whatever it is doing, is only a backstop far above it: waiting for a turn is bounded in time.
+TTS_WORKER_MAX_TASKS_PER_CHILD = env_int("TTS_WORKER_MAX_TASKS_PER_CHILD", 200)
+CELERY_WORKER_MAX_TASKS_PER_CHILD = 10 * max(0, TTS_WORKER_MAX_TASKS_PER_CHILD)
 # KiB, as Celery counts it. Never 0: the worker's own recycle check (RSS, GPU
 # memory, age, RTF drift) ends a child through this same after-task check in
 # billiard, which only runs when a limit is set (webapp/speech/recycling.py).

@@ -228,3 +228,44 @@ def test_a_child_slowed_by_a_busy_host_is_not_recycled_for_drift(
         assert recycling.node_stats(stack.redis_client(), after.metrics["node"])["recycles"] == 0
     finally:
         stack.stop_service(worker)
+
+
+def test_children_of_a_node_that_share_its_jobs_are_replaced_one_at_a_time(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    """Two children take short jobs in turns and so reach their task limits together; they must
+    still leave one after the other, each once the other's replacement is ready."""
+    from webapp.speech import recycling
+
+    flush_queues(stack, "synth.espeak")
+    worker = start_worker(stack, "w-turns", concurrency=2, TTS_WORKER_MAX_TASKS_PER_CHILD="20")
+    try:
+        org = make_org("turns")
+        # Jobs of ~0.1 s: the child that waits serves on alone while the other's replacement
+        # loads (Celery may take up to 5 s to fork it), far from billiard's backstop of 200 tasks.
+        jobs = [submit(org, f"Turn {i}. {SHORT} {SHORT} {SHORT} {SHORT}") for i in range(240)]
+        rows = wait_status([j.id for j in jobs], timeout=170)
+        assert [r.status for r in rows] == ["succeeded"] * len(rows), {r.status for r in rows}
+        node = rows[0].metrics["node"]
+        events = sorted(recycling.node_events(stack.redis_client(), node), key=lambda e: float(e["at"]))
+        exits = [e for e in events if e["event"] == "exit"]
+        assert len(exits) >= 4, events
+        # Children gone and not yet replaced, over time: never both (the node would serve nothing).
+        out = worst = 0
+        for e in events:
+            if e["event"] == "exit":
+                out += 1
+            elif e["event"] == "ready":
+                out = max(0, out - 1)
+            worst = max(worst, out)
+        assert worst <= 1, "\n".join(
+            f"{e['event']} {e['pid']} {float(e['at']) % 1000:.3f} {e.get('reason', '')}" for e in events
+        )
+        assert max(r.metrics["child_task_no"] for r in rows) <= 10 * 20
+        print(
+            f"\n{len(rows)} jobs through 2 children, max_tasks_per_child=20: {len(exits)} exits, "
+            f"most tasks in one child {max(r.metrics['child_task_no'] for r in rows)}, "
+            f"never both children gone at once"
+        )
+    finally:
+        stack.stop_service(worker)

@@ -1,9 +1,11 @@
 """When a worker child should be replaced, and how it leaves cleanly.
 
-Celery's own ``worker_max_tasks_per_child`` is the hard task count limit;
-each child leaves at a count of its own at or below it (:data:`TASK_JITTER`).
-This module adds the checks an operator of a model server cares about,
-evaluated after every task:
+Each child leaves after a task count of its own, drawn at or up to 15 % below
+``TTS_WORKER_MAX_TASKS_PER_CHILD`` (:data:`TASK_JITTER`) and in its node's
+turn (:func:`take_turn`); Celery's ``worker_max_tasks_per_child``, ten times
+the setting, is only a backstop. This
+module adds the checks an operator of a model server cares about, evaluated
+after every task:
 
 - RSS over ``TTS_WORKER_MAX_RSS_MB`` (or Celery's ``worker_max_memory_per_child``
   when that is lower);
@@ -94,8 +96,18 @@ AGE_JITTER = 0.15
 # Nor at the same task count: children that share a queue's jobs evenly would
 # reach one count together and leave the node without a serving child while
 # every replacement loads. Each child's count limit is drawn from
-# [limit x (1 - TASK_JITTER), limit]; never above it (billiard's own limit).
+# [limit x (1 - TASK_JITTER), limit], and a child leaves for a reason that can
+# wait only in its node's turn (take_turn).
 TASK_JITTER = 0.15
+# Reasons that can wait for the node's turn; memory and out-of-memory cannot.
+CAN_WAIT = ("max_tasks", "age", "rtf_drift")
+# A sibling in one of these is on its way out or not serving yet.
+REPLACING_STATES = ("recycling", "starting", "loading", "warming_up")
+TURN_KEY_PREFIX = "tts:recycle-turn:"
+# Held from a child's leaving until a child of the node reports ready (end_turn);
+# a replacement that never does frees it after this. Also the longest a child
+# waits for the turn before it leaves anyway.
+TURN_TTL = 120
 
 
 @dataclass
@@ -127,7 +139,7 @@ class RecyclePolicy:
             rtf_window=max(1, settings.TTS_WORKER_RTF_WINDOW),
             min_tasks=max(0, settings.TTS_WORKER_MIN_TASKS_BEFORE_RECYCLE),
             age_jitter=AGE_JITTER,
-            max_tasks=max(0, settings.CELERY_WORKER_MAX_TASKS_PER_CHILD or 0),
+            max_tasks=max(0, settings.TTS_WORKER_MAX_TASKS_PER_CHILD),
             task_jitter=TASK_JITTER,
         )
 
@@ -341,6 +353,31 @@ class ChildHealth:
 def reason_kind(reason: str) -> str:
     """``"rss 1600 MiB over 1500 MiB"`` -> ``"rss"``: the counter a reason is filed under."""
     return reason.split(" ", 1)[0]
+
+
+def take_turn(client: Any, node: str, worker_id: str, beats: list[dict[str, Any]]) -> bool:
+    """Whether a child may leave now for a reason that can wait (:data:`CAN_WAIT`).
+
+    Not while another child of its node is leaving or loading (its heartbeat
+    says so), nor while another child holds the node's turn: two children
+    that end tasks at the same moment both see the other ready, and only one
+    of them sets the key. The turn passes on when a child of the node reports
+    ready (:func:`end_turn`). A child waits at most :data:`TURN_TTL` seconds
+    (``worker.after_task``).
+    """
+    for beat in beats:
+        if (
+            beat.get("node") == node
+            and beat.get("worker_id") != worker_id
+            and beat.get("state") in REPLACING_STATES
+        ):
+            return False
+    return bool(client.set(TURN_KEY_PREFIX + node, worker_id, nx=True, ex=TURN_TTL))
+
+
+def end_turn(client: Any, node: str) -> None:
+    """A child of ``node`` is ready: the next child of the node may leave."""
+    client.delete(TURN_KEY_PREFIX + node)
 
 
 # ----------------------------------------------------------------------------- leaving cleanly

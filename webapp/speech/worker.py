@@ -80,6 +80,7 @@ class WorkerState:
         self.load_attempts = 0
         self.next_retry_at: float | None = None
         self.current_job: str | None = None
+        self.waiting_since: float | None = None  # since when a recycle waits for the node's turn
         # Jobs running on this host, by every worker of this var/ (synth.hostjobs).
         self.host_jobs = HostJobs(settings.VAR_DIR / "run" / "jobs")
         self.health = recycling.ChildHealth(recycling.RecyclePolicy.from_settings(), gpu_reader=_gpu_reader())
@@ -353,6 +354,7 @@ def _on_process_init(**_: Any) -> None:
             heartbeat.client(), state.node, {"event": "ready", "pid": state.pid, "at": time.time()}
         )
         _forget_recycled_siblings(state)
+        recycling.end_turn(heartbeat.client(), state.node)
     log.info("worker child %s ready on %s with %d voices", state.worker_id, state.device, len(state.voices))
 
 
@@ -414,12 +416,33 @@ def after_task(
     reason = state.health.check(tasks_done=state.tasks_done)
     max_tasks = state.health.max_tasks
     if not reason and max_tasks and state.tasks_done >= max_tasks:
-        # The child's own limit, at or below billiard's (which would end it too): children
-        # that share jobs evenly draw different limits, so a node's children leave apart.
+        # The child's own limit (drawn per child; billiard's, twice the setting, is the backstop).
         reason = f"max_tasks {state.tasks_done} tasks"
+    if reason and recycling.reason_kind(reason) in recycling.CAN_WAIT and not _my_turn_to_leave(state):
+        if state.waiting_since is None:
+            log.info("worker child %d waits for its node's turn to be replaced (%s)", state.pid, reason)
+            state.waiting_since = time.monotonic()
+        if time.monotonic() - state.waiting_since < recycling.TURN_TTL:
+            return None
+        log.warning(
+            "worker child %d waited %d s for its node's turn to be replaced; it leaves now (%s)",
+            state.pid,
+            recycling.TURN_TTL,
+            reason,
+        )
     if reason:
         rolling.start_recycle(state, reason)
     return reason
+
+
+def _my_turn_to_leave(state: WorkerState) -> bool:
+    """Children of a node that share its jobs reach their limits together: they leave in turns."""
+    try:
+        client = heartbeat.client()
+        return recycling.take_turn(client, state.node, state.worker_id, heartbeat.live_workers())
+    except Exception as exc:  # Redis away: leave, as a child always did
+        log.warning("could not take the node's recycle turn: %s", exc)
+        return True
 
 
 # ----------------------------------------------------------------------------- warm shutdown

@@ -1,0 +1,62 @@
+"""A node's children leave for a reason that can wait one at a time (recycling.take_turn)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from webapp.speech import recycling
+from webapp.speech.recycling import end_turn, take_turn
+
+
+@pytest.fixture
+def node(stack: Any) -> Iterator[str]:
+    name = f"host:{uuid.uuid4().hex[:8]}"
+    yield name
+    stack.redis_client().delete(recycling.TURN_KEY_PREFIX + name)
+
+
+def beat(node: str, worker_id: str, state: str = "ready") -> dict[str, Any]:
+    return {"node": node, "worker_id": worker_id, "state": state}
+
+
+def test_it_gives_one_of_two_children_ending_tasks_together_the_turn(stack: Any, node: str) -> None:
+    r = stack.redis_client()
+    beats = [beat(node, "a"), beat(node, "b")]
+    assert take_turn(r, node, "a", beats) is True
+    assert take_turn(r, node, "b", beats) is False  # both saw the other ready: the key decides
+    end_turn(r, node)  # a child of the node reported ready
+    assert take_turn(r, node, "b", beats) is True
+
+
+@pytest.mark.parametrize("state", ["recycling", "starting", "loading", "warming_up"])
+def test_it_waits_while_a_sibling_leaves_or_loads(stack: Any, node: str, state: str) -> None:
+    r = stack.redis_client()
+    assert take_turn(r, node, "a", [beat(node, "a"), beat(node, "b", state)]) is False
+    assert not r.exists(recycling.TURN_KEY_PREFIX + node)
+
+
+@pytest.mark.parametrize("state", ["backoff", "load_failed"])
+def test_a_sibling_that_cannot_load_does_not_hold_it_back(stack: Any, node: str, state: str) -> None:
+    r = stack.redis_client()
+    assert take_turn(r, node, "a", [beat(node, "a"), beat(node, "b", state)]) is True
+
+
+def test_other_nodes_do_not_count(stack: Any, node: str) -> None:
+    r = stack.redis_client()
+    other = node + "-other"
+    try:
+        beats = [beat(node, "a"), beat(other, "x", "loading")]
+        assert take_turn(r, node, "a", beats) is True
+        assert take_turn(r, other, "y", [beat(other, "y")]) is True  # its own key
+    finally:
+        r.delete(recycling.TURN_KEY_PREFIX + other)
+
+
+def test_the_turn_expires_when_no_replacement_reports_ready(stack: Any, node: str) -> None:
+    r = stack.redis_client()
+    assert take_turn(r, node, "a", [beat(node, "a")]) is True
+    assert 0 < r.ttl(recycling.TURN_KEY_PREFIX + node) <= recycling.TURN_TTL
