@@ -416,7 +416,7 @@ def after_task(
     reason = state.health.check(tasks_done=state.tasks_done)
     max_tasks = state.health.max_tasks
     if not reason and max_tasks and state.tasks_done >= max_tasks:
-        # The child's own limit (drawn per child; billiard's, twice the setting, is the backstop).
+        # The child's own limit (drawn per child; billiard's, ten times the setting, is a backstop).
         reason = f"max_tasks {state.tasks_done} tasks"
     if reason and recycling.reason_kind(reason) in recycling.CAN_WAIT and not _my_turn_to_leave(state):
         if state.waiting_since is None:

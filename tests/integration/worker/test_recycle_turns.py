@@ -60,3 +60,51 @@ def test_the_turn_expires_when_no_replacement_reports_ready(stack: Any, node: st
     r = stack.redis_client()
     assert take_turn(r, node, "a", [beat(node, "a")]) is True
     assert 0 < r.ttl(recycling.TURN_KEY_PREFIX + node) <= recycling.TURN_TTL
+
+
+@pytest.fixture
+def child(stack: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A worker child's state in this process, at two tasks below its count limit of 3."""
+    from webapp.speech import heartbeat, worker
+
+    heartbeat._client = None
+    state: Any = worker.WorkerState()
+    state.health.max_tasks = 3
+    state.tasks_done = 1
+    turns: list[bool] = [False]
+    monkeypatch.setattr(worker, "_my_turn_to_leave", lambda _state: turns[0])
+    state.turns = turns
+    yield state
+    recycling._exit_requested.clear()
+    heartbeat._client = None
+
+
+def test_a_child_at_its_count_serves_on_until_its_turn(child: Any) -> None:
+    from webapp.speech import worker
+
+    assert worker.after_task(child, None, None, 0) is None  # 2 of 3
+    assert worker.after_task(child, None, None, 0) is None  # 3 of 3, not its turn: it serves on
+    assert recycling.exit_requested() is None and child.state != "recycling"
+    assert child.waiting_since is not None
+    child.turns[0] = True
+    reason = worker.after_task(child, None, None, 0)
+    assert reason == "max_tasks 4 tasks"
+    assert recycling.exit_requested() == reason and child.state == "recycling"
+
+
+def test_a_child_waits_for_its_turn_no_longer_than_the_turn_lasts(child: Any) -> None:
+    from webapp.speech import worker
+
+    child.tasks_done = 2
+    assert worker.after_task(child, None, None, 0) is None
+    child.waiting_since -= recycling.TURN_TTL + 1
+    assert worker.after_task(child, None, None, 0) == "max_tasks 4 tasks"
+    assert recycling.exit_requested() == "max_tasks 4 tasks"
+
+
+def test_memory_reasons_do_not_wait_for_a_turn(child: Any) -> None:
+    from webapp.speech import worker
+
+    reason = worker.after_task(child, None, None, 0, oom=True)
+    assert reason is not None and reason.startswith("oom")
+    assert recycling.exit_requested() == reason
