@@ -268,6 +268,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # its node is being replaced (webapp/speech/recycling.py). billiard's own count, which ends a child
 # whatever it is doing, is only a backstop far above it: waiting for a turn is bounded in time.
 TTS_WORKER_MAX_TASKS_PER_CHILD = env_int("TTS_WORKER_MAX_TASKS_PER_CHILD", 200)
+# Prefork, replacing a child as soon as it exits (webapp/celery_pool.py); `--pool prefork` picks it.
+CELERY_WORKER_POOL = "webapp.celery_pool:TaskPool"
 CELERY_WORKER_MAX_TASKS_PER_CHILD = 10 * max(0, TTS_WORKER_MAX_TASKS_PER_CHILD)
 # KiB, as Celery counts it. Never 0: the worker's own recycle check (RSS, GPU
 # memory, age, RTF drift) ends a child through this same after-task check in

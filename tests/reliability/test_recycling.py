@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -268,4 +269,44 @@ def test_children_of_a_node_that_share_its_jobs_are_replaced_one_at_a_time(
             f"never both children gone at once"
         )
     finally:
+        stack.stop_service(worker)
+
+
+def test_a_recycled_child_is_replaced_at_once(stack: TestStack, builtin_voices: list[str]) -> None:
+    """Celery forked a replacement only at its 5 s pool check when it looked for the exited child
+    a moment too early (9 of 24 recycles took 2.7-4.7 s); webapp/celery_pool.py looks again."""
+    import psutil
+
+    from webapp.speech import recycling
+
+    flush_queues(stack, "synth.espeak")
+    worker = start_worker(stack, "w-fork", TTS_WORKER_MAX_TASKS_PER_CHILD="5")
+    forked: dict[int, float] = {}  # child pid -> when it was first seen
+    stop = threading.Event()
+
+    def watch() -> None:
+        parent = psutil.Process(worker.process.pid)  # type: ignore[union-attr]
+        while not stop.is_set():
+            for child in parent.children():
+                forked.setdefault(child.pid, time.time())
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        org = make_org("fork")
+        rows = wait_status([submit(org, SHORT).id for _ in range(40)], timeout=120)
+        assert [r.status for r in rows] == ["succeeded"] * len(rows)
+        time.sleep(1)
+        stop.set()
+        watcher.join(5)
+        events = recycling.node_events(stack.redis_client(), rows[0].metrics["node"])
+        exits = sorted(float(e["at"]) for e in events if e["event"] == "exit")
+        assert len(exits) >= 6, events
+        # From each child's exit (recorded just before it ends) to the fork of the next one.
+        delays = [min(t for t in forked.values() if t > gone) - gone for gone in exits]
+        print(f"\nchild exit -> replacement forked over {len(delays)} recycles: max {max(delays):.3f} s")
+        assert max(delays) < 1.0, [round(d, 3) for d in delays]
+    finally:
+        stop.set()
         stack.stop_service(worker)
