@@ -5,7 +5,7 @@ readable, and then joins exited children and forks replacements. The kernel
 closes a process's files a moment before the process can be reaped, so the
 pool sometimes looks while the child is not yet joinable, finds nothing to
 replace, and forks the replacement only at its next periodic check, up to 5 s
-later. Measured on one-child workers: 2 of 8 recycles took 3.0 and 4.3 s to
+later. Measured on one-child workers: 9 of 24 recycles took 2.7-4.7 s to
 fork the replacement, the others 0.1 s. A node with one child served nothing
 meanwhile. Here the pool looks again shortly after each exit it sees
 (docs/decisions.md). Selected by ``CELERY_WORKER_POOL``; the commands still say
