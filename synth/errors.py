@@ -72,3 +72,26 @@ class AudioRejected(SynthError, code="audio_rejected"):
     """An uploaded voice prompt that breaks one of the upload limits."""
 
     reason: str = ""  # which limit: upload_too_large, audio_too_long, ... (synth.prompt.UPLOAD_CODES)
+
+
+# Codes raised without a class of their own, as ``SomeError(message, code)``.
+AD_HOC_CODES: tuple[str, ...] = (
+    "synthesis_failed",  # SynthError: a pass that failed (synth.engines.piper_torch)
+    "cloning_unavailable",  # EngineUnavailable: a voice prompt for a voice that cannot clone (synth.request)
+)
+
+
+def _subclasses(cls: type[SynthError]) -> list[type[SynthError]]:
+    found: list[type[SynthError]] = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+# Every code a SynthError of this library can carry: the classes above and AD_HOC_CODES.
+# The refusals of a voice prompt (synth.prompt.PromptRejected) carry synth.prompt.UPLOAD_CODES
+# and analysis codes instead, which never reach a job. webapp maps these to its
+# JobFailureCode; tests/unit/test_failure_codes.py checks the two agree.
+SYNTH_ERROR_CODES: frozenset[str] = frozenset(
+    {SynthError.code, *(sub.code for sub in _subclasses(SynthError)), *AD_HOC_CODES}
+)

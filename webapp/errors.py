@@ -90,3 +90,48 @@ class DomainError(Exception):
         self.field = field
         self.retry_after = retry_after
         self.extra = extra or {}
+
+
+class JobFailureCode(StrEnum):
+    """What a failed job's ``error.code`` holds: why it ended ``failed``. docs/api.md has a row for each.
+
+    A failed job is read like any other (``200``, ``status: "failed"``); these codes have
+    no HTTP status, so they are not :class:`ErrorCode` members. Some values are both,
+    on purpose: the engine's own refusals at run time (``invalid_text``, ``unknown_voice``,
+    ...) carry the code the API answers (``400``, ``422``) for the same fault, and
+    ``timeout`` names both a job that ran past its limits (here) and the OpenAI
+    endpoint's wait that ran out (``ErrorCode.TIMEOUT``, 504). A client can read one
+    code the same way wherever it meets it.
+    synth cannot import this module; its codes are ``synth.errors.SYNTH_ERROR_CODES``
+    and tests/unit/test_failure_codes.py checks each maps to a member (:meth:`of_synth`).
+    """
+
+    # Written by the service (worker, reaper, housekeeping, voice deletion)
+    TIMEOUT = "timeout"  # past the hard time limit, stalled, or over the soft CPU-time limit; not retried
+    WORKER_LOST = "worker_lost"  # its worker died or was lost on every one of TTS_JOB_MAX_ATTEMPTS attempts
+    QUEUE_TIMEOUT = "queue_timeout"  # no worker took it within TTS_JOB_MAX_QUEUE_SECONDS
+    RESOURCE_EXHAUSTED = "resource_exhausted"  # out of memory, also on its retry on a fresh worker
+    DISK_FULL = "disk_full"  # the audio storage is full (ENOSPC, EDQUOT or EFBIG while writing)
+    STORAGE_ERROR = "storage_error"  # any other failure to write the audio
+    VOICE_DELETED = "voice_deleted"  # its voice was deleted while the job was still queued
+    SYNTHESIS_FAILED = "synthesis_failed"  # an unexpected error (a bug, a failed sentence); the fallback
+    # Raised by synth as SynthError.code (same values as synth.errors)
+    ENGINE_UNAVAILABLE = "engine_unavailable"  # the engine cannot run here (library, device, voice load)
+    CLONING_UNAVAILABLE = "cloning_unavailable"  # a prompt for a voice that cannot clone (also ErrorCode)
+    INVALID_TEXT = "invalid_text"  # the engine refused the text (also ErrorCode, 400 at submit)
+    INVALID_ANNOTATION = "invalid_annotation"  # a malformed pronunciation annotation (also ErrorCode)
+    UNKNOWN_VOICE = "unknown_voice"  # the worker's engines do not have the voice (also ErrorCode)
+    UNSUPPORTED_FORMAT = "unsupported_format"  # the encoder does not offer the format (also ErrorCode)
+    UNSUPPORTED_SAMPLE_RATE = "unsupported_sample_rate"  # the format cannot carry the rate (also ErrorCode)
+    UNSUPPORTED_CONTROL = "unsupported_control"  # a control the voice does not take (also ErrorCode)
+
+    @classmethod
+    def of_synth(cls, code: str) -> JobFailureCode:
+        """The member for a ``SynthError.code``; a code with no member is ``synthesis_failed``.
+
+        Not for ``canceled`` (synth's Cancelled): the worker ends such a run canceled, not failed.
+        """
+        try:
+            return cls(code)
+        except ValueError:
+            return cls.SYNTHESIS_FAILED
