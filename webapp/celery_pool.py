@@ -10,6 +10,10 @@ fork the replacement, the others 0.1 s. A node with one child served nothing
 meanwhile. Here the pool looks again shortly after each exit it sees
 (docs/decisions.md). Selected by ``CELERY_WORKER_POOL``; the commands still say
 ``--pool prefork``, which Celery resolves to the configured pool.
+
+``_event_process_exit`` is Celery's private method: the pool checks that Celery
+still has it as it starts (``webapp/private_apis.py``), and runs Celery's own
+pool when it does not.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from celery.concurrency import asynpool, prefork
+
+from webapp import private_apis
 
 # Seconds after a child's exit is seen at which the pool is maintained again. Each look
 # is a waitpid per child: nothing when every child is in place.
@@ -31,4 +37,11 @@ class AsynPool(asynpool.AsynPool):  # type: ignore[misc]
 
 
 class TaskPool(prefork.TaskPool):  # type: ignore[misc]
-    Pool = AsynPool
+    Pool: type[asynpool.AsynPool] = AsynPool
+
+    def on_start(self) -> None:
+        # In the worker's parent, before the children fork: a Celery that renamed the method
+        # would never call the override (logged once, with Celery's version), so run its own pool.
+        if not private_apis.check(private_apis.POOL_EVENT_PROCESS_EXIT):
+            self.Pool = asynpool.AsynPool
+        super().on_start()

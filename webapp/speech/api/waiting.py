@@ -86,7 +86,7 @@ class PendingWait:
 
 
 def _django_request(request: Any) -> HttpRequest:
-    return getattr(request, "_request", request)  # a DRF Request wraps Django's
+    return getattr(request, "_request", request)  # a DRF Request wraps Django's (webapp/private_apis.py)
 
 
 def reserve_wait(request: Any, organization: Organization, seconds: float) -> None:
@@ -188,9 +188,11 @@ def then_wait(view: Callable[..., HttpResponseBase], answer: Answer) -> Callable
             return await _answer(answer, request, pending.job_id, state, first)
         finally:
             slot = getattr(request, SLOT_ATTRIBUTE, None)
-            if slot is not None and first is not None and first.streaming:
+            # Django's private list of what closing the response calls (webapp/private_apis.py).
+            closers = getattr(first, "_resource_closers", None)
+            if slot is not None and first is not None and first.streaming and closers is not None:
                 # A streamed answer waits while it streams: its slot goes back when the response closes.
-                first._resource_closers.append(functools.partial(waits.release, *slot))  # type: ignore[attr-defined]
+                closers.append(functools.partial(waits.release, *slot))
             elif slot is not None:
                 await sync_to_async(waits.release, thread_sensitive=False)(*slot)
 
