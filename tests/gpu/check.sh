@@ -1,180 +1,101 @@
 #!/usr/bin/env bash
-# GPU checks: the worker's GPU-memory reading and the PyTorch Piper engine.
+# The GPU check: the PyTorch Piper engine and synth.telemetry's GPU-memory readers, engine level only
+# (no Django, Celery, Redis or PostgreSQL; the worker's recycling on GPU memory stays tested on the CPU).
 #
-#   tests/gpu/check.sh --device cpu   # in `make test`: the engine checks on the CPU, from the
-#                                     # source tree with the project's venv, installing nothing
-#   make gpu-check-prepare            # on a CPU machine: var/gpu-check/ (30 MiB, see tests/gpu/prepare.py)
-#   tests/gpu/check.sh --prepared var/gpu-check [--device cuda:N]   # on a GPU machine; under 6 minutes
+#   tests/gpu/check.sh --device cpu   # in `make test`: every section on small workloads, from the source
+#                                     # tree with the project's venv; installs and downloads nothing
+#   make gpu-check-prepare            # on a CPU machine: var/gpu-check/ (~48 MiB, tests/gpu/prepare.py)
+#   tests/gpu/check.sh --prepared var/gpu-check --device cuda:0 --out "$OUT"   # on the GPU machine
 #
-# A GPU machine needs only a copy of the working tree, the prepared folder and a Python
-# with CUDA torch (piper-tts, onnx and the voice package are not needed there). It never
-# installs torch (a multi-GB download); it installs nvidia-ml-py, Django, celery, psutil and numpy
-# when missing (the memory readers and the model code need them). Checks, each printed as PASS/FAIL/SKIP:
-#   engine (tests/gpu/engine_check.py): prepared fp16 weights load; fp32 durations equal
-#      onnxruntime's; fp16 vs fp32 parity (CUDA); throughput at batch 1, 8, 32 and the
-#      batch-8/batch-1 ratio; peak memory per job (torch.cuda.max_memory_allocated).
-#   1. NVML per-process reading: allocate ~256 MiB on the GPU in this process; the
-#      reader's figure rises by at least 200 MiB (NVML path: torch not imported yet).
-#   2. torch path: with torch imported and CUDA initialised, the reader returns
-#      torch.cuda.memory_reserved (within 1 MiB), and follows a 512 MiB allocation.
-#   3. the recycle decision: with the engine's model loaded and a batch run, ChildHealth
-#      with TTS_WORKER_MAX_GPU_MB just under the current reading asks for a recycle with
-#      reason "gpu_memory".
-#   4. reading never initialises CUDA: in a fresh process the reader on device "cuda"
-#      leaves torch.cuda.is_initialized() False (the parent-process rule).
-set -euo pipefail
-cd "$(dirname "$0")/../.."
+# The GPU machine needs a copy of the working tree, the prepared folder and a Python with CUDA torch.
+# The packages the check needs besides torch (numpy, nvidia-ml-py, psutil) come as Python 3.12 wheels
+# in the prepared folder; those that Python lacks are installed from there into a temporary folder
+# (pip --no-index, or unpacked where it has no pip): no registry, never torch. Results: results.json
+# (every figure, written as each section ends) and check.log (this output) in --out (default $OUT;
+# else a new folder under /tmp). The whole run has a deadline (--budget-s, default 240 s on CUDA),
+# well under the 5 minutes that leave room for a second run. Sections: tests/gpu/engine_check.py.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
 
 DEVICE=cuda:0
 PREPARED=
+RESULTS=${OUT:-}
+BUDGET=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --device) DEVICE=$2; shift 2 ;;
-    --prepared) PREPARED=$(cd "$2" && pwd); shift 2 ;;
-    *) echo "usage: tests/gpu/check.sh [--device cpu|cuda|cuda:N] [--prepared DIR]"; exit 2 ;;
+    --prepared) PREPARED=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    --out) RESULTS=$2; shift 2 ;;
+    --budget-s) BUDGET=$2; shift 2 ;;
+    *) echo "usage: tests/gpu/check.sh [--device cpu|cuda|cuda:N] [--prepared DIR] [--out DIR] [--budget-s S]"
+       exit 2 ;;
   esac
 done
 [[ $DEVICE == cuda ]] && DEVICE=cuda:0
+[[ -n $RESULTS ]] || RESULTS=$(mktemp -d "${TMPDIR:-/tmp}/tts-gpu-check.XXXXXX")
+mkdir -p "$RESULTS" && RESULTS=$(cd "$RESULTS" && pwd)
+# CPU: make test's time; CUDA: under 5 minutes in all, start-up and installs included.
+[[ -n $BUDGET ]] || if [[ $DEVICE == cpu ]]; then BUDGET=300; else BUDGET=240; fi
 
-PY=${PY:-}
-if [[ -z "$PY" ]]; then
-  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
-fi
-deadline=$((SECONDS + 330))
-engine_args=(--device "$DEVICE")
-[[ -n $PREPARED ]] && engine_args+=(--prepared "$PREPARED")
+main() {
+  local started=$SECONDS
+  echo "gpu check: device $DEVICE, prepared ${PREPARED:-(made now)}, results in $RESULTS, budget ${BUDGET}s"
+  date -u +"started %Y-%m-%dT%H:%M:%SZ"
 
-if [[ $DEVICE == cpu ]]; then
-  # The CUDA sections (memory readers, fp16, recycle) need a GPU; on the CPU the engine
-  # checks prove the script and the prepared-files path.
-  echo "SKIP: NVML and CUDA memory readers, recycle on GPU memory (--device cpu)"
-  timeout 300 "$PY" tests/gpu/engine_check.py "${engine_args[@]}"
-  exit $?
-fi
-
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || {
-  echo "FAIL: nvidia-smi not found: this script needs an NVIDIA GPU"; exit 1; }
-
-if ! "$PY" -c "import pynvml" 2>/dev/null; then
-  timeout 120 "$PY" -m pip install --quiet "nvidia-ml-py>=12" || { echo "FAIL: could not install nvidia-ml-py"; exit 1; }
-fi
-
-# A CUDA torch from the machine (the project's venv has the CPU build); allocations need one.
-TORCH_PY="$PY"
-if ! "$TORCH_PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  for candidate in python3 /usr/bin/python3 /opt/conda/bin/python; do
-    if command -v "$candidate" >/dev/null && "$candidate" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-      TORCH_PY=$candidate; break
+  # A Python with torch: $PY, else the project's venv on the CPU, else the machine's (CUDA torch).
+  local py=${PY:-} want="import torch"
+  [[ $DEVICE == cuda* ]] && want="import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+  local describe='import sys; print(sys.version.split()[0], end=" ")
+try:
+    import torch
+    print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+except Exception as exc:
+    print("no torch:", type(exc).__name__, exc)'
+  if [[ -z $py ]]; then
+    local candidates=(python3.12 python3 python /usr/bin/python3 /usr/local/bin/python3 /opt/conda/bin/python)
+    [[ $DEVICE == cpu ]] && candidates=(.venv/bin/python "${candidates[@]}")
+    for candidate in "${candidates[@]}"; do
+      command -v "$candidate" >/dev/null 2>&1 || continue
+      if timeout 60 "$candidate" -c "$want" 2>/dev/null; then
+        py=$candidate; break
+      fi
+      echo "python candidate $candidate: $(timeout 60 "$candidate" -c "$describe" 2>/dev/null)"
+    done
+  fi
+  if [[ -z $py ]] || ! timeout 60 "$py" -c "$want" 2>/dev/null; then
+    echo "FAIL: no Python whose torch can run on $DEVICE (set PY=...)"; return 1
+  fi
+  echo "python: $py ($(timeout 60 "$py" -c "$describe" 2>/dev/null))"
+  if [[ $DEVICE == cuda* ]]; then
+    if command -v nvidia-smi >/dev/null 2>&1; then
+      nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+    else
+      echo "nvidia-smi: not found"
     fi
-  done
-fi
-"$TORCH_PY" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null || {
-  echo "FAIL: no CUDA-enabled torch importable (tried $PY and the system python)"; exit 1; }
-"$TORCH_PY" -c "import pynvml" 2>/dev/null || timeout 120 "$TORCH_PY" -m pip install --quiet "nvidia-ml-py>=12"
+  fi
 
-# The reader module needs Django settings only for defaults; run it standalone.
-export DJANGO_SETTINGS_MODULE=webapp.settings TTS_LOG_TO_FILE=0 TTS_VAR_DIR="${TMPDIR:-/tmp}/tts-gpu-check"
-export PYTHONPATH="$PWD${PREPARED:+:$PREPARED/pysrc}${PYTHONPATH:+:$PYTHONPATH}"
-export TTS_WORKER_DEVICE=$DEVICE TTS_GPU_PREPARED=$PREPARED
+  local site=
+  export PYTHONPATH="$PWD${PREPARED:+:$PREPARED/pysrc}${PYTHONPATH:+:$PYTHONPATH}"
+  if [[ -n $PREPARED && -d $PREPARED/wheels ]]; then
+    site=$(mktemp -d "${TMPDIR:-/tmp}/tts-gpu-check-site.XXXXXX")
+    timeout 120 "$py" tests/gpu/wheels.py --wheels "$PREPARED/wheels" --target "$site" || {
+      echo "FAIL: could not install the carried wheels"; return 1; }
+    export PYTHONPATH="$PYTHONPATH:$site"
+  fi
 
-if ! "$TORCH_PY" -c "import django, celery, psutil, numpy" 2>/dev/null; then
-  timeout 120 "$TORCH_PY" -m pip install --quiet "Django>=5.2,<5.3" "celery[redis]>=5.6,<5.7" psutil numpy || {
-    echo "FAIL: could not install the reader's dependencies"; exit 1; }
-fi
-
-status=0
-run_check() {
-  local name=$1; shift
-  if (( SECONDS > deadline )); then echo "SKIP: $name (time budget spent)"; status=1; return; fi
-  if timeout 120 "$TORCH_PY" - "$@"; then echo "PASS: $name"; else echo "FAIL: $name"; status=1; fi
+  local left=$((BUDGET - (SECONDS - started)))
+  (( left > 60 )) || { echo "FAIL: ${left}s left of the ${BUDGET}s budget before the engine check"; return 1; }
+  local engine_args=(--device "$DEVICE" --out "$RESULTS" --budget-s $((left - 15)))
+  [[ -n $PREPARED ]] && engine_args+=(--prepared "$PREPARED")
+  local status=0
+  timeout -k 5 "$((left - 5))" "$py" tests/gpu/engine_check.py "${engine_args[@]}" || status=$?
+  (( status == 124 || status == 137 )) && echo "FAIL: engine check stopped at the deadline (results.json keeps what it had)"
+  [[ -n $site ]] && rm -rf "$site"
+  echo "elapsed $((SECONDS - started))s"
+  return $status
 }
 
-if [[ -z $PREPARED ]]; then
-  echo "FAIL: engine checks need --prepared DIR (make gpu-check-prepare on a CPU machine)"; status=1
-elif (( SECONDS > deadline )); then
-  echo "SKIP: engine checks (time budget spent)"; status=1
-else
-  timeout 240 "$TORCH_PY" tests/gpu/engine_check.py "${engine_args[@]}" || status=1
-fi
-
-run_check "NVML per-process reading follows an allocation" <<'EOF'
-import ctypes, sys
-import django; django.setup()
-from webapp.speech import recycling
-# Allocate through the CUDA runtime without torch, so only NVML can see it.
-cudart = None
-for name in ("libcudart.so", "libcudart.so.12", "libcudart.so.11.0"):
-    try:
-        cudart = ctypes.CDLL(name); break
-    except OSError:
-        pass
-if cudart is None:
-    import torch  # fall back: allocate with torch, then hide it from the torch path
-    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda:0")
-    torch.cuda.synchronize()
-    before = None
-    import pynvml
-    from synth import telemetry
-    after = telemetry.nvml_process_mb(0, __import__("os").getpid(), pynvml)
-    print("nvml (torch allocation):", after)
-    sys.exit(0 if after is not None and after >= 200 else 1)
-ptr = ctypes.c_void_p()
-cudart.cudaFree(0)  # create the context
-before = recycling.read_gpu_memory_mb("cuda:0")
-assert cudart.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(256 * 2**20)) == 0
-after = recycling.read_gpu_memory_mb("cuda:0")
-print(f"nvml: before {before} MiB, after 256 MiB allocation {after} MiB")
-sys.exit(0 if before is not None and after is not None and after - before >= 200 else 1)
-EOF
-
-run_check "torch path returns memory_reserved and follows it" <<'EOF'
-import sys
-import django; django.setup()
-import torch
-from webapp.speech import recycling
-torch.cuda.init()
-a = recycling.read_gpu_memory_mb("cuda:0")
-x = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda:0")
-b = recycling.read_gpu_memory_mb("cuda:0")
-reserved = torch.cuda.memory_reserved(0) / 2**20
-print(f"torch: before {a} MiB, after 512 MiB tensor {b} MiB, memory_reserved {reserved:.1f} MiB")
-sys.exit(0 if b is not None and abs(b - reserved) < 1 and b - (a or 0) >= 500 else 1)
-EOF
-
-run_check "recycle decision on a real GPU reading" <<'EOF'
-import os, sys
-from pathlib import Path
-import django; django.setup()
-import torch
-from webapp.speech import recycling
-prepared = os.environ.get("TTS_GPU_PREPARED")
-if prepared:  # the engine's own model and one batch hold the memory that trips the limit
-    from synth.engines import vits_torch as vt
-    import json
-    model, _ = vt.load_prepared(str(Path(prepared) / "weights.pt"))
-    vt.place(model, "cuda:0", torch.float16)
-    ids = json.loads((Path(prepared) / "utterances.json").read_text())["phoneme_ids"]
-    with torch.inference_mode():
-        vt.infer(model, [vt.Utterance(row, 0.667, 1.0, 0.8) for row in ids], "cuda:0", torch.float16)
-else:
-    x = torch.empty(300 * 2**20, dtype=torch.uint8, device="cuda:0")
-reader = lambda: recycling.read_gpu_memory_mb("cuda:0")
-now = reader()
-health = recycling.ChildHealth(recycling.RecyclePolicy(max_gpu_mb=max(1.0, now - 50)), gpu_reader=reader)
-reason = health.check(rss_mb=1)
-print("reading", now, "reason", reason)
-sys.exit(0 if reason and reason.startswith("gpu_memory") else 1)
-EOF
-
-run_check "reading never initialises CUDA" <<'EOF'
-import sys
-import django; django.setup()
-import torch  # imported, as a worker parent might have it, but CUDA not initialised
-from webapp.speech import recycling
-value = recycling.read_gpu_memory_mb("cuda:0")
-print("reading without CUDA context:", value, "initialised:", torch.cuda.is_initialized())
-sys.exit(0 if not torch.cuda.is_initialized() else 1)
-EOF
-
-echo "elapsed ${SECONDS}s"
-exit $status
+main 2>&1 | tee "$RESULTS/check.log"
+status=${PIPESTATUS[0]}
+echo "results: $RESULTS/results.json, $RESULTS/check.log"
+exit "$status"
