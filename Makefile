@@ -30,7 +30,8 @@ test: bootstrap lint typecheck
 test-fast: bootstrap
 	.venv/bin/pytest tests/unit -m "not slow" $(PYTEST_ARGS)
 
-# Files a GPU machine needs for tests/gpu/check.sh --prepared var/gpu-check (fp16 weights, phoneme ids).
+# Files a GPU machine needs for tests/gpu/check.sh --prepared var/gpu-check: fp16 weights, phoneme ids,
+# onnxruntime and CPU float32 references, Python 3.12 wheels (docs/gpu.md, "The GPU check"; ~49 MiB).
 gpu-check-prepare: bootstrap
 	$(PY) -m tests.gpu.prepare --out var/gpu-check
 
