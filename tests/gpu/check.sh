@@ -43,29 +43,27 @@ main() {
   date -u +"started %Y-%m-%dT%H:%M:%SZ"
 
   # A Python with torch: $PY, else the project's venv on the CPU, else the machine's (CUDA torch).
-  local py=${PY:-} want="import torch"
-  [[ $DEVICE == cuda* ]] && want="import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
   local describe='import sys; print(sys.version.split()[0], end=" ")
 try:
     import torch
     print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
 except Exception as exc:
     print("no torch:", type(exc).__name__, exc)'
+  local py= found= candidates=(python3.12 python3 python /usr/bin/python3 /usr/local/bin/python3 /opt/conda/bin/python)
+  [[ $DEVICE == cpu ]] && candidates=(.venv/bin/python "${candidates[@]}")
+  [[ -n ${PY:-} ]] && candidates=("$PY")
+  for candidate in "${candidates[@]}"; do
+    command -v "$candidate" >/dev/null 2>&1 || continue
+    found=$(timeout 60 "$candidate" -c "$describe" 2>/dev/null)
+    if [[ $found == *" torch "* && ( $DEVICE == cpu || $found == *"available True"* ) ]]; then
+      py=$candidate; break
+    fi
+    echo "python candidate $candidate: ${found:-did not answer}"
+  done
   if [[ -z $py ]]; then
-    local candidates=(python3.12 python3 python /usr/bin/python3 /usr/local/bin/python3 /opt/conda/bin/python)
-    [[ $DEVICE == cpu ]] && candidates=(.venv/bin/python "${candidates[@]}")
-    for candidate in "${candidates[@]}"; do
-      command -v "$candidate" >/dev/null 2>&1 || continue
-      if timeout 60 "$candidate" -c "$want" 2>/dev/null; then
-        py=$candidate; break
-      fi
-      echo "python candidate $candidate: $(timeout 60 "$candidate" -c "$describe" 2>/dev/null)"
-    done
-  fi
-  if [[ -z $py ]] || ! timeout 60 "$py" -c "$want" 2>/dev/null; then
     echo "FAIL: no Python whose torch can run on $DEVICE (set PY=...)"; return 1
   fi
-  echo "python: $py ($(timeout 60 "$py" -c "$describe" 2>/dev/null))"
+  echo "python: $py ($found)"
   if [[ $DEVICE == cuda* ]]; then
     if command -v nvidia-smi >/dev/null 2>&1; then
       nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
@@ -97,5 +95,5 @@ except Exception as exc:
 
 main 2>&1 | tee "$RESULTS/check.log"
 status=${PIPESTATUS[0]}
-echo "results: $RESULTS/results.json, $RESULTS/check.log"
+echo "results in $RESULTS: $(cd "$RESULTS" && ls)"
 exit "$status"

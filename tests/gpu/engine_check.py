@@ -477,6 +477,8 @@ def check_memory(runner: Runner, results: Results, sentences: int, warmup: int) 
     rng = random.Random(7)
     seed = iter(range(20_000, 30_000))
 
+    most = 8 if runner.cuda else 4
+
     def batch(size: int, picked: list[int] | None = None) -> int:
         chosen = picked or [rng.choice(pool) for _ in range(size)]
         runner.run([data["phoneme_ids"][i] for i in chosen], noise=True, seeds=[next(seed) for _ in chosen])
@@ -487,12 +489,12 @@ def check_memory(runner: Runner, results: Results, sentences: int, warmup: int) 
     for _ in range(3 if runner.cuda else 1):  # the largest shape of the run first, with different noise
         done += batch(8, [longest] * min(8, warmup))
     while done < warmup:
-        done += batch(min(rng.randint(1, 8), warmup - done))
+        done += batch(min(rng.randint(1, most), warmup - done))
     gc.collect()
     samples: list[dict[str, Any]] = [{"sentences": 0, **_gpu_reading(runner)}]
     done = 0
     while done < sentences:
-        done += batch(min(rng.randint(1, 8), sentences - done))
+        done += batch(min(rng.randint(1, most), sentences - done))
         samples.append({"sentences": done, **_gpu_reading(runner)})
     gc.collect()
     first, last = samples[0], samples[-1]
@@ -666,7 +668,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="folder for results.json")
     parser.add_argument("--budget-s", type=float, default=240.0, help="time for all sections")
     parser.add_argument(
-        "--sentences", type=int, default=None, help="memory run (default 200 on CUDA, 8 on CPU)"
+        "--sentences", type=int, default=None, help="memory run (default 200 on CUDA, 6 on CPU)"
     )
     args = parser.parse_args()
     results = Results(Path(args.out) if args.out else None, time.monotonic() + args.budget_s)
@@ -708,7 +710,7 @@ def main() -> int:
         (
             "gpu_memory",
             20,
-            lambda: check_memory(runner, results, args.sentences or (200 if cuda else 8), 40 if cuda else 4),
+            lambda: check_memory(runner, results, args.sentences or (200 if cuda else 6), 40 if cuda else 2),
         ),
         # CPU: batch 1 and 4 of 4 short jobs (the same code; 32 jobs cost make test 40 s and more here).
         (
