@@ -16,7 +16,7 @@ stop:
 lint: bootstrap
 	.venv/bin/ruff check webapp synth deploy tests manage.py
 	.venv/bin/ruff format --check webapp synth deploy tests manage.py
-	TTS_LOG_TO_FILE=0 TTS_VAR_DIR=var/lint $(PY) manage.py makemigrations --check --dry-run -v 0 2>/dev/null
+	TTS_LOG_TO_FILE=0 $(PY) manage.py makemigrations --check --dry-run -v 0 2>/dev/null
 
 typecheck: bootstrap
 	.venv/bin/mypy webapp synth deploy tests

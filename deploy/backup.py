@@ -157,10 +157,11 @@ def restore(cfg: StackConfig, archive_path: Path) -> None:
         manifest = json.loads((Path(tmp) / "manifest.json").read_text())
         if manifest.get("format") != FORMAT_VERSION:
             raise StackError(f"{archive_path}: unknown backup format {manifest.get('format')!r}")
-        for name in SECRETS:  # before anything would generate new ones
+        for name in SECRETS:  # before provisioning would generate new ones
             source = Path(tmp, "secrets", name)
             if source.exists():
                 write_private(cfg.path("secrets", name), source.read_text())
+        provision.prepare_var(cfg)  # the new cluster's password, any secret the archive lacked, the folders
         provision.init_postgres(cfg)
         dump = Path(tmp) / "database.dump"
         with postgres_running(cfg):

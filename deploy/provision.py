@@ -3,6 +3,8 @@
 Everything lives under ``TTS_VAR_DIR`` (default ``var/``): data, sockets, logs,
 secrets, certificates. Nothing touches a system-wide instance. The supervisor
 that runs these commands is deploy/supervisor.py; ``make run`` is deploy/stack.py.
+:func:`prepare_var` creates a stack's secrets and folders before anything starts
+(reading a password or the settings creates nothing).
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ from deploy.privileges import (
     pg_user,
     process_user,
 )
+from webapp import provisioning
 from webapp.env import (
     WORKER_ENGINES_DEFAULT,
     env_int,
     env_list,
     env_str,
-    secret_file,
     worker_queues,
     write_private,
 )
@@ -63,6 +65,10 @@ PORT_VARS = {
     "https_port": "TTS_HTTPS_PORT",
 }
 TEST_PORT_VARS = {attr: name.replace("TTS_", "TTS_TEST_", 1) for attr, name in PORT_VARS.items()}
+
+
+# The stack's own secrets (the app's two are in webapp/provisioning.py), with the variable that replaces each.
+STACK_SECRETS = {"pg_password": "TTS_PG_PASSWORD", "redis_password": "TTS_REDIS_PASSWORD"}
 
 
 @dataclass
@@ -115,8 +121,15 @@ class StackConfig:
         return self.path("log")
 
     def secret(self, name: str) -> str:
-        """A generated secret kept under var/secrets (created once, mode 0600)."""
-        return secret_file(self.path("secrets", name))
+        """A generated secret kept under var/secrets; read only (:func:`prepare_var` creates it)."""
+        path = self.path("secrets", name)
+        value = provisioning.read_secret(path)
+        if not value:
+            raise StackError(
+                f"{path} is missing: the stack's provisioning creates it (`make run`, or "
+                f"deploy.provision.prepare_var), or set {STACK_SECRETS[name]}"
+            )
+        return value
 
     @property
     def pg_password(self) -> str:
@@ -420,9 +433,29 @@ def manage(cfg: StackConfig, *args: str, capture: bool = False) -> subprocess.Co
     )
 
 
+def app_layout(cfg: StackConfig) -> provisioning.VarLayout:
+    """The folders and secret files the settings see under this stack's environment."""
+    return provisioning.VarLayout.from_env({**os.environ, **cfg.django_env()})
+
+
+def prepare_var(cfg: StackConfig) -> list[Path]:
+    """Create what the stack's processes need before any starts; returns what was created.
+
+    First the PostgreSQL and Redis passwords (their variables replace them), which the
+    Django processes' environment names; then, as ``manage.py prepare_var`` does, the
+    app's folders and secrets as that environment lays them out. Existing ones are kept,
+    so every start runs it (`make run`, the test stack, a restore after its secrets).
+    """
+    created = [
+        cfg.path("secrets", name)
+        for name, variable in STACK_SECRETS.items()
+        if not os.environ.get(variable) and provisioning.create_secret(cfg.path("secrets", name))
+    ]
+    return created + provisioning.prepare_var(app_layout(cfg))
+
+
 def prepare_django(cfg: StackConfig, seed: bool) -> None:
-    for folder in ("media", "static", "run", "voices", "tmp"):
-        cfg.path(folder).mkdir(parents=True, exist_ok=True)
+    """Migrate, collect static files and seed the demo (after :func:`prepare_var`)."""
     manage(cfg, "migrate", "--noinput", "-v", "0")
     manage(cfg, "collectstatic", "--noinput", "-v", "0")
     if seed:

@@ -36,6 +36,7 @@ from deploy.provision import (
     port_in_use,
     postgres_command,
     prepare_django,
+    prepare_var,
     redis_command,
     worker_command,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "manage",
     "port_in_use",
     "postgres_command",
+    "prepare_var",
     "redis_command",
     "start_data_services",
     "worker_command",
@@ -163,6 +165,7 @@ def app_services(cfg: StackConfig) -> list[Service]:
 
 
 def _start_everything(sup: Supervisor, cfg: StackConfig) -> None:
+    prepare_var(cfg)  # secrets and folders first: the settings only read them
     start_data_services(sup, cfg)
     prepare_django(cfg, seed=True)
     secure_var_dir(cfg)

@@ -5,9 +5,12 @@ Tests never touch the data of `make run`.
 
 import os
 
-from deploy.stack import StackConfig
+from deploy.provision import StackConfig, prepare_var
 
 TEST_STACK = StackConfig.for_tests()
+# The suite provisions its own stack (var/test) before reading it, as `make run` does for
+# var/: webapp.settings only reads the secrets, and their values are needed right here.
+prepare_var(TEST_STACK)
 os.environ.update(TEST_STACK.django_env())
 os.environ["TTS_FAST_PASSWORD_HASHER"] = "1"
 # The suite talks plain HTTP to Django's test client; production defaults are tested

@@ -61,9 +61,8 @@ class TestStack:
 
     def start_data(self) -> None:
         deploy_stack.check_ports(CFG, ["pg_port", "redis_port"])
+        deploy_stack.prepare_var(CFG)  # as `make run`: secrets and folders before any service
         deploy_stack.start_data_services(self.sup, CFG)
-        for folder in ("media", "static", "run", "voices", "tmp"):
-            CFG.path(folder).mkdir(parents=True, exist_ok=True)
 
     def redis_client(self) -> redis.Redis:
         return redis.Redis.from_url(CFG.redis_url, decode_responses=True)

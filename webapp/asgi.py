@@ -12,6 +12,8 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from webapp.provisioning import check_ready_to_serve
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 # Each request's sync code runs in a thread that ends with the request, so a
 # connection kept per thread would outlive its only user (Django advises no
@@ -21,6 +23,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 os.environ.setdefault("DATABASE_POOL_SIZE", "20")
 
 django_application = get_asgi_application()
+# No serving without the secrets: the error names the variable and `manage.py prepare_var`.
+check_ready_to_serve()
 
 from webapp.health import answered_first  # noqa: E402 -- imports Django's parts: after its setup
 

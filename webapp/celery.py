@@ -51,3 +51,13 @@ def _reuse_database_connection(task: Any = None, **_: Any) -> None:
     if task is not None and getattr(task.request, "is_eager", False):
         return  # run in the caller's thread (and maybe its transaction), as Celery's fix-up also skips
     close_old_connections()
+
+
+@signals.worker_init.connect
+@signals.beat_init.connect
+def _say_where_logs_go(**_: Any) -> None:
+    """A Celery process needs no secret (it never signs nor hashes API keys; webapp/provisioning.py),
+    so it starts without one; it only says once when its log file cannot be written."""
+    from webapp.provisioning import warn_if_no_log_folder
+
+    warn_if_no_log_folder()

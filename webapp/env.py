@@ -10,7 +10,6 @@ typo in ``DJANGO_DEBUG=ture`` must not quietly turn something off.
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -82,26 +81,6 @@ def env_map(name: str, default: str, environ: Mapping[str, str] | None = None) -
     return result
 
 
-def secret_file(path: Path) -> str:
-    """The secret kept in ``path``, created on first use.
-
-    The one place secrets are generated: the file is created with mode 0600
-    (never readable by others, not even for a moment) in a 0700 folder, and
-    holds a URL-safe token, so it can stand in a database or Redis URL as it is.
-    """
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.parent.chmod(0o700)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass  # another process created it meanwhile; read theirs
-        else:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(secrets.token_urlsafe(50))
-    return path.read_text().strip()
-
-
 def write_private(path: Path, text: str) -> None:
     """Write a config file that holds a secret: mode 0600 from the first byte."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,5 +108,5 @@ def worker_queues(role: str, engines: list[str]) -> list[str]:
     if role == "housekeeping":
         return list(HOUSEKEEPING_QUEUES)
     if role == "analysis":
-        return ["analysis"]  # voice prompts (webapp/speech/analysis.py)
+        return ["analysis"]  # voice prompts (webapp/speech/runtime/analysis.py)
     return [f"synth.{engine}" for engine in engines]

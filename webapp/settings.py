@@ -1,8 +1,10 @@
 """Settings for the TTS service, read from the environment.
 
 Every value comes from an environment variable through the small typed helpers
-below; the README has a table of all of them with their defaults. Defaults are
-for the local stack that `make run` starts (everything under ``var/``).
+below (the paths of files and secrets through webapp/provisioning.py); the README
+has a table of all of them with their defaults. Defaults are for the local stack
+that `make run` starts (everything under ``var/``). Importing them only reads:
+no file or folder is created here (`python manage.py prepare_var` creates them).
 """
 
 from __future__ import annotations
@@ -23,25 +25,32 @@ from webapp.env import (
     env_list,
     env_map,
     env_str,
-    secret_file,
     worker_queues,
 )
+from webapp.provisioning import VarLayout
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-VAR_DIR = Path(env_str("TTS_VAR_DIR", str(BASE_DIR / "var")))
+# Where the files are (TTS_VAR_DIR, the media, static and log folders, the secret files):
+# webapp/provisioning.py reads them from the environment. Reading the settings creates
+# nothing; `python manage.py prepare_var` creates the folders and secret files.
+TTS_VAR_LAYOUT = VarLayout.from_env()
+VAR_DIR = TTS_VAR_LAYOUT.var_dir
 
 # Off unless asked for (`DJANGO_DEBUG=1 make run`), and even then debug pages
 # only for clients on this machine (webapp/debug_pages.py).
 DEBUG = env_bool("DJANGO_DEBUG", False)
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or secret_file(
-    Path(env_str("DJANGO_SECRET_KEY_FILE", str(VAR_DIR / "secrets" / "django_secret_key")))
-)
+# Each secret comes from its variable, else its file; with neither (a fresh clone, a build
+# step) it is empty, so commands that never sign (check, makemigrations, collectstatic,
+# mypy's Django plugin) run without one. Empty, not a placeholder: Django refuses every use
+# of an empty SECRET_KEY (ImproperlyConfigured), so nothing can ever sign with a key anyone
+# knows; the web entry points (webapp/wsgi.py, webapp/asgi.py) refuse to start without
+# either secret, naming the variable and `manage.py prepare_var`, and hashing an API key
+# without its secret raises the same message (webapp/tenants/services.py).
+SECRET_KEY = TTS_VAR_LAYOUT.secret_key.value()
 # API keys are hashed with their own secret, so rotating SECRET_KEY (sessions)
 # does not invalidate every key, and vice versa.
-API_KEY_HMAC_SECRET = os.environ.get("TTS_API_KEY_SECRET") or secret_file(
-    Path(env_str("TTS_API_KEY_SECRET_FILE", str(VAR_DIR / "secrets" / "api_key_secret")))
-)
+API_KEY_HMAC_SECRET = TTS_VAR_LAYOUT.api_key_secret.value()
 
 # Nginx serves the same names and answers any other Host with 421 (deploy/nginx.py).
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ALLOWED_HOSTS_DEFAULT)
@@ -175,7 +184,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATIC_ROOT = Path(env_str("TTS_STATIC_ROOT", str(VAR_DIR / "static")))
+STATIC_ROOT = TTS_VAR_LAYOUT.static_root
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -185,11 +194,11 @@ STORAGES = {
         else "django.contrib.staticfiles.storage.StaticFilesStorage",
     },
 }
-MEDIA_ROOT = Path(env_str("TTS_MEDIA_ROOT", str(VAR_DIR / "media")))
+MEDIA_ROOT = TTS_VAR_LAYOUT.media_root
 # Nginx serves audio from this internal location after Django checked ownership.
 TTS_ACCEL_REDIRECT_PREFIX = env_str("TTS_ACCEL_REDIRECT_PREFIX", "/_protected/media/")
-LOG_DIR = Path(env_str("TTS_LOG_DIR", str(VAR_DIR / "log")))
-TTS_VOICES_DIR = env_str("TTS_VOICES_DIR", str(VAR_DIR / "voices"))
+LOG_DIR = TTS_VAR_LAYOUT.log_dir
+TTS_VOICES_DIR = str(TTS_VAR_LAYOUT.voices_dir)
 
 # Edge and TLS. Nginx terminates TLS and overwrites X-Forwarded-Proto/-For.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
@@ -282,7 +291,7 @@ CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Running jobs keep running through a broker outage; the job row, not the ack, is the truth.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE_FILENAME = str(TTS_VAR_LAYOUT.run_dir / "celerybeat-schedule")
 
 # Worker behaviour (webapp/speech/worker.py, webapp/speech/recycling.py, docs/workers.md).
 # synth: loads models and serves synth.<engine> queues; housekeeping: cleanup only.
@@ -402,7 +411,7 @@ TTS_HOUSEKEEPING_BATCH = env_int("TTS_HOUSEKEEPING_BATCH", 500)
 # it at 100% and kills it 60 s later; its Redis lock lives 60 s longer still.
 TTS_HOUSEKEEPING_SOFT_TIME_LIMIT = env_int("TTS_HOUSEKEEPING_SOFT_TIME_LIMIT", 300)
 # Folders whose old files purge_temp_files removes (never MEDIA_ROOT or var/ itself).
-TTS_TEMP_DIRS = env_list("TTS_TEMP_DIRS", f"{MEDIA_ROOT / 'tmp'},{VAR_DIR / 'tmp'}")
+TTS_TEMP_DIRS = env_list("TTS_TEMP_DIRS", f"{MEDIA_ROOT / 'tmp'},{TTS_VAR_LAYOUT.tmp_dir}")
 # Seconds between runs of each job (docs/housekeeping.md); TTS_HOUSEKEEPING_EVERY_<JOB> overrides one.
 TTS_HOUSEKEEPING_EVERY = {
     job: env_int(f"TTS_HOUSEKEEPING_EVERY_{job.upper()}", seconds)
@@ -424,7 +433,7 @@ TTS_OPERATIONS_SNAPSHOT_HOURS = env_int("TTS_OPERATIONS_SNAPSHOT_HOURS", 48)
 # Who may read /metrics (addresses or CIDRs); Nginx enforces the same list (webapp/metrics/).
 TTS_METRICS_ALLOWED_IPS = env_list("TTS_METRICS_ALLOWED_IPS", "127.0.0.1,::1")
 
-# Logging: stdout and a size-rotated file per process (TTS_PROCESS_NAME).
+# Logging: stdout and a size-rotated file per process (TTS_PROCESS_NAME) under TTS_LOG_DIR.
 TTS_PROCESS_NAME = env_str("TTS_PROCESS_NAME", "django")
 LOG_MAX_BYTES = env_int("TTS_LOG_MAX_BYTES", 10 * 1024 * 1024)
 LOG_BACKUP_COUNT = env_int("TTS_LOG_BACKUP_COUNT", 5)
@@ -439,8 +448,11 @@ _formatter = "json" if LOG_FORMAT == "json" else "plain"
 _handlers: dict[str, dict[str, object]] = {
     "console": {"class": "logging.StreamHandler", "formatter": _formatter, "filters": ["request_id"]},
 }
-if LOG_TO_FILE:
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
+# A file only where its folder exists: importing the settings creates no folder (`manage.py
+# prepare_var` does). Without one the process logs to stderr only, rather than have the file
+# handler fail on every record (it opens its file at the first one); the web entry points and
+# Celery say so once as they start (webapp/provisioning.py, warn_if_no_log_folder).
+if LOG_TO_FILE and LOG_DIR.is_dir():
     _handlers["file"] = {
         "class": "logging.handlers.RotatingFileHandler",
         "filename": str(LOG_DIR / f"{TTS_PROCESS_NAME}.log"),

@@ -54,31 +54,6 @@ def test_debug_mode_fails_check_deploy(tmp_path: Path) -> None:
     assert "security.W018" in result.stdout + result.stderr
 
 
-def test_secrets_are_generated_once_and_kept(tmp_path: Path) -> None:
-    env = _production_env(tmp_path)
-    del env["DJANGO_SECRET_KEY"]
-    code = "from django.conf import settings; print(settings.SECRET_KEY)"
-    first = subprocess.run(
-        [sys.executable, "-c", f"import django; django.setup(); {code}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    second = subprocess.run(
-        [sys.executable, "-c", f"import django; django.setup(); {code}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert first == second and len(first.strip()) >= 50
-    secret_file = tmp_path / "secrets" / "django_secret_key"
-    assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
-
-
 def test_debug_is_off_unless_asked_for(tmp_path: Path) -> None:
     env = _production_env(tmp_path)
     del env["DJANGO_DEBUG"]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from webapp.env import EnvError, env_bool, env_float, env_int, env_map, secret_file, write_private
+from webapp.env import EnvError, env_bool, env_float, env_int, env_map, write_private
+from webapp.provisioning import create_secret, read_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,16 +75,19 @@ def test_django_refuses_to_start_on_a_boolean_typo(tmp_path: Path) -> None:
 
 
 def test_a_secret_file_is_private_from_the_first_byte(tmp_path: Path) -> None:
+    path = tmp_path / "secrets" / "one"
+    assert read_secret(path) == "" and not path.parent.exists()  # reading creates nothing
     old = os.umask(0)  # a permissive umask must not widen the mode
     try:
-        value = secret_file(tmp_path / "secrets" / "one")
+        assert create_secret(path) is True
     finally:
         os.umask(old)
-    path = tmp_path / "secrets" / "one"
+    value = read_secret(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert len(value) >= 50 and value.replace("-", "").replace("_", "").isalnum()
-    assert secret_file(path) == value  # created once, then kept
+    assert create_secret(path) is False and read_secret(path) == value  # created once, then kept
+    assert sorted(p.name for p in path.parent.iterdir()) == ["one"]  # no draft left behind
 
 
 def test_a_private_config_file_replaces_a_readable_one(tmp_path: Path) -> None:

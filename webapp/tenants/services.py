@@ -22,6 +22,7 @@ from django.utils.text import slugify
 
 from webapp.audit import services as audit
 from webapp.errors import DomainError, ErrorCode
+from webapp.provisioning import missing_secret
 from webapp.rawrows import columns, fetch_one
 from webapp.tenants import roles
 from webapp.tenants.models import ApiKey, Membership, Organization, Plan
@@ -41,7 +42,10 @@ OPERATOR = Operator()
 
 
 def hash_secret(secret: str) -> str:
-    return hmac.new(settings.API_KEY_HMAC_SECRET.encode(), secret.encode(), hashlib.sha256).hexdigest()
+    key = settings.API_KEY_HMAC_SECRET
+    if not key:  # never hash with an empty key: the error names the variable and `manage.py prepare_var`
+        raise missing_secret("API_KEY_HMAC_SECRET")
+    return hmac.new(key.encode(), secret.encode(), hashlib.sha256).hexdigest()
 
 
 def default_plan() -> Plan:
