@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from synth.errors import UnknownVoice
+from synth.espeak_lib import get_lib
 
 DEFAULT_VOICE = "en_US-joe-medium"
 ENGINES = ("piper", "espeak")
@@ -52,7 +53,7 @@ class VoiceInfo:
     model_path: str | None = field(default=None, compare=False)
 
 
-def _capabilities(engine: str, languages: list[str]) -> dict[str, Any]:
+def engine_capabilities(engine: str, languages: list[str]) -> dict[str, Any]:
     common: dict[str, Any] = {
         "languages": languages,
         "formats": list(FORMATS),
@@ -116,13 +117,11 @@ def _piper_voices(voices_dir: str | None) -> list[VoiceInfo]:
         lang = str(lang_info.get("code") or conf.get("espeak", {}).get("voice") or "en_US")
         name = f"{lang_info.get('name_english', lang)} - {conf.get('dataset', vid)} (Piper)"
         langs = [lang, lang.replace("_", "-").lower(), lang.split("_")[0]]
-        out.append(VoiceInfo(vid, name, lang, "piper", rate, _capabilities("piper", langs), model))
+        out.append(VoiceInfo(vid, name, lang, "piper", rate, engine_capabilities("piper", langs), model))
     return out
 
 
 def _espeak_voices() -> list[VoiceInfo]:
-    from synth.engines._espeak_lib import get_lib
-
     lib = get_lib()
     out = []
     for v in lib.voices:
@@ -135,7 +134,7 @@ def _espeak_voices() -> list[VoiceInfo]:
                 v.languages[0] if v.languages else v.short,
                 "espeak",
                 lib.sample_rate,
-                _capabilities("espeak", langs),
+                engine_capabilities("espeak", langs),
             )
         )
     return out

@@ -6,7 +6,6 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from synth.engines._espeak_lib import DEFAULT_RATE, get_lib
 from synth.engines.base import (
     ARPABET_ESPEAK,
     CancelFn,
@@ -19,8 +18,9 @@ from synth.engines.base import (
     resolve_device,
 )
 from synth.errors import EngineUnavailable, UnknownVoice
+from synth.espeak_lib import DEFAULT_RATE, get_lib
 from synth.normalize import escape_markup, is_chinese_language, normalize
-from synth.registry import ESPEAK_PREFIX, VoiceInfo, _capabilities, list_voices
+from synth.registry import ESPEAK_PREFIX, VoiceInfo, engine_capabilities, list_voices
 from synth.text import iter_segments
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class EspeakEngine:
         return list(self._infos.values())
 
     def capabilities(self) -> dict[str, Any]:
-        return _capabilities(
+        return engine_capabilities(
             "espeak", sorted({lang for v in self.voices() for lang in v.capabilities["languages"]})
         )
 

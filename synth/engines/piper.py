@@ -25,7 +25,7 @@ from synth.engines.base import (
 )
 from synth.errors import EngineUnavailable, UnknownVoice
 from synth.normalize import escape_markup, is_chinese_language, normalize
-from synth.registry import VoiceInfo, _capabilities, list_voices
+from synth.registry import VoiceInfo, engine_capabilities, list_voices
 from synth.text import iter_segments
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class PiperEngine:
 
     def capabilities(self) -> dict[str, Any]:
         langs = sorted({lang for v in self.voices() for lang in v.capabilities["languages"]})
-        return _capabilities("piper", langs)
+        return engine_capabilities("piper", langs)
 
     def sample_rate(self, voice: str) -> int:
         return int(self._voice(voice).config.sample_rate)
@@ -191,7 +191,7 @@ class PiperEngine:
                 ipa = arpabet_to(seg.tokens, ARPABET_IPA, "ˈ", "ˌ")
                 parts.append(f"[[ {ipa} ]]")
             else:
-                from synth.engines._espeak_lib import get_lib
+                from synth.espeak_lib import get_lib
 
                 ipa = get_lib().text_to_phonemes(" ".join(seg.tokens), "cmn", ipa=True)
                 ipa = "".join(c for c in ipa if c in allowed or c == " ").strip()
