@@ -20,12 +20,9 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from deploy.provision import APP_SYSTEM_USER, StackConfig, app_user, ensure_certificate
 from webapp.env import ALLOWED_HOSTS_DEFAULT, EnvError, env_int, env_list
-
-if TYPE_CHECKING:
-    from deploy.provision import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = ROOT / "nginx"
@@ -236,8 +233,6 @@ def _shared_limits(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _tls_values(cfg: StackConfig, env: Mapping[str, str]) -> dict[str, str]:
-    from deploy.provision import ensure_certificate
-
     if env.get("TTS_TLS_CERT") and env.get("TTS_TLS_KEY"):
         cert, tls_key = Path(env["TTS_TLS_CERT"]), Path(env["TTS_TLS_KEY"])
     else:
@@ -248,8 +243,6 @@ def _tls_values(cfg: StackConfig, env: Mapping[str, str]) -> dict[str, str]:
 
 def _user_line() -> str:
     """As root, Nginx's workers run as nobody in the app user's group (the socket and audio are 0660/0640)."""
-    from deploy.provision import APP_SYSTEM_USER, app_user
-
     return f"user nobody {APP_SYSTEM_USER};" if app_user() is not None else ""
 
 
@@ -354,3 +347,9 @@ def check_config(conf: Path) -> subprocess.CompletedProcess[str]:
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def nginx_command(cfg: StackConfig) -> list[str]:
+    """The Nginx of the stack, in the foreground (the supervisor owns it), on its rendered config."""
+    conf = render_nginx_conf(cfg)
+    return [nginx_binary(), "-c", str(conf), "-p", str(cfg.path("nginx")), "-g", "daemon off;"]

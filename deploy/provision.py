@@ -350,13 +350,6 @@ def ensure_certificate(cfg: StackConfig) -> tuple[Path, Path]:
     return cert, key
 
 
-def nginx_command(cfg: StackConfig) -> list[str]:
-    from deploy.nginx import nginx_binary, render_nginx_conf
-
-    conf = render_nginx_conf(cfg)
-    return [nginx_binary(), "-c", str(conf), "-p", str(cfg.path("nginx")), "-g", "daemon off;"]
-
-
 # ----------------------------------------------------------------------------- Django processes
 
 

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 
+from deploy.nginx import nginx_command
 from deploy.privileges import as_app_user, process_user, secure_var_dir
 from deploy.provision import (
     ROOT,
@@ -32,7 +33,6 @@ from deploy.provision import (
     housekeeping_worker_command,
     init_postgres,
     manage,
-    nginx_command,
     port_in_use,
     postgres_command,
     prepare_django,
