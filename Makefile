@@ -16,6 +16,7 @@ stop:
 lint: bootstrap
 	.venv/bin/ruff check webapp synth deploy tests manage.py
 	.venv/bin/ruff format --check webapp synth deploy tests manage.py
+	.venv/bin/lint-imports --no-cache
 	TTS_LOG_TO_FILE=0 $(PY) manage.py makemigrations --check --dry-run -v 0 2>/dev/null
 
 typecheck: bootstrap

@@ -95,7 +95,7 @@ def web(stack: TestStack, django_db_setup: None) -> Iterator[Any]:
 def builtin_voices(db: None) -> list[str]:
     """The built-in voices as Voice rows (a flush between transactional tests removes them)."""
     from synth.registry import list_voices
-    from webapp.speech.services.voices import sync_builtin_voices
+    from webapp.speech.voices import sync_builtin_voices
 
     voices = list_voices()
     sync_builtin_voices(voices)

@@ -11,23 +11,23 @@ from django.test import override_settings
 
 @contextlib.contextmanager
 def redis_database(stack: Any, db: int) -> Iterator[Any]:
-    """``REDIS_URL`` (and the heartbeat client) on Redis database ``db``, emptied before and after."""
-    from webapp.speech import heartbeat
+    """``REDIS_URL`` (and so the clients of ``webapp.redis_clients``) on Redis database ``db``,
+    emptied before and after."""
+    from webapp import redis_clients
 
     url = stack.cfg.redis_url.rsplit("/", 1)[0] + f"/{db}"
     with override_settings(REDIS_URL=url):
-        heartbeat._client = None
-        r = heartbeat.client()
+        r = redis_clients.heartbeats()
         r.flushdb()
         try:
             yield r
         finally:
             r.flushdb()
-            heartbeat._client = None
 
 
 def clear_cache() -> None:
-    """Empty Django's cache and the request-rate counters, and nothing else in their Redis database.
+    """Empty Django's cache (the request-rate counters are django-ratelimit's keys in it), and
+    nothing else in its Redis database.
 
     ``cache.clear()`` runs FLUSHDB, and the cache shares its database with Celery's queues and the
     workers' heartbeats: the session worker then looks gone until its next beat (a submit gets
@@ -35,10 +35,9 @@ def clear_cache() -> None:
     """
     from django.core.cache import cache
 
-    from webapp.tenants.api import ratelimit
+    from webapp import redis_clients
 
-    client, prefix = ratelimit._cache_redis()  # the cache's Redis, through the process's pool
-    for pattern in (cache.make_key("*"), f"{prefix}:{ratelimit.KEY_TAG}:*"):
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        if keys:
-            client.delete(*keys)
+    client = redis_clients.cache()  # the cache's own client, on the process's pool
+    keys = list(client.scan_iter(match=cache.make_key("*"), count=1000))
+    if keys:
+        client.delete(*keys)

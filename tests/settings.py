@@ -28,6 +28,9 @@ os.environ.setdefault("TTS_NGINX_RATE_WRITE", "100r/s")
 os.environ.setdefault("TTS_NGINX_BURST_WRITE", "200")
 os.environ.setdefault("TTS_NGINX_RATE_GENERAL", "200r/s")
 os.environ.setdefault("TTS_NGINX_BURST_GENERAL", "400")
+# Worker children of the test stack load the reliability tests' faults (each off unless
+# its TTS_FAULT_* variable names a marker).
+os.environ.setdefault("TTS_WORKER_HOOKS", "tests.faults")
 
 from webapp.settings import *  # noqa: E402,F403
 

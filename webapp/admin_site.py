@@ -121,12 +121,6 @@ def default_site() -> OperatorAdminSite:
     return site
 
 
-def client_ip(request: HttpRequest) -> str | None:
-    """The client address for django-axes: the header Nginx sets, else the socket peer."""
-    header = str(getattr(settings, "TTS_CLIENT_IP_HEADER", "HTTP_X_REAL_IP"))
-    return request.META.get(header) or request.META.get("REMOTE_ADDR") or None
-
-
 class LockoutBackend(AxesStandaloneBackend):
     """django-axes' check, for logins that come with a request (every web login form passes one).
 

@@ -8,6 +8,8 @@ from typing import Any
 from celery import Celery, signals
 from celery.app import backends
 
+from webapp import private_apis
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 
@@ -19,6 +21,9 @@ class App(Celery):
     installed package's entry points. Under ASGI each request's sync code runs
     in a new thread, so every submit paid that scan: about a seventh of a web
     process's CPU under the waiting benchmark. The instance stays per thread.
+
+    ``_get_backend`` is Celery's private method: the override is dropped where
+    this Celery has no such name (:func:`drop_overrides_celery_lacks`).
     """
 
     _backend_class: tuple[Any, str] | None = None
@@ -31,10 +36,21 @@ class App(Celery):
         return backend(app=self, url=url)
 
 
+def drop_overrides_celery_lacks() -> None:
+    """Let Celery's own lookup run where it has no ``_get_backend`` to override.
+
+    Run as this module is imported, before any backend is made, in every
+    process (web, worker, beat); the error naming Celery's version is logged at
+    the process's start (``private_apis.check_all``), once logging is set up.
+    """
+    if not private_apis.CELERY_GET_BACKEND.present() and "_get_backend" in vars(App):
+        del App._get_backend
+
+
+drop_overrides_celery_lacks()
 app = App("webapp")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["webapp.speech", "webapp.housekeeping"])
-app.autodiscover_tasks(["webapp.speech"], related_name="analysis")  # the analysis queue (voice prompts)
 
 
 @signals.task_prerun.connect

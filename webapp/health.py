@@ -25,6 +25,7 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from webapp import redis_clients
 from webapp.audit.context import HEADER as REQUEST_ID_HEADER
 from webapp.audit.context import request_id_from
 from webapp.metrics.http import record
@@ -55,7 +56,7 @@ def _check_db() -> bool:
 
 def _check_redis() -> bool:
     try:
-        return bool(heartbeat.client().ping())
+        return bool(redis_clients.heartbeats().ping())
     except Exception as exc:
         log.warning("healthz: redis check failed: %s", exc)
         return False

@@ -78,13 +78,15 @@ INSTALLED_APPS = [
     "axes",
     "webapp.dashboard",
     "webapp.audit",
+    # After the apps whose models its admin registers (webapp/console/admin.py).
+    "webapp.console",
 ]
 
 MIDDLEWARE = [
     # Outermost: one API key's requests take turns per process (webapp/gate.py).
     "webapp.gate.ClientGateMiddleware",
     # Then the request id (X-Request-Id from Nginx) names every later log line and audit event.
-    "webapp.audit.context.RequestContextMiddleware",
+    "webapp.audit.middleware.RequestContextMiddleware",
     # Counts every request by view, method and status, with its latency (/metrics).
     "webapp.metrics.http.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -156,14 +158,16 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env_str("REDIS_URL", "redis://:tts@127.0.0.1:16379/0")
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        # Django's, with one client per pool (webapp/redis_clients.py); Redis errors are raised,
+        # never ignored: the rate limits decide what they mean (webapp/tenants/api/ratelimit.py).
+        "BACKEND": "webapp.redis_clients.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": env_str("TTS_CACHE_PREFIX", "tts"),
-        # One pool per process (webapp/redis_pool.py), not a connection per request.
+        # One pool per process (webapp/redis_clients.py), not a connection per request.
         "OPTIONS": {
             "socket_connect_timeout": 2,
             "socket_timeout": 5,
-            "pool_class": "webapp.redis_pool.SharedConnectionPool",
+            "pool_class": "webapp.redis_clients.SharedConnectionPool",
         },
     }
 }
@@ -228,7 +232,7 @@ AXES_FAILURE_LIMIT = env_int("TTS_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = env_int("TTS_LOGIN_LOCKOUT_MINUTES", 15) / 60  # hours
 AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
 AXES_RESET_ON_SUCCESS = True
-AXES_CLIENT_IP_CALLABLE = "webapp.admin_site.client_ip"
+AXES_CLIENT_IP_CALLABLE = "webapp.client_ip.client_ip"
 AXES_HTTP_RESPONSE_CODE = 429
 # Staff need a TOTP code (django-otp) to enter the admin; on unless DEBUG.
 TTS_ADMIN_REQUIRE_OTP = env_bool("TTS_ADMIN_REQUIRE_OTP", not DEBUG)
@@ -274,7 +278,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_connect_timeout": 3,
 }
 # A child leaves after a count of its own drawn from 85-100 % of this, later while another child of
-# its node is being replaced (webapp/speech/recycling.py). billiard's own count, which ends a child
+# its node is being replaced (webapp/speech/runtime/recycling.py). billiard's own count, which ends a child
 # whatever it is doing, is only a backstop far above it: waiting for a turn is bounded in time.
 TTS_WORKER_MAX_TASKS_PER_CHILD = env_int("TTS_WORKER_MAX_TASKS_PER_CHILD", 200)
 # Prefork, replacing a child as soon as it exits (webapp/celery_pool.py); `--pool prefork` picks it.
@@ -282,7 +286,7 @@ CELERY_WORKER_POOL = "webapp.celery_pool:TaskPool"
 CELERY_WORKER_MAX_TASKS_PER_CHILD = 10 * max(0, TTS_WORKER_MAX_TASKS_PER_CHILD)
 # KiB, as Celery counts it. Never 0: the worker's own recycle check (RSS, GPU
 # memory, age, RTF drift) ends a child through this same after-task check in
-# billiard, which only runs when a limit is set (webapp/speech/recycling.py).
+# billiard, which only runs when a limit is set (webapp/speech/runtime/recycling.py).
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = env_int("TTS_WORKER_MAX_MEMORY_KB", 2_000_000) or 2**40
 # Model load happens in worker_process_init, which takes longer than Celery's 4 s default;
 # a child whose model fails to load backs off inside this window (see TTS_WORKER_LOAD_BACKOFF_*).
@@ -293,7 +297,7 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(TTS_VAR_LAYOUT.run_dir / "celerybeat-schedule")
 
-# Worker behaviour (webapp/speech/worker.py, webapp/speech/recycling.py, docs/workers.md).
+# Worker behaviour (webapp/speech/runtime/worker.py, webapp/speech/runtime/recycling.py, docs/workers.md).
 # synth: loads models and serves synth.<engine> queues; housekeeping: cleanup only.
 TTS_WORKER_ROLE = env_str("TTS_WORKER_ROLE", "synth")
 TTS_WORKER_ENGINES = env_list("TTS_WORKER_ENGINES", WORKER_ENGINES_DEFAULT)
@@ -341,7 +345,7 @@ TTS_WORKER_RTF_BASELINE_TASKS = env_int("TTS_WORKER_RTF_BASELINE_TASKS", 5)
 TTS_WORKER_RTF_WINDOW = env_int("TTS_WORKER_RTF_WINDOW", 10)
 # Dotted path of a ``() -> float | None`` returning this process's GPU memory in MiB.
 TTS_WORKER_GPU_MEMORY_READER = env_str(
-    "TTS_WORKER_GPU_MEMORY_READER", "webapp.speech.recycling.read_gpu_memory_mb"
+    "TTS_WORKER_GPU_MEMORY_READER", "webapp.speech.runtime.recycling.read_gpu_memory_mb"
 )
 # A model that fails to load: wait BASE, 2*BASE, 4*BASE ... up to MAX seconds between tries.
 TTS_WORKER_LOAD_BACKOFF_BASE = env_float("TTS_WORKER_LOAD_BACKOFF_BASE", 2.0)
@@ -369,16 +373,9 @@ TTS_JOB_REDELIVER_SECONDS = env_int("TTS_JOB_REDELIVER_SECONDS", 300)
 TTS_JOB_MAX_QUEUE_SECONDS = env_int("TTS_JOB_MAX_QUEUE_SECONDS", 6 * 3600)
 # Submissions to an engine with this many queued jobs answer 503 queue_full (0 = no limit).
 TTS_MAX_QUEUED_JOBS_PER_ENGINE = env_int("TTS_MAX_QUEUED_JOBS_PER_ENGINE", 10000)
-# Test-only fault injection (tests/reliability): a job whose text contains the
-# marker kills its worker child (os._exit) / raises MemoryError. Empty = off;
-# never set these in production.
-TTS_FAULT_CRASH_MARKER = env_str("TTS_FAULT_CRASH_MARKER", "")
-TTS_FAULT_OOM_MARKER = env_str("TTS_FAULT_OOM_MARKER", "")
-TTS_FAULT_HANG_MARKER = env_str("TTS_FAULT_HANG_MARKER", "")
-TTS_FAULT_PAUSE_BEFORE_COMMIT_MARKER = env_str("TTS_FAULT_PAUSE_BEFORE_COMMIT_MARKER", "")
-TTS_FAULT_CRASH_BEFORE_COMMIT_MARKER = env_str("TTS_FAULT_CRASH_BEFORE_COMMIT_MARKER", "")
-# ... a sentence containing it fails in the batched call, alone (batching children only).
-TTS_FAULT_SENTENCE_MARKER = env_str("TTS_FAULT_SENTENCE_MARKER", "")
+# A module a worker child imports at load time to act at points of its work
+# (webapp/speech/runtime/hooks.py); the tests inject faults with it. Empty = none.
+TTS_WORKER_HOOKS = env_str("TTS_WORKER_HOOKS", "")
 
 # API behaviour.
 TTS_LONG_POLL_MAX_SECONDS = env_int("TTS_LONG_POLL_MAX_SECONDS", 30)

@@ -59,7 +59,7 @@ def _setup() -> tuple[Any, Any]:
 
 def _voices() -> None:
     from synth.registry import list_voices
-    from webapp.speech.services.voices import sync_builtin_voices
+    from webapp.speech.voices import sync_builtin_voices
 
     sync_builtin_voices(list_voices())
 
@@ -104,7 +104,7 @@ def _throughput(stack: Any, org: Any, concurrency: int, threads: int, jobs: int)
 
 def _memory(stack: Any, org: Any, marks: list[int], recycle: bool) -> tuple[list[float], list[float]]:
     from tests.reliability.helpers import ESPEAK, flush_queues, start_worker
-    from webapp.speech import recycling
+    from webapp.speech.runtime import recycling
 
     flush_queues(stack, "synth.espeak")
     env: WorkerEnv = (

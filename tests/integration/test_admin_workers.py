@@ -12,7 +12,8 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
 
 from tests.redis_database import redis_database
-from webapp.speech import heartbeat, recycling
+from webapp.speech import heartbeat
+from webapp.speech.runtime import recycling
 
 URL = "/admin/speech/workers/"
 
@@ -23,13 +24,6 @@ def _static_manifest(django_db_setup: None) -> None:
     from django.core.management import call_command
 
     call_command("collectstatic", "--noinput", verbosity=0)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_redis_client() -> Iterator[None]:
-    heartbeat._client = None
-    yield
-    heartbeat._client = None
 
 
 def _client_for(user: User) -> Client:
@@ -151,7 +145,6 @@ def test_it_says_so_when_no_worker_beats(admin_client: Client, private_redis: An
 
 def test_it_answers_200_with_a_clear_message_when_redis_is_unreachable(admin_client: Client) -> None:
     with override_settings(REDIS_URL="redis://:nopass@127.0.0.1:1/0"):
-        heartbeat._client = None
         response = admin_client.get(URL)
     assert response.status_code == 200
     text = response.content.decode()

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any, cast
 
 import pytest
 from django.test import Client, override_settings
 
+from webapp import redis_clients
 from webapp.speech import heartbeat
-
-
-@pytest.fixture(autouse=True)
-def _fresh_redis_client() -> Iterator[None]:
-    heartbeat._client = None
-    yield
-    heartbeat._client = None
 
 
 def test_it_is_ok_with_db_redis_and_a_worker(db: None, synth_worker: Any) -> None:
@@ -30,7 +24,6 @@ def test_it_names_the_missing_worker(db: None, stack: Any) -> None:
     # A Redis database with no heartbeats: reachable, but no worker beats there.
     url = stack.cfg.redis_url.rsplit("/", 1)[0] + "/15"
     with override_settings(REDIS_URL=url):
-        heartbeat._client = None
         response = Client().get("/healthz")
     assert response.status_code == 503
     body = response.json()
@@ -48,8 +41,7 @@ def test_a_node_whose_children_are_all_being_replaced_is_healthy(
     # load balancer for it. Seen in the waiting benchmark: 24 x 503 within 1.7 s.
     url = stack.cfg.redis_url.rsplit("/", 1)[0] + "/15"
     with override_settings(REDIS_URL=url):
-        heartbeat._client = None
-        heartbeat.client().flushdb()  # database 15 is this test's own
+        redis_clients.heartbeats().flushdb()  # database 15 is this test's own
         for pid in (101, 102):
             heartbeat.publish(
                 f"node-a:{pid}", {"worker_id": f"node-a:{pid}", "node": "node-a", "state": state}
@@ -57,14 +49,13 @@ def test_a_node_whose_children_are_all_being_replaced_is_healthy(
         try:
             response = Client().get("/healthz")
         finally:
-            heartbeat.client().flushdb()
+            redis_clients.heartbeats().flushdb()
     assert response.status_code == expected, response.content
     assert response.json()["checks"]["workers"] == ("ok" if expected == 200 else "fail")
 
 
 def test_it_names_redis_when_redis_is_unreachable(db: None) -> None:
     with override_settings(REDIS_URL="redis://:nopass@127.0.0.1:1/0"):
-        heartbeat._client = None
         response = Client().get("/healthz")
     assert response.status_code == 503
     assert response.json()["checks"]["redis"] == "fail"
@@ -146,7 +137,6 @@ def test_under_asgi_other_methods_go_to_django(db: None) -> None:
 
 def test_under_asgi_a_failing_check_is_a_503_with_retry_after(db: None) -> None:
     with override_settings(REDIS_URL="redis://:nopass@127.0.0.1:1/0"):
-        heartbeat._client = None
         status, headers, body, _ = _asgi("GET")
     assert status == 503 and headers["retry-after"]
     assert json.loads(body)["failing"] == ["redis", "workers"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,13 +12,6 @@ from tests.reliability.helpers import SHORT, make_org, submit, wait_status
 from webapp.speech import heartbeat
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_redis_client() -> Iterator[None]:
-    heartbeat._client = None
-    yield
-    heartbeat._client = None
 
 
 def scrape(client: Client) -> dict[str, list[Any]]:

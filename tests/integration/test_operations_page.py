@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from webapp import redis_clients
 from webapp.speech import heartbeat
 
 URL = "/admin/speech/operations/"
@@ -21,13 +21,6 @@ def _static_manifest(django_db_setup: None) -> None:
     from django.core.management import call_command
 
     call_command("collectstatic", "--noinput", verbosity=0)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_redis_client() -> Iterator[None]:
-    heartbeat._client = None
-    yield
-    heartbeat._client = None
 
 
 @pytest.fixture
@@ -60,7 +53,7 @@ def test_it_lists_a_running_worker_with_its_memory_figures(admin_client: Client,
 
 
 def test_the_snapshot_job_stores_a_row_the_charts_draw(admin_client: Client, synth_worker: Any) -> None:
-    from webapp.housekeeping.jobs import run_job
+    from webapp.housekeeping.catalog import run_job
     from webapp.housekeeping.models import OperationsSnapshot
 
     run_job("snapshot_operations")
@@ -83,13 +76,13 @@ def test_non_staff_are_sent_to_log_in(db: None) -> None:
 
 def test_a_refused_recycle_is_shown_and_audited(admin_client: Client, synth_worker: Any) -> None:
     from webapp.audit.models import AuditEvent
-    from webapp.speech import rolling
+    from webapp.speech.runtime import rolling
 
-    heartbeat.client().delete(rolling.PLAN_KEY)
+    redis_clients.heartbeats().delete(rolling.PLAN_KEY)
     beat = next(b for b in heartbeat.live_workers() if b.get("state") == "ready")
     response = admin_client.post(URL + "recycle/", {"node": beat["node"]}, follow=True)
     assert response.status_code == 200
     assert "Recycle workers refused" in response.content.decode()
     event = AuditEvent.objects.get(action="workers.recycle_refused")
     assert "only one worker child" in event.details["reason"]
-    assert heartbeat.client().get(rolling.PLAN_KEY) is None
+    assert redis_clients.heartbeats().get(rolling.PLAN_KEY) is None

@@ -1,6 +1,6 @@
 """Helpers for tests that drive real worker processes: tenants, jobs, waiting, killing.
 
-Jobs are created through ``speech.jobs.submit_job`` (the same path as the
+Jobs are created through ``speech.lifecycle.submit_job`` (the same path as the
 API), so each one has its reservation and its message on the engine queue.
 """
 
@@ -59,14 +59,14 @@ def make_org(name: str = "acme", **plan_fields: Any) -> Any:
 
 
 def submit(org: Any, text: str, voice: str = ESPEAK, fmt: str = "wav", **params: Any) -> Any:
+    from webapp.speech import lifecycle
     from webapp.speech.models import Voice
-    from webapp.speech.services import jobs
 
     v = Voice.objects.get(voice_id=voice)
-    request = jobs.JobRequest(
+    request = lifecycle.JobRequest(
         text=text, voice=v, format=fmt, sample_rate=None, params=params, billable_chars=len(text)
     )
-    job, created = jobs.submit_job(org, request)
+    job, created = lifecycle.submit_job(org, request)
     assert created
     return job
 

@@ -34,6 +34,7 @@ from tests.reliability.helpers import (
     wait_until,
 )
 from tests.stack import TestStack
+from webapp.errors import JobFailureCode
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,10 +59,9 @@ def _folder(org: Any) -> str:
 def _synthesize(synthesizer: Any, claimed: Any, text: str) -> tuple[str, Any]:
     """Write this attempt's audio to its own file, as the task does. (relative path, result)."""
     from synth import SynthesisRequest
-    from webapp.speech import tasks
-    from webapp.speech.services import files
+    from webapp.speech.services import files, outputs
 
-    relative = tasks.attempt_path(claimed)
+    relative = outputs.attempt_path(claimed)
     out = files.media_path(relative)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     result = synthesizer.synthesize(SynthesisRequest(text=text, voice=ESPEAK, format="wav"), out)
@@ -69,9 +69,9 @@ def _synthesize(synthesizer: Any, claimed: Any, text: str) -> tuple[str, Any]:
 
 
 def _complete(claimed: Any, relative: str, result: Any) -> bool:
-    from webapp.speech.services import attempts
+    from webapp.speech import lifecycle
 
-    return attempts.complete_job(
+    return lifecycle.complete_job(
         claimed.id,
         claimed.claim_token,
         audio_path=relative,
@@ -86,17 +86,17 @@ def test_two_attempts_racing_leave_one_file_the_right_one_charged_once(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
     from synth import Synthesizer
-    from webapp.speech import tasks
-    from webapp.speech.services import attempts
+    from webapp.speech import lifecycle
+    from webapp.speech.services import outputs
 
     org = make_org("race")
     text = f"{SHORT} Two attempts race for it."
     j = submit(org, text)
-    stale = attempts.claim_job(j.id, "node-a:ns-1:101")
+    stale = lifecycle.claim_job(j.id, "node-a:ns-1:101")
     assert stale is not None and stale.claim_token == 1
     _expire_lease(j.id)  # owner A is alive but paused; the reaper gives the job to another run
-    assert attempts.requeue_expired_leases()[0] == 1
-    live = attempts.claim_job(j.id, "node-b:ns-2:202")
+    assert lifecycle.requeue_expired_leases()[0] == 1
+    live = lifecycle.claim_job(j.id, "node-b:ns-2:202")
     assert live is not None and live.claim_token == 2
     synthesizer = Synthesizer(engines=["espeak"])
     synthesizer.load()
@@ -105,14 +105,14 @@ def test_two_attempts_racing_leave_one_file_the_right_one_charged_once(
     live_path, live_result = _synthesize(synthesizer, live, text)
     assert stale_path != live_path
     # The stale attempt learns it lost the job at its first write, and publishes nothing.
-    assert attempts.report_progress(j.id, stale.claim_token, 1, 2) == attempts.Verdict.LOST
+    assert lifecycle.report_progress(j.id, stale.claim_token, 1, 2) == lifecycle.Verdict.LOST
     assert not _complete(stale, stale_path, stale_result)
-    tasks.discard_output(j.id, stale.claim_token, stale_path)
-    assert attempts.report_progress(j.id, live.claim_token, 1, 2) == attempts.Verdict.GO
+    outputs.discard_output(j.id, stale.claim_token, stale_path)
+    assert lifecycle.report_progress(j.id, live.claim_token, 1, 2) == lifecycle.Verdict.GO
     assert _complete(live, live_path, live_result)
     # Late writes of the stale attempt change nothing.
-    assert not attempts.fail_job(j.id, "storage_error", "late failure", token=stale.claim_token)
-    assert not attempts.requeue_job(j.id, stale.claim_token, reason="late")
+    assert not lifecycle.fail_job(j.id, JobFailureCode.STORAGE_ERROR, "late failure", token=stale.claim_token)
+    assert not lifecycle.requeue_job(j.id, stale.claim_token, reason="late")
     row = job(j.id)
     assert (row.status, row.audio_path, row.attempts) == ("succeeded", live_path, 2)
     assert os.listdir(_folder(org)) == [os.path.basename(live_path)]
@@ -133,10 +133,10 @@ def _frozen_owner(j: Any, worker: Any, at_progress: float) -> psutil.Process:
 
 def _hand_to_the_other_child(j: Any, victim: psutil.Process) -> None:
     """The frozen owner's lease runs out; the reaper re-queues and the other child claims (token 2)."""
-    from webapp.speech.services import attempts
+    from webapp.speech import lifecycle
 
     _expire_lease(j.id)
-    assert attempts.requeue_expired_leases()[0] == 1
+    assert lifecycle.requeue_expired_leases()[0] == 1
     wait_until(
         lambda: job(j.id).claim_token == 2 and job(j.id).status == "running",
         60,

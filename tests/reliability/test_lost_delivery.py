@@ -26,8 +26,8 @@ T = 3
 
 
 def test_a_message_dropped_after_dispatch_runs_within_t(stack: TestStack, builtin_voices: list[str]) -> None:
-    from webapp.housekeeping.jobs import run_job
-    from webapp.speech.tasks import synthesize_job
+    from webapp.celery import app
+    from webapp.housekeeping.catalog import run_job
 
     flush_queues(stack, "synth.espeak")
     worker = start_worker(stack, "w-lost")
@@ -36,7 +36,7 @@ def test_a_message_dropped_after_dispatch_runs_within_t(stack: TestStack, builti
         with override_settings(TTS_JOB_REDELIVER_SECONDS=T):
             # Sent, then lost between the broker and a worker (a node dying after BRPOP,
             # Redis's fsync window, a purge): the row says dispatched, no message exists.
-            with mock.patch.object(synthesize_job, "apply_async"):
+            with mock.patch.object(app, "send_task"):  # how dispatch sends: by task name
                 j = submit(org, SHORT)
             assert job(j.id).dispatched_at is not None
             dropped = time.monotonic()
@@ -55,15 +55,15 @@ def test_a_message_dropped_after_dispatch_runs_within_t(stack: TestStack, builti
 def test_a_job_queued_past_the_maximum_age_ends_queue_timeout(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    from webapp.speech.services import attempts
+    from webapp.speech import lifecycle
 
     flush_queues(stack, "synth.espeak")  # no worker: the job only waits
     org = make_org("stale-queue")
     j = submit(org, SHORT)
     with override_settings(TTS_JOB_MAX_QUEUE_SECONDS=1, TTS_JOB_REDELIVER_SECONDS=3600):
-        assert attempts.resend_lost_deliveries() == (0, 0)
+        assert lifecycle.resend_lost_deliveries() == (0, 0)
         time.sleep(1.2)
-        assert attempts.resend_lost_deliveries() == (0, 1)
+        assert lifecycle.resend_lost_deliveries() == (0, 1)
     row = job(j.id)
     assert (row.status, row.error_code) == ("failed", "queue_timeout")
     assert usage_events(j.id) == ["release", "reserve"]

@@ -35,7 +35,7 @@ MAX_RSS_MB = 400
 def test_300_jobs_through_one_worker_with_low_max_tasks_per_child(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    from webapp.speech import recycling
+    from webapp.speech.runtime import recycling
 
     flush_queues(stack, "synth.espeak")
     worker = start_worker(
@@ -104,7 +104,7 @@ def test_gpu_memory_over_limit_recycles_the_child(
     stack: TestStack, builtin_voices: list[str], tmp_path: Path
 ) -> None:
     """The GPU-memory path with an injected reading (a GPU machine runs tests/gpu/check.sh for real)."""
-    from webapp.speech import recycling
+    from webapp.speech.runtime import recycling
 
     flush_queues(stack, "synth.espeak")
     reading = tmp_path / "gpu_mb"
@@ -154,7 +154,7 @@ def test_children_born_over_the_memory_limit_serve_on_and_age_out_at_different_t
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
     """Memory counts from each child's own baseline; age limits are jittered per child."""
-    from webapp.speech import recycling
+    from webapp.speech.runtime import recycling
 
     flush_queues(stack, "synth.espeak")
     worker = start_worker(
@@ -194,7 +194,7 @@ def test_children_born_over_the_memory_limit_serve_on_and_age_out_at_different_t
 def test_a_child_slowed_by_a_busy_host_is_not_recycled_for_drift(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    from webapp.speech import recycling
+    from webapp.speech.runtime import recycling
 
     flush_queues(stack, "synth.piper")
     worker = start_worker(
@@ -236,7 +236,7 @@ def test_children_of_a_node_that_share_its_jobs_are_replaced_one_at_a_time(
 ) -> None:
     """Two children take short jobs in turns and so reach their task limits together; they must
     still leave one after the other, each once the other's replacement is ready."""
-    from webapp.speech import recycling
+    from webapp.speech.runtime import recycling
 
     flush_queues(stack, "synth.espeak")
     worker = start_worker(stack, "w-turns", concurrency=2, TTS_WORKER_MAX_TASKS_PER_CHILD="20")
@@ -277,7 +277,7 @@ def test_a_recycled_child_is_replaced_at_once(stack: TestStack, builtin_voices: 
     a moment too early (9 of 24 recycles took 2.7-4.7 s); webapp/celery_pool.py looks again."""
     import psutil
 
-    from webapp.speech import recycling
+    from webapp.speech.runtime import recycling
 
     flush_queues(stack, "synth.espeak")
     worker = start_worker(stack, "w-fork", TTS_WORKER_MAX_TASKS_PER_CHILD="5")

@@ -62,7 +62,8 @@ def _start_node_worker(stack: TestStack, link: Link, name: str) -> Service:
 
 def _assert_one_child_at_a_time(stack: TestStack, plan: dict[str, Any]) -> None:
     """Before each child left, the one before it had exited and its replacement was ready."""
-    from webapp.speech import operations, recycling, rolling
+    from webapp.speech import operations
+    from webapp.speech.runtime import recycling, rolling
 
     r = stack.redis_client()
     since = float(plan["requested_at"])
@@ -91,11 +92,11 @@ def _assert_one_child_at_a_time(stack: TestStack, plan: dict[str, Any]) -> None:
 def test_a_rolling_recycle_under_load_replaces_every_child_and_no_job_fails(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    from webapp.speech import heartbeat, rolling
+    from webapp.speech import heartbeat
+    from webapp.speech.runtime import rolling
 
     flush_queues(stack, "synth.espeak")
     stack.redis_client().delete(rolling.PLAN_KEY)
-    heartbeat._client = None
     with (
         second_node(stack) as link,
         running(stack, start_worker(stack, "roll-a", "espeak", CHILDREN_PER_NODE, True, **WORKER_ENV)),
@@ -178,10 +179,10 @@ def rolling_events(stack: TestStack) -> list[dict[str, Any]]:
 def test_a_request_for_a_node_with_one_child_is_refused_with_the_reason(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    from webapp.speech import heartbeat, rolling
+    from webapp.speech import heartbeat
+    from webapp.speech.runtime import rolling
 
     stack.redis_client().delete(rolling.PLAN_KEY)
-    heartbeat._client = None
     with running(stack, start_worker(stack, "roll-one")):
         beats = [b for b in heartbeat.live_workers() if b.get("state") == "ready"]
         node = beats[0]["node"]

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_a_job_that_sleeps_past_the_hard_limit_ends_timeout_after_one_attempt(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    from webapp.housekeeping.jobs import run_job
+    from webapp.housekeeping.catalog import run_job
 
     flush_queues(stack, "synth.espeak")
     marker = "#hang#"
@@ -65,28 +65,28 @@ def test_a_job_that_sleeps_past_the_hard_limit_ends_timeout_after_one_attempt(
 def test_a_job_whose_progress_stalls_ends_timeout(stack: TestStack, builtin_voices: list[str]) -> None:
     from django.db import connection
 
+    from webapp.speech import lifecycle
     from webapp.speech.models import SynthesisJob
-    from webapp.speech.services import attempts
 
     org = make_org("stall")
     j = submit(org, SHORT)
-    claimed = attempts.claim_job(j.id, "node-s:ns-1:11")
+    claimed = lifecycle.claim_job(j.id, "node-s:ns-1:11")
     assert claimed is not None
-    assert attempts.report_progress(j.id, claimed.claim_token, 1, 3) == attempts.Verdict.GO
+    assert lifecycle.report_progress(j.id, claimed.claim_token, 1, 3) == lifecycle.Verdict.GO
     with override_settings(TTS_JOB_STALL_SECONDS=60):
-        assert attempts.reap_running()["timeout"] == 0  # advancing: left alone, whatever the lease
+        assert lifecycle.reap_running()["timeout"] == 0  # advancing: left alone, whatever the lease
         with connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {SynthesisJob._meta.db_table} "
                 "SET progress_at = now() - interval '61 seconds' WHERE id = %s",
                 [str(j.id)],
             )
-        assert attempts.reap_running()["timeout"] == 1
+        assert lifecycle.reap_running()["timeout"] == 1
     row = job(j.id)
     assert (row.status, row.error_code) == ("failed", "timeout")
     assert "60 s" in row.error_message
     assert usage_events(j.id) == ["release", "reserve"]
-    assert attempts.report_progress(j.id, claimed.claim_token, 2, 3) == attempts.Verdict.LOST
+    assert lifecycle.report_progress(j.id, claimed.claim_token, 2, 3) == lifecycle.Verdict.LOST
 
 
 def test_a_job_slowed_by_a_busy_host_but_advancing_is_not_stopped_by_its_soft_limit(

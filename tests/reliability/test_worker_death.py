@@ -70,7 +70,7 @@ def test_kill_9_child_mid_job_completes_once_within_seconds(
 def test_kill_9_whole_worker_then_a_new_worker_completes_once(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    from webapp.speech.services import attempts
+    from webapp.speech import lifecycle
 
     flush_queues(stack, "synth.piper")
     env: WorkerEnv = {"TTS_JOB_LEASE_SECONDS": "2"}
@@ -85,7 +85,7 @@ def test_kill_9_whole_worker_then_a_new_worker_completes_once(
         second = start_worker(stack, "w-node-b", engines="piper", **env)
         # Beat's reaper (called directly here): the dead run's lease runs out, the job is re-queued.
         requeued = wait_until(
-            lambda: attempts.requeue_expired_leases()[0], 30, "the lease reaper to re-queue"
+            lambda: lifecycle.requeue_expired_leases()[0], 30, "the lease reaper to re-queue"
         )
         assert requeued == 1
         (row,) = wait_status([j.id], timeout=60)
@@ -128,7 +128,7 @@ def test_job_that_kills_its_worker_every_time_fails_worker_lost(
 def test_out_of_memory_requeues_once_on_a_fresh_child_then_fails(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    from webapp.speech import recycling
+    from webapp.speech.runtime import recycling
 
     flush_queues(stack, "synth.espeak")
     marker = "#oom#"

@@ -127,7 +127,7 @@ def test_the_worker_reads_the_current_figure_on_its_configured_device(
     pytest.importorskip("django")
     from django.conf import settings
 
-    from webapp.speech import recycling
+    from webapp.speech.runtime import recycling
 
     cuda = FakeCuda(reserved_mb=300, peak_mb=900)
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))

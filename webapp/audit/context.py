@@ -15,11 +15,12 @@ from __future__ import annotations
 import contextvars
 import re
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
+
+from webapp.client_ip import client_ip as header_ip
 
 HEADER = "X-Request-Id"
 CELERY_HEADER = "tts_request_id"
@@ -77,8 +78,6 @@ def bind_job(job: Any) -> None:
 
 
 def client_ip(request: HttpRequest) -> str | None:
-    from webapp.admin_site import client_ip as header_ip
-
     return valid_ip(header_ip(request))
 
 
@@ -89,27 +88,6 @@ def valid_ip(value: str | None) -> str | None:
         return str(ipaddress.ip_address((value or "").strip()))
     except ValueError:
         return None
-
-
-class RequestContextMiddleware:
-    """First in the chain: every later log line of the request names its id."""
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        request_id = request_id_from(request.headers.get(HEADER))
-        request.request_id = request_id  # type: ignore[attr-defined]
-        token = bind(request_id, request=request, ip=client_ip(request))
-        try:
-            response = self.get_response(request)
-            from webapp.audit.services import record_admin_write
-
-            record_admin_write(request, response)
-        finally:
-            unbind(token)
-        response[HEADER] = request_id
-        return response
 
 
 # --------------------------------------------------------------------- Celery

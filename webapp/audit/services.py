@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -31,9 +32,8 @@ def _request_user(ctx: context.RequestContext | None) -> Any:
 
 def _actor(actor: Any, ctx: context.RequestContext | None) -> tuple[Any, str]:
     """(user or None, label) of whoever acts: a user, an API key, or the operator (the signed-in staff user)."""
-    from webapp.tenants.models import ApiKey
-
-    if isinstance(actor, ApiKey):
+    # By the app registry: tenants sit above audit (they record their events here).
+    if isinstance(actor, apps.get_model("tenants", "ApiKey")):
         return actor.user, f"api key tts_{actor.prefix}_…"
     if getattr(actor, "is_authenticated", False):
         return actor, str(actor.get_username())

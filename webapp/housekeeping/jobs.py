@@ -1,7 +1,7 @@
 """The housekeeping jobs that keep disk, database and queues clean: the framework.
 
 Each job is a function of a :class:`Context` registered in :data:`JOBS` by the
-``@job`` decorator, in a module per family: ``synthesis`` (audio retention,
+``@job`` decorator, in a module per family (``catalog`` imports them all): ``synthesis`` (audio retention,
 lease reaper, re-dispatch), ``disk`` (orphan files, temp folders),
 ``voices`` (stale and deleted voice prompts), ``records`` (idempotency
 keys, run records, heartbeats, operations snapshots) and ``operations`` (the
@@ -10,7 +10,7 @@ operations page's minute snapshot). :func:`run_job` runs one under a Redis lock
 :class:`HousekeepingRun` row and logs one line with what it did. Celery beat
 calls them through ``webapp.housekeeping.tasks``; ``manage.py housekeeping
 <job>`` runs them by hand. Everything a job changes about jobs goes through
-``webapp.speech.services``, the same functions the workers use, so there is
+``webapp.speech.lifecycle``, the same transitions the workers use, so there is
 one version of each state change.
 
 Every job is idempotent and works in batches of ``TTS_HOUSEKEEPING_BATCH``:
@@ -183,8 +183,3 @@ def delete_in_batches(qs: models.QuerySet[Any], ctx: Context) -> int:
         if len(pks) < ctx.batch:
             break
     return deleted
-
-
-# Each family registers its jobs in JOBS when imported; importing this module
-# is enough to know them all. (At the end: the families import from here.)
-from webapp.housekeeping import disk, operations, records, synthesis, voices  # noqa: E402, F401

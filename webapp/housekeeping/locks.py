@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import redis
 from redis.exceptions import LockError
 
-from webapp.speech import heartbeat
+from webapp import redis_clients
 
 KEY_PREFIX = "tts:housekeeping:lock:"
 
@@ -25,7 +25,7 @@ class RedisLock:
 
     def __init__(self, name: str, ttl_seconds: int, client: redis.Redis | None = None) -> None:
         self.key = KEY_PREFIX + name
-        redis_client = client if client is not None else heartbeat.client()
+        redis_client = client if client is not None else redis_clients.locks()
         self._lock = redis_client.lock(self.key, timeout=max(1, int(ttl_seconds)), blocking=False)
         self.held = False
 

@@ -7,6 +7,7 @@ import datetime as dt
 
 from django.conf import settings
 
+from webapp import redis_clients
 from webapp.audit.models import AuditEvent
 from webapp.housekeeping.jobs import Context, delete_in_batches, job
 from webapp.housekeeping.models import HousekeepingRun, OperationsSnapshot
@@ -34,7 +35,7 @@ def prune_records(ctx: Context) -> None:
     )
     # Heartbeats expire by TTL; one written without (a bug, a manual SET) would
     # show a dead worker as live forever. Give it the TTL it should have had.
-    r = heartbeat.client()
+    r = redis_clients.heartbeats()
     for key in r.scan_iter(match=heartbeat.KEY_PREFIX + "*", count=ctx.batch):
         if r.ttl(key) == -1:
             r.expire(key, settings.TTS_HEARTBEAT_TTL)

@@ -9,9 +9,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from webapp.housekeeping.jobs import Context, job
+from webapp.speech import lifecycle
 from webapp.speech.models import SynthesisJob
-from webapp.speech.services import attempts, dispatch
-from webapp.speech.services import jobs as speech_jobs
+from webapp.speech.services import dispatch
 
 JobStatus = SynthesisJob.Status
 
@@ -28,14 +28,14 @@ def expired_job_ids(now: dt.datetime, limit: int) -> list[Any]:
 @job("expire_audio", "Remove audio past the tenant's retention, mark the job expired, release storage.")
 def expire_audio(ctx: Context) -> None:
     # The listing is a plain read and may be stale by the time a row is reached;
-    # speech_jobs.expire_audio re-checks status and expires_at under the row lock,
+    # lifecycle.expire_audio re-checks status and expires_at under the row lock,
     # so a job that changed meanwhile (finished anew, deleted) is left alone.
     while not ctx.out_of_time():
         ids = expired_job_ids(ctx.now, ctx.batch)
         if not ids:
             break
         for job_id in ids:
-            ctx.add("bytes_released", speech_jobs.expire_audio(job_id))
+            ctx.add("bytes_released", lifecycle.expire_audio(job_id))
         expired = SynthesisJob.objects.filter(id__in=ids, status=JobStatus.EXPIRED).count()
         ctx.add("expired", expired)
         if expired == 0 or len(ids) < ctx.batch:
@@ -48,7 +48,7 @@ def expire_audio(ctx: Context) -> None:
 )
 def reap_stuck_jobs(ctx: Context) -> None:
     while not ctx.out_of_time():
-        requeued, failed = attempts.requeue_expired_leases(limit=ctx.batch)
+        requeued, failed = lifecycle.requeue_expired_leases(limit=ctx.batch)
         ctx.add("requeued", requeued)
         ctx.add("failed", failed)
         if requeued + failed < ctx.batch:
@@ -79,6 +79,6 @@ def redispatch_jobs(ctx: Context) -> None:
 def sweep_lost_deliveries(ctx: Context) -> None:
     # One pass per run: the re-sent jobs move their dispatched_at on, so a
     # second pass in the same run would find only what the batch left over.
-    resent, timed_out = attempts.resend_lost_deliveries(limit=ctx.batch)
+    resent, timed_out = lifecycle.resend_lost_deliveries(limit=ctx.batch)
     ctx.add("resent", resent)
     ctx.add("queue_timeout", timed_out)

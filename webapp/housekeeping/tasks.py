@@ -14,7 +14,8 @@ from typing import Any
 
 from celery import shared_task
 
-from webapp.housekeeping.jobs import JOBS, hard_time_limit, run_job, soft_time_limit
+from webapp.housekeeping.catalog import JOBS, run_job
+from webapp.housekeeping.jobs import hard_time_limit, soft_time_limit
 
 QUEUE = "housekeeping"
 

@@ -11,9 +11,11 @@ from django.db.models import Count
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from webapp import redis_clients
 from webapp.metrics import rollup
-from webapp.speech import heartbeat, operations, recycling
+from webapp.speech import heartbeat, operations
 from webapp.speech.models import SynthesisJob
+from webapp.speech.runtime import recycling
 
 log = logging.getLogger(__name__)
 MIB = 2**20
@@ -71,7 +73,7 @@ def _histograms(counts: dict[str, float]) -> Iterator[Metric]:
 
 
 def worker_metrics() -> Iterator[Metric]:
-    client = heartbeat.client()
+    client = redis_clients.heartbeats()
     beats = [b for b in heartbeat.live_workers() if isinstance(b, dict)]
     depth = GaugeMetricFamily(
         "tts_queue_depth", "Messages waiting in the broker, by queue.", labels=["queue"]

@@ -19,7 +19,7 @@ from typing import Any
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from webapp.speech import heartbeat
+from webapp import redis_clients
 from webapp.speech.models import SynthesisJob, UsageEvent
 
 COUNTERS_KEY = "tts:metrics:counters"
@@ -84,7 +84,7 @@ def _add_timings(
 
 def advance(now: dt.datetime | None = None) -> bool:
     """Count the rows up to ``LAG`` ago. False when another caller holds the lock or nothing is due."""
-    client = heartbeat.client()
+    client = redis_clients.heartbeats()
     if not client.set(LOCK_KEY, "1", nx=True, ex=60):
         return False
     try:
@@ -110,5 +110,5 @@ def advance(now: dt.datetime | None = None) -> bool:
 
 
 def read() -> dict[str, float]:
-    raw = heartbeat.client().hgetall(COUNTERS_KEY) or {}
+    raw = redis_clients.heartbeats().hgetall(COUNTERS_KEY) or {}
     return {str(k): float(v) for k, v in raw.items()}

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-import redis
 from django.conf import settings
+
+from webapp import redis_clients
 
 KEY_PREFIX = "tts:heartbeat:"
 INDEX_KEY = "tts:heartbeats"
@@ -31,34 +32,23 @@ end
 return removed
 """
 
-_client: redis.Redis | None = None
-
-
-def client() -> redis.Redis:
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=3, decode_responses=True
-        )
-    return _client
-
 
 def publish(worker_id: str, data: dict[str, Any], ttl: int | None = None) -> None:
-    pipe = client().pipeline(transaction=False)
+    pipe = redis_clients.heartbeats().pipeline(transaction=False)
     pipe.set(KEY_PREFIX + worker_id, json.dumps(data), ex=ttl or settings.TTS_HEARTBEAT_TTL)
     pipe.sadd(INDEX_KEY, worker_id)
     pipe.execute()
 
 
 def remove(worker_id: str) -> None:
-    pipe = client().pipeline(transaction=False)
+    pipe = redis_clients.heartbeats().pipeline(transaction=False)
     pipe.delete(KEY_PREFIX + worker_id)
     pipe.srem(INDEX_KEY, worker_id)
     pipe.execute()
 
 
 def live_workers() -> list[dict[str, Any]]:
-    r = client()
+    r = redis_clients.heartbeats()
     ids = sorted(cast(set[str], r.smembers(INDEX_KEY)))
     if not ids:
         return []

@@ -73,23 +73,38 @@ class Voice(models.Model):
         return self.voice_id
 
 
+class JobStatus(models.TextChoices):
+    """A job's state; only webapp/speech/lifecycle.py changes it."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    EXPIRED = "expired"
+
+
+ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
+FINISHED_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.EXPIRED)
+
+
+def sql_status_in(statuses: tuple[JobStatus, ...], column: str = "status") -> str:
+    """``status IN ('queued', 'running')`` for hand-written SQL, from the enum (fixed literals)."""
+    return f"{column} IN (" + ", ".join(f"'{s.value}'" for s in statuses) + ")"
+
+
 # Jobs that count against a tenant's limits: queued or running, or holding audio. Job
 # rows are kept for good; the limits read only these (through speech_job_org_live_idx,
 # whose condition this is: a query must state it as is for PostgreSQL to use the index).
-LIVE_JOBS = models.Q(status__in=("queued", "running")) | models.Q(audio_bytes__gt=0)
+# LIVE_JOBS_SQL says the same in SQL (tests/integration/test_job_rules.py checks both).
+LIVE_JOBS = models.Q(status__in=ACTIVE_STATUSES) | models.Q(audio_bytes__gt=0)
+LIVE_JOBS_SQL = f"({sql_status_in(ACTIVE_STATUSES)} OR audio_bytes > 0)"
 
 
 class SynthesisJob(models.Model):
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        SUCCEEDED = "succeeded"
-        FAILED = "failed"
-        CANCELED = "canceled"
-        EXPIRED = "expired"
-
-    ACTIVE = (Status.QUEUED, Status.RUNNING)
-    FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELED, Status.EXPIRED)
+    Status = JobStatus
+    ACTIVE = ACTIVE_STATUSES
+    FINISHED = FINISHED_STATUSES
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="jobs")
@@ -125,7 +140,9 @@ class SynthesisJob(models.Model):
     # The fencing token: +1 at every claim. Every write of a running attempt
     # carries it and matches only while it is current (docs/workers.md).
     claim_token = models.PositiveBigIntegerField(default=0)
-    deadline = models.DateTimeField(null=True, blank=True)  # claim + hard limit, database clock
+    deadline = models.DateTimeField(null=True, blank=True)  # claim + time_limit, database clock
+    # The job's hard limit (dispatch.job_time_limits, from its length), fixed at submit.
+    time_limit = models.DurationField(null=True, blank=True)
     progress_at = models.DateTimeField(null=True, blank=True)  # last advance, for the stall timeout
     queued_at = models.DateTimeField(null=True, blank=True)  # last entry into the queue
 
@@ -215,7 +232,11 @@ class UsagePeriod(models.Model):
 
 
 class UsageEvent(models.Model):
-    """Ledger: one reserve, then one charge or one release per job, never more."""
+    """Ledger: one reserve, then one settlement (a charge or a release) per job, never more.
+
+    A charge lists its parts (``ledger.Part``: fresh, delivered before a cancel or
+    disconnect); ``characters`` is their sum.
+    """
 
     class Kind(models.TextChoices):
         RESERVE = "reserve"
@@ -227,6 +248,7 @@ class UsageEvent(models.Model):
     job_key = models.UUIDField()  # survives job deletion, keeps uniqueness
     kind = models.CharField(max_length=10, choices=Kind.choices)
     characters = models.PositiveIntegerField()
+    parts = models.JSONField(default=list, blank=True, db_default=[])
     period = models.DateField()
     created_at = models.DateTimeField(default=timezone.now)
 

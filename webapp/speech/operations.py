@@ -13,12 +13,15 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
-from django.db.models import Count
+from django.db.models import Aggregate, Count, FloatField
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast
 from django.utils import timezone
 
-from webapp.speech import heartbeat, recycling
+from webapp import redis_clients
+from webapp.speech import heartbeat
 from webapp.speech.models import SynthesisJob
+from webapp.speech.runtime import recycling
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -53,17 +56,19 @@ def queue_depths(client: Any, queues: list[str]) -> dict[str, int]:
     return {q: int(sum(lengths[i * step : (i + 1) * step])) for i, q in enumerate(queues)}
 
 
-_JOB_FIGURES_SQL = """
-SELECT
-  percentile_cont(0.5) WITHIN GROUP (ORDER BY (metrics->>'queue_ms')::float / 1000),
-  percentile_cont(0.95) WITHIN GROUP (ORDER BY (metrics->>'queue_ms')::float / 1000),
-  percentile_cont(0.5) WITHIN GROUP (ORDER BY (metrics->>'rtf')::float),
-  percentile_cont(0.95) WITHIN GROUP (ORDER BY (metrics->>'rtf')::float),
-  count(*)
-FROM speech_synthesisjob
-WHERE status = 'succeeded' AND finished_at >= %s
-  AND metrics->>'queue_ms' IS NOT NULL AND metrics->>'rtf' IS NOT NULL
-"""
+class Percentile(Aggregate):
+    """The continuous ``fraction`` percentile of an expression (PostgreSQL's ``percentile_cont``).
+
+    An ordered-set aggregate (``WITHIN GROUP (ORDER BY ...)``), which Django has
+    no class for; ``fraction`` is a constant of this module, never a request's.
+    """
+
+    function = "percentile_cont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression: Any, fraction: float) -> None:
+        super().__init__(expression, fraction=float(fraction))
 
 
 def job_figures(since: dt.datetime) -> dict[str, Any]:
@@ -75,16 +80,28 @@ def job_figures(since: dt.datetime) -> dict[str, Any]:
         .annotate(n=Count("id"))
         .values_list("status", "n")
     )
-    with connection.cursor() as cursor:
-        cursor.execute(_JOB_FIGURES_SQL, [since])
-        wait50, wait95, rtf50, rtf95, count = cursor.fetchone()
+    measured = (
+        SynthesisJob.objects.filter(status=SynthesisJob.Status.SUCCEEDED, finished_at__gte=since)
+        .annotate(
+            queue_s=Cast(KT("metrics__queue_ms"), FloatField()) / 1000,
+            rtf=Cast(KT("metrics__rtf"), FloatField()),
+        )
+        .filter(queue_s__isnull=False, rtf__isnull=False)
+        .aggregate(
+            wait50=Percentile("queue_s", 0.5),
+            wait95=Percentile("queue_s", 0.95),
+            rtf50=Percentile("rtf", 0.5),
+            rtf95=Percentile("rtf", 0.95),
+            n=Count("id"),
+        )
+    )
     return {
         "by_status": {s: int(by_status.get(s, 0)) for s in SynthesisJob.Status.values},
-        "queue_wait_p50": _round(wait50),
-        "queue_wait_p95": _round(wait95),
-        "rtf_p50": _round(rtf50, 4),
-        "rtf_p95": _round(rtf95, 4),
-        "measured": int(count or 0),
+        "queue_wait_p50": _round(measured["wait50"]),
+        "queue_wait_p95": _round(measured["wait95"]),
+        "rtf_p50": _round(measured["rtf50"], 4),
+        "rtf_p95": _round(measured["rtf95"], 4),
+        "measured": int(measured["n"] or 0),
     }
 
 
@@ -141,7 +158,7 @@ def closest_recycle(beat: dict[str, Any], now: float) -> str:
 def collect(now: float | None = None) -> dict[str, Any]:
     """What the page shows now (raw values; the view formats them)."""
     now = time.time() if now is None else now
-    client = heartbeat.client()
+    client = redis_clients.heartbeats()
     beats = [b for b in heartbeat.live_workers() if isinstance(b, dict)]
     since = timezone.now() - dt.timedelta(hours=1)
     return {

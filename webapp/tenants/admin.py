@@ -1,4 +1,4 @@
-"""Members, users and API keys in the admin. Tenants and plans are in ``webapp.speech.admin_tenants``.
+"""Members, users and API keys in the admin. Tenants and plans are in ``webapp.console.tenants``.
 
 An API key shows its prefix, name, scopes and last use; its hash is never
 shown, and a secret is never typed in here (keys are issued through the API,

@@ -7,10 +7,10 @@ from typing import Any
 
 def submit_espeak(org: Any, text: str = "short text") -> Any:
     """A queued eSpeak job of ``org`` (``len(text)`` characters reserved), as submit_job makes it."""
+    from webapp.speech import lifecycle
     from webapp.speech.models import Voice
-    from webapp.speech.services import jobs
 
-    request = jobs.JobRequest(
+    request = lifecycle.JobRequest(
         text=text,
         voice=Voice.objects.get(voice_id="espeak-en-us", organization__isnull=True),
         format="wav",
@@ -18,4 +18,4 @@ def submit_espeak(org: Any, text: str = "short text") -> Any:
         params={},
         billable_chars=len(text),
     )
-    return jobs.submit_job(org, request)[0]
+    return lifecycle.submit_job(org, request)[0]

@@ -57,9 +57,9 @@ def tenant(transactional_db: None, builtin_voices: list[str], no_dispatch: None)
 
 
 def _claim(job_id: Any) -> int:
-    from webapp.speech.services import attempts
+    from webapp.speech import lifecycle
 
-    job = attempts.claim_job(job_id, "test-worker:1")
+    job = lifecycle.claim_job(job_id, "test-worker:1")
     assert job is not None
     return int(job.claim_token)
 
@@ -124,15 +124,15 @@ def test_a_submit_and_a_charge_of_one_tenant_do_not_deadlock(
     tenant: Tenant, blocker: psycopg.Connection[Any], observer: psycopg.Connection[Any]
 ) -> None:
     """Charge first in the queue for the usage row, submit right behind it: both must finish."""
+    from webapp.speech import lifecycle
     from webapp.speech.models import UsagePeriod
-    from webapp.speech.services import attempts
 
     running = submit_espeak(tenant.org)
     token = _claim(running.id)
     results: dict[str, Any] = {}
     # The blocker holds the usage row, so the charge and then the submit line up behind it.
     blocker.execute("SELECT 1 FROM speech_usageperiod WHERE organization_id = %s FOR UPDATE", [tenant.org.pk])
-    charge = _in_thread(lambda: attempts.complete_job(running.id, token, **DONE), results, "charge")
+    charge = _in_thread(lambda: lifecycle.complete_job(running.id, token, **DONE), results, "charge")
     _wait_until_blocked(observer, results, "charge")
     submit = _in_thread(lambda: submit_espeak(tenant.org), results, "submit")
     _wait_until_blocked(observer, results, "submit")
@@ -147,8 +147,8 @@ def test_a_submit_and_a_charge_of_one_tenant_do_not_deadlock(
 
 def test_parallel_submits_and_completes_of_one_tenant_all_finish(tenant: Tenant) -> None:
     """Three submitters and three 'workers' in threads, as tests/reliability/test_recycling.py did."""
+    from webapp.speech import lifecycle
     from webapp.speech.models import SynthesisJob, UsagePeriod
-    from webapp.speech.services import attempts
 
     per_thread = 12
     errors: list[BaseException] = []
@@ -170,9 +170,9 @@ def test_parallel_submits_and_completes_of_one_tenant_all_finish(tenant: Tenant)
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                job = attempts.claim_next("espeak", f"w:{threading.get_ident()}")
+                job = lifecycle.claim_next("espeak", f"w:{threading.get_ident()}")
                 if job is not None:
-                    attempts.complete_job(job.id, job.claim_token, **DONE)
+                    lifecycle.complete_job(job.id, job.claim_token, **DONE)
                 elif len(submitted) == 3 * per_thread:
                     return
         except BaseException as exc:

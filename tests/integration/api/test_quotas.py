@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 
 from tests.integration.api.conftest import ApiClient, problem
+from webapp.errors import JobFailureCode
 
 TEN_CHARS = "abcdefghij"
 
@@ -85,14 +86,14 @@ def test_concurrency_limit_holds_under_parallel_submits(live_tenant: Any) -> Non
 
 @pytest.mark.usefixtures("synth_worker", "builtin_voices")
 def test_failed_and_canceled_jobs_give_characters_back(make_tenant: Any) -> None:
+    from webapp.speech import lifecycle
     from webapp.speech.models import UsageEvent, UsagePeriod
-    from webapp.speech.services import attempts
 
     t = make_tenant(monthly_characters=25)
     first = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()
     second = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()
     assert t.client.post("/api/v1/speech", {"text": TEN_CHARS}).status_code == 429
-    attempts.fail_job(first["id"], "engine_error", "boom")
+    lifecycle.fail_job(first["id"], JobFailureCode.SYNTHESIS_FAILED, "boom")
     t.client.post(f"/api/v1/speech/{second['id']}/cancel")
     row = UsagePeriod.objects.get(organization=t.org)
     assert (row.characters_used, row.characters_reserved) == (0, 0)
@@ -102,14 +103,15 @@ def test_failed_and_canceled_jobs_give_characters_back(make_tenant: Any) -> None
 
 @pytest.mark.usefixtures("synth_worker", "builtin_voices")
 def test_redelivered_job_is_charged_once(make_tenant: Any) -> None:
+    from webapp.speech import lifecycle
     from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
-    from webapp.speech.services import attempts, ledger
+    from webapp.speech.services import ledger
 
     t = make_tenant()
     job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
-    claimed = attempts.claim_job(job_id, "w1")
+    claimed = lifecycle.claim_job(job_id, "w1")
     assert claimed is not None
-    assert attempts.claim_job(job_id, "w2") is None  # the duplicate message finds nothing to claim
+    assert lifecycle.claim_job(job_id, "w2") is None  # the duplicate message finds nothing to claim
     done: dict[str, Any] = {
         "audio_path": "audio/x.wav",
         "audio_bytes": 10,
@@ -117,10 +119,11 @@ def test_redelivered_job_is_charged_once(make_tenant: Any) -> None:
         "metrics": {},
         "applied_instructions": {},
     }
-    assert attempts.complete_job(job_id, claimed.claim_token, **done) is True
-    assert attempts.complete_job(job_id, claimed.claim_token, **done) is False
-    assert ledger.charge_usage(SynthesisJob.objects.get(id=job_id)) is False
-    assert ledger.release_usage(SynthesisJob.objects.get(id=job_id)) is False
+    assert lifecycle.complete_job(job_id, claimed.claim_token, **done) is True
+    assert lifecycle.complete_job(job_id, claimed.claim_token, **done) is False
+    fresh = (ledger.Part(ledger.PartKind.FRESH),)
+    assert ledger.settle(SynthesisJob.objects.get(id=job_id).id, fresh) is False
+    assert ledger.settle(SynthesisJob.objects.get(id=job_id).id) is False
     row = UsagePeriod.objects.get(organization=t.org)
     assert (row.characters_used, row.characters_reserved) == (10, 0)
     assert UsageEvent.objects.filter(job_key=job_id, kind="charge").count() == 1
@@ -132,17 +135,18 @@ def test_last_months_usage_does_not_count_this_month(
 ) -> None:
     from django.utils import timezone
 
+    from webapp.speech import lifecycle
     from webapp.speech.models import UsagePeriod
-    from webapp.speech.services import attempts, ledger
+    from webapp.speech.services import ledger
 
     t = make_tenant(monthly_characters=15)
     real_now = timezone.now()
     last_month = ledger.period_start(real_now) - dt.timedelta(days=3)
     monkeypatch.setattr(timezone, "now", lambda: dt.datetime.combine(last_month, dt.time(12), tzinfo=dt.UTC))
     job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
-    claimed = attempts.claim_job(job_id, "w1")
+    claimed = lifecycle.claim_job(job_id, "w1")
     assert claimed is not None
-    attempts.complete_job(
+    lifecycle.complete_job(
         job_id,
         claimed.claim_token,
         audio_path="",
@@ -189,15 +193,15 @@ def test_storage_limit_blocks_new_jobs(make_tenant: Any, builtin_voices: Any, sy
 
 def test_a_job_that_finishes_after_its_caller_gave_up_ends_canceled_and_uncharged(make_tenant: Any) -> None:
     """The OpenAI endpoint's timeout path: abandon (cancel + release), then the worker finishes anyway."""
+    from webapp.speech import lifecycle
     from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
-    from webapp.speech.services import attempts, jobs
 
     t = make_tenant()
     job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
-    claimed = attempts.claim_job(job_id, "w1")
+    claimed = lifecycle.claim_job(job_id, "w1")
     assert claimed is not None
-    jobs.abandon_job(SynthesisJob.objects.get(id=job_id))  # the caller's wait ran out
-    finished = attempts.complete_job(
+    lifecycle.abandon_job(SynthesisJob.objects.get(id=job_id))  # the caller's wait ran out
+    finished = lifecycle.complete_job(
         job_id,
         claimed.claim_token,
         audio_path=f"audio/{t.org.id}/{job_id}.wav",
@@ -220,12 +224,12 @@ def test_a_finishing_job_is_published_and_charged_in_five_statements(
     make_tenant: Any, django_assert_max_num_queries: Any
 ) -> None:
     """The worker's last step sits between the synthesis and the client's answer: it is kept short."""
+    from webapp.speech import lifecycle
     from webapp.speech.models import SynthesisJob, UsagePeriod
-    from webapp.speech.services import attempts
 
     t = make_tenant()
     job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
-    claimed = attempts.claim_job(job_id, "w1")
+    claimed = lifecycle.claim_job(job_id, "w1")
     assert claimed is not None
     done: dict[str, Any] = {
         "audio_bytes": 100,
@@ -237,7 +241,7 @@ def test_a_finishing_job_is_published_and_charged_in_five_statements(
     # tenant, insert the charge unless one exists, update the usage row; the test's transaction
     # makes the outer block a savepoint (two statements more). It took 14 (+2), then 8 (+2).
     with django_assert_max_num_queries(5 + 2):
-        assert attempts.complete_job(job_id, claimed.claim_token, audio_path="a.wav", **done) is True
+        assert lifecycle.complete_job(job_id, claimed.claim_token, audio_path="a.wav", **done) is True
     job = SynthesisJob.objects.get(id=job_id)
     assert job.status == "succeeded" and job.finished_at is not None
     assert job.expires_at == job.finished_at + dt.timedelta(days=t.org.plan.retention_days)
@@ -305,12 +309,13 @@ def test_a_submits_limits_read_the_tenants_live_jobs_not_its_history(make_tenant
 def test_a_settled_job_is_never_settled_again(make_tenant: Any) -> None:
     from django.db import transaction
 
+    from webapp.speech import lifecycle
     from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
-    from webapp.speech.services import attempts, ledger
+    from webapp.speech.services import ledger
 
     t = make_tenant()
     job_id = t.client.post("/api/v1/speech", {"text": TEN_CHARS}).json()["id"]
-    claimed = attempts.claim_job(job_id, "w1")
+    claimed = lifecycle.claim_job(job_id, "w1")
     assert claimed is not None
     done: dict[str, Any] = {
         "audio_bytes": 100,
@@ -318,16 +323,16 @@ def test_a_settled_job_is_never_settled_again(make_tenant: Any) -> None:
         "metrics": {"synth_ms": 5},
         "applied_instructions": {},
     }
-    assert attempts.complete_job(job_id, claimed.claim_token, audio_path="a.wav", **done) is True
+    assert lifecycle.complete_job(job_id, claimed.claim_token, audio_path="a.wav", **done) is True
     job = SynthesisJob.objects.get(id=job_id)
     assert job.metrics == {"synth_ms": 5} and job.audio_path == "a.wav" and job.progress == 1.0
-    for settle in (ledger.charge_usage, ledger.release_usage, lambda j: ledger.charge_part(j, 3)):
+    for parts in ((ledger.Part(ledger.PartKind.FRESH),), (), (ledger.Part(ledger.PartKind.DELIVERED, 3),)):
         with transaction.atomic():
-            assert settle(job) is False
+            assert ledger.settle(job.id, parts) is False
     kinds = sorted(UsageEvent.objects.filter(job_key=job_id).values_list("kind", "characters"))
     assert kinds == [("charge", 10), ("reserve", 10)]
     row = UsagePeriod.objects.get(organization=t.org)
     assert (row.characters_reserved, row.characters_used) == (0, 10)
     # The same attempt finishing again (a retried commit) changes nothing either.
-    assert attempts.complete_job(job_id, claimed.claim_token, audio_path="b.wav", **done) is False
+    assert lifecycle.complete_job(job_id, claimed.claim_token, audio_path="b.wav", **done) is False
     assert SynthesisJob.objects.get(id=job_id).audio_path == "a.wav"

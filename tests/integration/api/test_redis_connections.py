@@ -26,7 +26,7 @@ def test_requests_reuse_the_processes_redis_connections(web: Any, live_tenant: A
 
 
 def test_one_pool_per_address_and_options() -> None:
-    from webapp.redis_pool import SharedConnectionPool
+    from webapp.redis_clients import SharedConnectionPool
 
     a = SharedConnectionPool.from_url("redis://127.0.0.1:9/3", socket_timeout=5)
     assert SharedConnectionPool.from_url("redis://127.0.0.1:9/3", socket_timeout=5) is a

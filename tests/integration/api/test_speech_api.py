@@ -111,14 +111,11 @@ def test_long_poll_returns_at_once_for_finished_and_waits_capped(make_tenant: An
 @pytest.fixture
 def redis_elsewhere(settings: Any) -> Any:
     """Point the heartbeat reader at another Redis database or port (restored afterwards)."""
-    from webapp.speech import heartbeat
 
     def point(url: str) -> None:
         settings.REDIS_URL = url
-        heartbeat._client = None
 
     yield point
-    heartbeat._client = None
 
 
 def test_no_live_worker_for_the_voice_is_503_no_worker(

@@ -8,10 +8,7 @@ import time
 import uuid
 from typing import Any
 
-import pytest
-
 from tests.stack import TestStack
-from webapp.speech.api import stream_wakeups
 from webapp.speech.api.stream_wakeups import (
     POLL_ROW_CHECK_SECONDS,
     SAFETY_SECONDS,
@@ -70,30 +67,29 @@ def test_an_async_stream_wakes_when_its_file_grows_and_knows_a_state_change(stac
     assert (grew_changed_row, state_changed) == (False, True)
 
 
-def test_without_redis_a_stream_polls(
-    stack: TestStack, settings: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_without_redis_a_stream_polls(stack: TestStack, settings: Any) -> None:
+    # redis_clients.subscriptions() follows the setting: a pool of its own for this URL.
     settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens there
-    monkeypatch.setattr(stream_wakeups, "_client", None)
     wakeups = SyncWakeups(uuid.uuid4())
     assert wakeups.pubsub is None and wakeups.row_check_seconds == POLL_ROW_CHECK_SECONDS
     started = time.monotonic()
     wakeups.wait()
     assert time.monotonic() - started < 0.5
     wakeups.close()
-    monkeypatch.setattr(stream_wakeups, "_client", None)  # not kept with the unreachable URL
 
 
 def test_async_streams_share_their_loops_one_redis_connection(stack: TestStack) -> None:
-    from webapp.speech import heartbeat
+    from webapp import redis_clients
 
-    before = {c["id"] for c in heartbeat.client().client_list(_type="pubsub")}
+    before = {c["id"] for c in redis_clients.notifications().client_list(_type="pubsub")}
 
     async def scenario() -> tuple[int, list[bool]]:
         job_ids = [uuid.uuid4() for _ in range(5)]
         streams = [await AsyncWakeups(job_id).open() for job_id in job_ids]
         try:
-            clients = [c for c in heartbeat.client().client_list(_type="pubsub") if c["id"] not in before]
+            clients = [
+                c for c in redis_clients.notifications().client_list(_type="pubsub") if c["id"] not in before
+            ]
             _later(0.1, notify.stream_grew, job_ids[2])
             await streams[2].wait()
             _later(0.1, _state_changed, job_ids[3])

@@ -11,15 +11,16 @@ pytestmark = pytest.mark.usefixtures("synth_worker", "builtin_voices")
 
 
 def test_usage_shows_plan_period_characters_jobs_storage_and_days(make_tenant: Any) -> None:
+    from webapp.speech import lifecycle
     from webapp.speech.models import SynthesisJob
-    from webapp.speech.services import attempts, ledger
+    from webapp.speech.services import ledger
 
     t = make_tenant(monthly_characters=1000, max_concurrent_jobs=7)
     charged = t.client.post("/api/v1/speech", {"text": "Twenty characters!!"}).json()  # 19 billable
     t.client.post("/api/v1/speech", {"text": "abcde"})
-    claimed = attempts.claim_job(charged["id"], "w1")
+    claimed = lifecycle.claim_job(charged["id"], "w1")
     assert claimed
-    attempts.complete_job(
+    lifecycle.complete_job(
         charged["id"],
         claimed.claim_token,
         audio_path="a.wav",

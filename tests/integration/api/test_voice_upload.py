@@ -106,10 +106,12 @@ def test_a_good_prompt_is_stored_canonical_under_a_generated_name_and_counts_aga
     django_capture_on_commit_callbacks: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from webapp.speech import analysis
+    from webapp.speech.services import dispatch
 
     sent: list[str] = []
-    monkeypatch.setattr(analysis, "send", lambda pk: sent.append(str(pk)))  # no analysis worker in this test
+    monkeypatch.setattr(
+        dispatch, "send_analysis", lambda pk: sent.append(str(pk))
+    )  # no analysis worker in this test
     tenant = make_tenant(max_voices=1)
     hostile = prompts["good"].parent / "..%2F..%2Fetc%2Fpasswd.wav"
     hostile.write_bytes(prompts["good"].read_bytes())
@@ -178,14 +180,16 @@ def _ready_voice(tenant: Tenant, tmp: Path | None = None) -> Any:
 def test_deleting_a_voice_fails_its_queued_jobs_and_removes_its_files(
     make_tenant: Callable[..., Tenant], builtin_voices: list[str], django_capture_on_commit_callbacks: Any
 ) -> None:
+    from webapp.speech import lifecycle
     from webapp.speech.models import SynthesisJob, Voice
-    from webapp.speech.services import jobs
 
     tenant = make_tenant()
     voice = _ready_voice(tenant)
     prompt = Path(settings.MEDIA_ROOT) / voice.prompt_path
-    request = jobs.JobRequest("Hello there.", voice, "wav", None, {"pitch": 1.0}, 12)
-    job, _ = jobs.submit_job(tenant.org, request)  # queued: its dispatch waits for a commit that never comes
+    request = lifecycle.JobRequest("Hello there.", voice, "wav", None, {"pitch": 1.0}, 12)
+    job, _ = lifecycle.submit_job(
+        tenant.org, request
+    )  # queued: its dispatch waits for a commit that never comes
     assert job.cloning_mode == "approximate" and job.voice_name == "en_US-joe-medium"
     assert job.params["pitch"] == 3.0  # the request's own pitch plus the voice's shift
     with django_capture_on_commit_callbacks(execute=True):
@@ -258,9 +262,9 @@ def test_an_upload_over_the_json_body_limit_but_within_the_upload_limit_is_accep
 ) -> None:
     import soxr
 
-    from webapp.speech import analysis
+    from webapp.speech.services import dispatch
 
-    monkeypatch.setattr(analysis, "send", lambda pk: True)
+    monkeypatch.setattr(dispatch, "send_analysis", lambda pk: True)
     audio, rate = sf.read(prompts["good"], dtype="float32")
     loud = soxr.resample(np.tile(audio, 2)[: rate * 14], rate, 48000)
     big = pf.write(tmp_path / "big.wav", np.stack([loud, loud], axis=1), 48000)

@@ -72,13 +72,13 @@ def _wait_all(job_ids: list[Any], seconds: float) -> dict[Any, float]:
 
 
 def _claim_later(job_ids: list[Any], delay: float, changed: dict[Any, float]) -> threading.Thread:
-    from webapp.speech.services import attempts
+    from webapp.speech import lifecycle
 
     def run() -> None:
         try:
             time.sleep(delay)
             for job_id in job_ids:
-                assert attempts.claim_job(job_id, "test-worker:1") is not None
+                assert lifecycle.claim_job(job_id, "test-worker:1") is not None
                 changed[job_id] = time.monotonic()  # committed and published
                 time.sleep(0.05)
         finally:
@@ -106,7 +106,7 @@ def test_each_waiter_wakes_within_20_ms_of_its_jobs_change(tenant: Tenant, reads
 def test_a_notification_without_a_state_makes_the_waiter_read_the_row(
     tenant: Tenant, reads: list[float]
 ) -> None:
-    from webapp.speech import heartbeat
+    from webapp import redis_clients
     from webapp.speech.models import SynthesisJob
     from webapp.speech.services.notify import channel
 
@@ -119,7 +119,7 @@ def test_a_notification_without_a_state_makes_the_waiter_read_the_row(
             # The row moves without its own message (as a publisher that says only "changed" would)...
             SynthesisJob.objects.filter(pk=job.id).update(status="running")
             changed[job.id] = time.monotonic()
-            heartbeat.client().publish(channel(job.id), "changed")
+            redis_clients.notifications().publish(channel(job.id), "changed")
         finally:
             connection.close()
 
@@ -214,13 +214,13 @@ def test_one_wait_over_the_plans_cap_gets_429_and_slots_come_back(web: Any, tena
 
 
 def test_a_slot_of_a_killed_process_ages_out(tenant: Tenant) -> None:
-    from webapp.speech import heartbeat
+    from webapp import redis_clients
     from webapp.speech.services import waits
 
     waits.acquire(tenant.org, 1)
     waits.acquire(tenant.org, 1)  # never released, as if the process died
     key = waits.key(tenant.org.pk)
-    redis = heartbeat.client()
+    redis = redis_clients.notifications()
     # Move both members' expiry into the past instead of waiting 31 s for it.
     redis.zadd(key, {member: 0 for member in redis.zrange(key, 0, -1)})  # type: ignore[type-var]
     assert waits.acquire(tenant.org, 1) is not None
@@ -270,8 +270,8 @@ def _org_of(job_id: Any) -> Any:
 def test_waiters_woken_by_one_change_share_one_answer(
     live_tenant: Any, no_dispatch: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from webapp.speech import lifecycle
     from webapp.speech.api import views
-    from webapp.speech.services import attempts
 
     tenant = live_tenant(max_concurrent_waits=10)
     job = submit_espeak(tenant.org)
@@ -284,7 +284,7 @@ def test_waiters_woken_by_one_change_share_one_answer(
         return real(request, job_id)
 
     monkeypatch.setattr(views.job_after_wait, "build", slow_build)
-    answers = _long_polls_in_process(tenant.raw_key, job.id, 6, lambda: attempts.claim_job(job.id, "t:1"))
+    answers = _long_polls_in_process(tenant.raw_key, job.id, 6, lambda: lifecycle.claim_job(job.id, "t:1"))
     assert [a.status_code for a in answers] == [200] * 6, answers[0].content
     bodies = [a.json() for a in answers]
     assert all(b["status"] == "running" and b["id"] == str(job.id) for b in bodies)
@@ -345,13 +345,13 @@ def test_when_the_shared_build_fails_each_sharer_builds_its_own(how: str) -> Non
 
 
 def test_waiters_on_a_job_deleted_meanwhile_get_a_404_naming_it(live_tenant: Any, no_dispatch: None) -> None:
+    from webapp.speech import lifecycle
     from webapp.speech.models import SynthesisJob
-    from webapp.speech.services import jobs
 
     tenant = live_tenant(max_concurrent_waits=10)
     job = submit_espeak(tenant.org)
     answers = _long_polls_in_process(
-        tenant.raw_key, job.id, 2, lambda: jobs.delete_job(SynthesisJob.objects.get(pk=job.id))
+        tenant.raw_key, job.id, 2, lambda: lifecycle.delete_job(SynthesisJob.objects.get(pk=job.id))
     )
     assert [a.status_code for a in answers] == [404, 404]
     assert all(problem(a)["code"] == "not_found" for a in answers)
@@ -362,16 +362,16 @@ def test_waiters_on_a_job_deleted_meanwhile_get_a_404_naming_it(live_tenant: Any
 
 
 def _pubsub_clients() -> list[dict[str, Any]]:
-    from webapp.speech import heartbeat
+    from webapp import redis_clients
 
-    clients: list[dict[str, Any]] = heartbeat.client().client_list(_type="pubsub")
+    clients: list[dict[str, Any]] = redis_clients.notifications().client_list(_type="pubsub")
     return clients
 
 
 def _subscribers(channel_name: str) -> int:
-    from webapp.speech import heartbeat
+    from webapp import redis_clients
 
-    return int(dict(heartbeat.client().pubsub_numsub(channel_name))[channel_name])
+    return int(dict(redis_clients.notifications().pubsub_numsub(channel_name))[channel_name])
 
 
 def test_the_waiters_of_a_process_share_one_redis_connection(tenant: Tenant) -> None:
@@ -410,7 +410,7 @@ def test_the_waiters_of_a_process_share_one_redis_connection(tenant: Tenant) -> 
 
 
 def test_a_channel_left_and_joined_again_at_once_still_delivers(stack: Any) -> None:
-    from webapp.speech import heartbeat
+    from webapp import redis_clients
     from webapp.speech.api import notifications
 
     async def scenario() -> list[bytes | None]:
@@ -420,7 +420,7 @@ def test_a_channel_left_and_joined_again_at_once_still_delivers(stack: Any) -> N
             first = await notifications.subscribe(name)
             # The UNSUBSCRIBE of the last listener and the SUBSCRIBE of the next one race.
             _, second = await asyncio.gather(first.close(), notifications.subscribe(name))
-            await asyncio.to_thread(heartbeat.client().publish, name, "running 0.5")
+            await asyncio.to_thread(redis_clients.notifications().publish, name, "running 0.5")
             got.append(await second.get(timeout=2))
             await second.close()
         return got
@@ -431,7 +431,7 @@ def test_a_channel_left_and_joined_again_at_once_still_delivers(stack: Any) -> N
 def test_when_the_shared_connection_drops_waiters_read_their_rows_and_the_next_reconnects(
     tenant: Tenant, reads: list[float]
 ) -> None:
-    from webapp.speech import heartbeat
+    from webapp import redis_clients
     from webapp.speech.api import notifications
     from webapp.speech.services.notify import channel
 
@@ -449,7 +449,7 @@ def test_when_the_shared_connection_drops_waiters_read_their_rows_and_the_next_r
         port = conn._writer.get_extra_info("sockname")[1]
         mine = [c for c in _pubsub_clients() if c["addr"].endswith(f":{port}")]
         seen["subscribed_when_killed"] = [_subscribers(channel(j)) for j in job_ids]
-        heartbeat.client().client_kill_filter(_id=mine[0]["id"])
+        redis_clients.notifications().client_kill_filter(_id=mine[0]["id"])
         await asyncio.sleep(0.3)
         seen["reads_after_kill"] = len(reads)
         changed: dict[Any, float] = {}
@@ -458,7 +458,7 @@ def test_when_the_shared_connection_drops_waiters_read_their_rows_and_the_next_r
         await asyncio.to_thread(claimer.join)
         # A later waiter opens a new connection, and notifications flow again.
         again = await notifications.subscribe("tts:test:after-kill")
-        await asyncio.to_thread(heartbeat.client().publish, "tts:test:after-kill", "x")
+        await asyncio.to_thread(redis_clients.notifications().publish, "tts:test:after-kill", "x")
         seen["after"] = await again.get(timeout=2)
         await again.close()
         return {j: woke[j] - changed[j] for j in job_ids}

@@ -10,6 +10,7 @@ from django.test import Client
 
 from tests.integration.console.conftest import STAFF_IP, job_status, run_action, staff_client
 from tests.reliability.helpers import wait_until
+from webapp.errors import JobFailureCode
 
 pytestmark = pytest.mark.usefixtures("builtin_voices")
 
@@ -63,13 +64,14 @@ def test_the_key_page_never_shows_the_hash(live_tenant: Any) -> None:
 
 def _failed_job(tenant: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A job that failed: submitted while its message 'is lost' (injected), then failed by the service."""
+    from webapp.speech import lifecycle
     from webapp.speech.models import SynthesisJob
-    from webapp.speech.services import attempts, dispatch
+    from webapp.speech.services import dispatch
 
     with monkeypatch.context() as patch:
         patch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
         body = tenant.client.post("/api/v1/speech", {"text": "Hello from a job that failed once."}).json()
-    assert attempts.fail_job(body["id"], "synthesis_failed", "injected failure")
+    assert lifecycle.fail_job(body["id"], JobFailureCode.SYNTHESIS_FAILED, "injected failure")
     return SynthesisJob.objects.get(id=body["id"])
 
 

@@ -58,7 +58,7 @@ def test_the_audit_log_is_searchable(make_tenant: Any) -> None:
 def test_prune_records_removes_audit_events_past_retention(db: None, settings: Any) -> None:
     from webapp.audit.models import AuditEvent
     from webapp.audit.services import record
-    from webapp.housekeeping.jobs import run_job
+    from webapp.housekeeping.catalog import run_job
 
     old = record("key.revoked", target="an old key")
     AuditEvent.objects.filter(pk=old.pk).update(

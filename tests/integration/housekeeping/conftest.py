@@ -155,11 +155,11 @@ def make_audio_job(org: Any, voice: Any, media: Path) -> Callable[..., Any]:
 
 def submit(org: Any, voice: Any, text: str = "Hello there.") -> Any:
     """A real submit (reservation included); in a `db` test its on_commit dispatch never runs."""
-    from webapp.speech.services import jobs as speech_jobs
+    from webapp.speech import lifecycle
 
-    job, created = speech_jobs.submit_job(
+    job, created = lifecycle.submit_job(
         org,
-        speech_jobs.JobRequest(
+        lifecycle.JobRequest(
             text=text, voice=voice, format="wav", sample_rate=None, params={}, billable_chars=len(text)
         ),
     )

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 
 from tests.integration.housekeeping.conftest import Clock
 from webapp.housekeeping import locks
-from webapp.housekeeping.jobs import JOBS
+from webapp.housekeeping.catalog import JOBS
 from webapp.speech.models import SynthesisJob
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.housekeeping.conftest import Clock, write_file
-from webapp.housekeeping.jobs import run_job
+from webapp.housekeeping.catalog import run_job
 from webapp.speech.models import Voice
 
 

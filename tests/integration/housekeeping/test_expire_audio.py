@@ -12,11 +12,11 @@ from django.db import connection
 
 from tests.integration.housekeeping.conftest import Clock, write_file
 from webapp.housekeeping import synthesis
-from webapp.housekeeping.jobs import run_job
+from webapp.housekeeping.catalog import run_job
 from webapp.housekeeping.models import HousekeepingRun
+from webapp.speech import lifecycle
 from webapp.speech.models import SynthesisJob
-from webapp.speech.services import attempts, ledger
-from webapp.speech.services import jobs as speech_jobs
+from webapp.speech.services import ledger
 
 DAY = dt.timedelta(days=1)
 
@@ -64,13 +64,13 @@ def test_a_job_that_finishes_while_cleanup_runs_is_not_expired(
     finish: str,
 ) -> None:
     old = make_audio_job(clock.now - DAY)
-    job = speech_jobs.submit_job(
+    job = lifecycle.submit_job(
         org,
-        speech_jobs.JobRequest(
+        lifecycle.JobRequest(
             text="Hi there.", voice=voice, format="wav", sample_rate=None, params={}, billable_chars=9
         ),
     )[0]
-    claimed = attempts.claim_job(job.id, "worker-1")
+    claimed = lifecycle.claim_job(job.id, "worker-1")
     assert claimed is not None
     # Worst case for the cleanup: its listing is stale and names the running job
     # too (a read taken just as the job finished, with an expiry in the past).
@@ -80,10 +80,10 @@ def test_a_job_that_finishes_while_cleanup_runs_is_not_expired(
     relative = f"audio/{org.id}/{job.id}.wav"
     locked, go, done = threading.Event(), threading.Event(), threading.Event()
 
-    real_charge = ledger.charge_usage
+    real_settle = ledger.settle
 
-    def charge_then_hold(charged_job: Any) -> bool:
-        charged = real_charge(charged_job)
+    def charge_then_hold(job_id: Any, parts: Any = ()) -> bool:
+        charged = real_settle(job_id, parts)
         locked.set()
         go.wait(10)  # the row stays locked, uncommitted, until the cleanup reaches it
         return charged
@@ -94,8 +94,8 @@ def test_a_job_that_finishes_while_cleanup_runs_is_not_expired(
         # transaction is held open at its last step.
         try:
             write_file(media / relative, 2222)
-            monkeypatch.setattr(ledger, "charge_usage", charge_then_hold)
-            assert attempts.complete_job(
+            monkeypatch.setattr(ledger, "settle", charge_then_hold)
+            assert lifecycle.complete_job(
                 job.id,
                 claimed.claim_token,
                 audio_path=relative,
@@ -108,7 +108,7 @@ def test_a_job_that_finishes_while_cleanup_runs_is_not_expired(
             done.set()
             connection.close()
 
-    real_expire = speech_jobs.expire_audio
+    real_expire = lifecycle.expire_audio
     reached: list[Any] = []
 
     def expire_during_finish(job_id: Any) -> int:
@@ -124,7 +124,7 @@ def test_a_job_that_finishes_while_cleanup_runs_is_not_expired(
                 threading.Timer(0.5, go.set).start()
         return real_expire(job_id)
 
-    monkeypatch.setattr(speech_jobs, "expire_audio", expire_during_finish)
+    monkeypatch.setattr(lifecycle, "expire_audio", expire_during_finish)
     result = run_job("expire_audio")
     assert done.wait(10)
 

@@ -14,10 +14,10 @@ from django.db import connection
 from tests.integration.housekeeping.conftest import Clock
 from tests.stack import TestStack as Stack
 from webapp.housekeeping import jobs, locks
-from webapp.housekeeping.jobs import RunResult, run_job
+from webapp.housekeeping.catalog import RunResult, run_job
 from webapp.housekeeping.models import HousekeepingRun
+from webapp.speech import lifecycle
 from webapp.speech.models import SynthesisJob
-from webapp.speech.services import jobs as speech_jobs
 
 
 def test_two_overlapping_runs_do_the_work_once(
@@ -30,14 +30,14 @@ def test_two_overlapping_runs_do_the_work_once(
 ) -> None:
     expired = [make_audio_job(clock.now - dt.timedelta(hours=1)) for _ in range(3)]
     inside, finish = threading.Event(), threading.Event()
-    real_expire = speech_jobs.expire_audio
+    real_expire = lifecycle.expire_audio
 
     def slow_expire(job_id: Any) -> int:
         inside.set()
         assert finish.wait(10)  # the first run stays inside its batch while the second starts
         return real_expire(job_id)
 
-    monkeypatch.setattr(speech_jobs, "expire_audio", slow_expire)
+    monkeypatch.setattr(lifecycle, "expire_audio", slow_expire)
     results: dict[str, RunResult] = {}
 
     def run(name: str) -> None:

@@ -11,7 +11,7 @@ from django.conf import settings
 from tests.integration.housekeeping.conftest import Clock
 from tests.stack import TestStack as Stack
 from webapp.audit.models import AuditEvent
-from webapp.housekeeping.jobs import run_job
+from webapp.housekeeping.catalog import run_job
 from webapp.housekeeping.models import HousekeepingRun, OperationsSnapshot
 from webapp.speech.models import IdempotencyKey
 

@@ -10,8 +10,8 @@ from typing import Any
 from django.conf import settings
 
 from tests.integration.housekeeping.conftest import Clock, write_file
+from webapp.housekeeping.catalog import run_job
 from webapp.housekeeping.disk import temp_dirs
-from webapp.housekeeping.jobs import run_job
 
 
 def test_old_temp_files_are_purged_and_recent_ones_stay(

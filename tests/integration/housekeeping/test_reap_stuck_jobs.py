@@ -11,9 +11,10 @@ from django.db.models.functions import Now
 
 from tests.integration.housekeeping.conftest import Clock, submit
 from tests.stack import TestStack as Stack
-from webapp.housekeeping.jobs import run_job
+from webapp.housekeeping.catalog import run_job
+from webapp.speech import lifecycle
 from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
-from webapp.speech.services import attempts, ledger
+from webapp.speech.services import ledger
 
 Status = SynthesisJob.Status
 
@@ -38,7 +39,7 @@ def test_a_stuck_job_is_requeued_once_then_failed_worker_lost(
     job = submit(org, voice, "Twelve chars")
     period = ledger.period_start(clock.now)
     assert UsagePeriod.objects.get(organization=org, period=period).characters_reserved == 12
-    assert attempts.claim_job(job.id, "worker-a") is not None  # attempt 1; then worker-a dies
+    assert lifecycle.claim_job(job.id, "worker-a") is not None  # attempt 1; then worker-a dies
     assert run_job("reap_stuck_jobs").counts == {"requeued": 0, "failed": 0}  # lease still valid
 
     lease_runs_out(job)  # the reaper judges leases by the database clock
@@ -49,7 +50,7 @@ def test_a_stuck_job_is_requeued_once_then_failed_worker_lost(
     assert job.dispatched_at is not None and r.llen(probe_queue) == 1  # sent again
     assert run_job("reap_stuck_jobs").counts == {"requeued": 0, "failed": 0}  # once only
 
-    assert attempts.claim_job(job.id, "worker-b") is not None  # attempt 2; worker-b dies too
+    assert lifecycle.claim_job(job.id, "worker-b") is not None  # attempt 2; worker-b dies too
     lease_runs_out(job)  # the reaper judges leases by the database clock
     assert run_job("reap_stuck_jobs").counts == {"requeued": 0, "failed": 1}
     job.refresh_from_db()

@@ -10,7 +10,7 @@ from django.conf import settings
 
 from tests.integration.housekeeping.conftest import Clock, submit
 from tests.stack import TestStack as Stack
-from webapp.housekeeping.jobs import run_job
+from webapp.housekeeping.catalog import run_job
 from webapp.speech.models import SynthesisJob
 
 
@@ -45,7 +45,7 @@ def test_a_broker_outage_leaves_the_job_for_the_next_run(
     lock_free: None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from webapp.speech.tasks import synthesize_job
+    from webapp.celery import app
 
     job = submit(org, voice)
     clock.advance(settings.TTS_DISPATCH_GRACE_SECONDS + 1)
@@ -54,7 +54,7 @@ def test_a_broker_outage_leaves_the_job_for_the_next_run(
         raise ConnectionRefusedError(111, "Connection refused")  # the injected fault
 
     with monkeypatch.context() as patch:
-        patch.setattr(synthesize_job, "apply_async", broker_down)
+        patch.setattr(app, "send_task", broker_down)  # how dispatch sends: by task name
         assert run_job("redispatch_jobs").counts == {"dispatched": 0, "still_undispatched": 1}
     assert SynthesisJob.objects.get(id=job.id).dispatched_at is None
     assert run_job("redispatch_jobs").counts == {"dispatched": 1, "still_undispatched": 0}
@@ -70,14 +70,15 @@ def test_a_job_claimed_before_its_own_dispatch_still_sends_a_wake_up(
     when the older job's own dispatch runs, its message is the only one left for
     the later job, which would otherwise wait for the lost-delivery sweep.
     """
-    from webapp.speech.services import attempts, dispatch
+    from webapp.speech import lifecycle
+    from webapp.speech.services import dispatch
 
     r = stack.redis_client()
     older, later = submit(org, voice), submit(org, voice)
-    claimed = attempts.claim_next(voice.engine, "node:ns-1:1")
+    claimed = lifecycle.claim_next(voice.engine, "node:ns-1:1")
     assert claimed is not None and claimed.id == older.id  # taken by the later job's message
 
     assert dispatch.dispatch_job(older.id) is True
     assert r.llen(probe_queue) == 1
-    woken = attempts.claim_next(voice.engine, "node:ns-1:2")  # what that message's worker does
+    woken = lifecycle.claim_next(voice.engine, "node:ns-1:2")  # what that message's worker does
     assert woken is not None and woken.id == later.id

@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 
 from tests.integration.housekeeping.conftest import Clock
-from webapp.housekeeping.jobs import run_job
+from webapp.housekeeping.catalog import run_job
 from webapp.speech.models import Voice
 
 

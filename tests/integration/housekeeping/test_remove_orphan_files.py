@@ -11,9 +11,9 @@ from typing import Any
 from django.conf import settings
 
 from tests.integration.housekeeping.conftest import Clock, write_file
-from webapp.housekeeping.jobs import run_job
+from webapp.housekeeping.catalog import run_job
+from webapp.speech import lifecycle
 from webapp.speech.models import Voice
-from webapp.speech.services import jobs as speech_jobs
 
 
 def test_an_orphan_older_than_grace_goes_and_a_just_written_one_stays(
@@ -33,9 +33,9 @@ def test_an_orphan_older_than_grace_goes_and_a_just_written_one_stays(
     prompt = write_file(media / "voices" / str(org.id) / "prompt.wav", 50, mtime=old)
     Voice.objects.filter(pk=voice.pk).update(prompt_path=str(prompt.relative_to(media)))
     # The output of a job still running (its row has no audio_path yet).
-    running = speech_jobs.submit_job(
+    running = lifecycle.submit_job(
         org,
-        speech_jobs.JobRequest(
+        lifecycle.JobRequest(
             text="Hi.", voice=voice, format="wav", sample_rate=None, params={}, billable_chars=3
         ),
     )[0]

@@ -8,7 +8,8 @@ from django.conf import settings
 
 from webapp.celery import app
 from webapp.housekeeping import tasks
-from webapp.housekeeping.jobs import JOBS, hard_time_limit, lock_ttl, soft_time_limit
+from webapp.housekeeping.catalog import JOBS
+from webapp.housekeeping.jobs import hard_time_limit, lock_ttl, soft_time_limit
 
 
 def test_the_beat_schedule_contains_every_job() -> None:

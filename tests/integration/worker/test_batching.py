@@ -106,11 +106,11 @@ def test_four_jobs_share_batches_and_each_gets_its_own_audio(
 def test_a_canceled_job_in_the_batch_ends_canceled_and_the_others_succeed(
     batching_worker: Service, builtin_voices: list[str]
 ) -> None:
-    from webapp.speech.services import jobs
+    from webapp.speech import lifecycle
 
     submitted = _submit_all("batch-cancel", [LONG, *TEXTS[:3]])
     wait_until(lambda: job(submitted[0].id).progress > 0, 90, "the long job's first sentence")
-    jobs.cancel_job(job(submitted[0].id))
+    lifecycle.cancel_job(job(submitted[0].id))
     rows = wait_status([j.id for j in submitted], timeout=150)
     assert [r.status for r in rows] == ["canceled", "succeeded", "succeeded", "succeeded"], [
         (r.status, r.error_code) for r in rows

@@ -39,12 +39,13 @@ def _hold_row_lock(job_id: uuid.UUID, locked: threading.Event, release: threadin
 def test_a_message_waits_for_its_own_job_row_locked_for_a_moment(
     stack: TestStack, builtin_voices: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from webapp.celery import app
     from webapp.speech.tasks import synthesize_job
 
     flush_queues(stack, "synth.espeak")
     send = synthesize_job.apply_async
     with monkeypatch.context() as patch:
-        patch.setattr(synthesize_job, "apply_async", lambda *a, **k: None)  # its message is sent below
+        patch.setattr(app, "send_task", lambda *a, **k: None)  # its message is sent below
         queued = submit(make_org("locked-row"), SHORT)
     worker = start_worker(stack, "w-locked-row")
     locked, release = threading.Event(), threading.Event()

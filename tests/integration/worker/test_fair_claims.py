@@ -32,7 +32,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_tenant_b_starts_before_tenant_a_third_queued_job(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    from webapp.speech.services import jobs
+    from webapp.speech import lifecycle
 
     flush_queues(stack, "synth.piper")
     a, b = make_org("fair-a"), make_org("fair-b")
@@ -46,21 +46,21 @@ def test_tenant_b_starts_before_tenant_a_third_queued_job(
     finally:
         for queued in burst:
             if job(queued.id).status == "queued":
-                jobs.cancel_job(queued)
+                lifecycle.cancel_job(queued)
         stack.stop_service(worker)
 
 
 def test_claims_go_to_the_tenant_running_the_fewest_then_the_oldest(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    from webapp.speech.services import attempts
+    from webapp.speech import lifecycle
 
     a, b = make_org("fair-a2"), make_org("fair-b2")
     burst = [submit(a, f"{SHORT} {i}.", voice=PIPER) for i in range(3)]
     late = submit(b, SHORT, voice=PIPER)
     # Four queued jobs, four claims: each finds one (a None fails the comparisons below).
-    order = [cast("SynthesisJob", attempts.claim_next("piper", f"node:ns-1:{n}")) for n in range(4)]
+    order = [cast("SynthesisJob", lifecycle.claim_next("piper", f"node:ns-1:{n}")) for n in range(4)]
     assert [j.id for j in order] == [burst[0].id, late.id, burst[1].id, burst[2].id]
     assert [j.claim_token for j in order] == [1, 1, 1, 1]
-    assert attempts.claim_next("piper", "node:ns-1:9") is None
+    assert lifecycle.claim_next("piper", "node:ns-1:9") is None
     flush_queues(stack, "synth.piper")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from webapp.speech import recycling
-from webapp.speech.recycling import end_turn, take_turn
+from webapp.speech.runtime import recycling
+from webapp.speech.runtime.recycling import end_turn, take_turn
 
 
 @pytest.fixture
@@ -65,9 +65,8 @@ def test_the_turn_expires_when_no_replacement_reports_ready(stack: Any, node: st
 @pytest.fixture
 def child(stack: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A worker child's state in this process, at two tasks below its count limit of 3."""
-    from webapp.speech import heartbeat, worker
+    from webapp.speech.runtime import worker
 
-    heartbeat._client = None
     state: Any = worker.WorkerState()
     state.health.max_tasks = 3
     state.tasks_done = 1
@@ -76,11 +75,10 @@ def child(stack: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     state.turns = turns
     yield state
     recycling._exit_requested.clear()
-    heartbeat._client = None
 
 
 def test_a_child_at_its_count_serves_on_until_its_turn(child: Any) -> None:
-    from webapp.speech import worker
+    from webapp.speech.runtime import worker
 
     assert worker.after_task(child, None, None, 0) is None  # 2 of 3
     assert worker.after_task(child, None, None, 0) is None  # 3 of 3, not its turn: it serves on
@@ -93,7 +91,7 @@ def test_a_child_at_its_count_serves_on_until_its_turn(child: Any) -> None:
 
 
 def test_a_child_waits_for_its_turn_no_longer_than_the_turn_lasts(child: Any) -> None:
-    from webapp.speech import worker
+    from webapp.speech.runtime import worker
 
     child.tasks_done = 2
     assert worker.after_task(child, None, None, 0) is None
@@ -103,7 +101,7 @@ def test_a_child_waits_for_its_turn_no_longer_than_the_turn_lasts(child: Any) ->
 
 
 def test_memory_reasons_do_not_wait_for_a_turn(child: Any) -> None:
-    from webapp.speech import worker
+    from webapp.speech.runtime import worker
 
     reason = worker.after_task(child, None, None, 0, oom=True)
     assert reason is not None and reason.startswith("oom")

@@ -6,9 +6,9 @@ import errno
 
 import pytest
 
-from webapp.speech import recycling
-from webapp.speech.recycling import ChildHealth, RecyclePolicy, RtfTracker, backoff_delay, reason_kind
-from webapp.speech.tasks import is_out_of_memory, storage_error_code
+from webapp.speech.runtime import recycling
+from webapp.speech.runtime.attempt import is_out_of_memory, storage_error_code
+from webapp.speech.runtime.recycling import ChildHealth, RecyclePolicy, RtfTracker, backoff_delay, reason_kind
 
 
 def test_rss_over_limit_recycles() -> None:
@@ -91,7 +91,7 @@ def test_configured_reader_is_loaded_by_dotted_path() -> None:
 
     assert recycling.load_gpu_reader("tests.reliability.fakes:gpu_mb_from_file") is fakes.gpu_mb_from_file
     assert (
-        recycling.load_gpu_reader("webapp.speech.recycling.read_gpu_memory_mb")
+        recycling.load_gpu_reader("webapp.speech.runtime.recycling.read_gpu_memory_mb")
         is recycling.read_gpu_memory_mb
     )
 
@@ -152,7 +152,7 @@ def test_a_recycle_before_the_minimum_task_count_is_held_back_and_logged(
 ) -> None:
     health = ChildHealth(RecyclePolicy(max_age_seconds=10, min_tasks=5, age_jitter=0.15), started_at=1000.0)
     limit = health.max_age_seconds
-    with caplog.at_level("ERROR", logger="webapp.speech.recycling"):
+    with caplog.at_level("ERROR", logger="webapp.speech.runtime.recycling"):
         for n in (1, 2, 3, 4):
             assert health.check(now=1000.0 + limit + n, rss_mb=1, tasks_done=n) is None
     assert reason_kind(health.held_back) == "age"

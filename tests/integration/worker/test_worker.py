@@ -106,12 +106,12 @@ def test_duplicate_message_for_a_finished_job_changes_nothing(
 
 
 def test_cancel_stops_a_running_job_within_a_sentence(worker: Service, builtin_voices: list[str]) -> None:
-    from webapp.speech.services import jobs
+    from webapp.speech import lifecycle
 
     org = make_org("it-cancel")
     j = submit(org, LONG, voice=PIPER)
     wait_until(lambda: job(j.id).stage.startswith("synthesising 2/"), 30, "the job to be mid-synthesis", 0.02)
-    jobs.cancel_job(job(j.id))
+    lifecycle.cancel_job(job(j.id))
     asked = time.monotonic()
     (row,) = wait_status([j.id], ["canceled", "succeeded"], timeout=30)
     took = time.monotonic() - asked
@@ -126,12 +126,12 @@ def test_cancel_stops_a_running_job_within_a_sentence(worker: Service, builtin_v
 
 
 def test_queued_job_canceled_never_starts(worker: Service, builtin_voices: list[str]) -> None:
-    from webapp.speech.services import jobs
+    from webapp.speech import lifecycle
 
     org = make_org("it-cancel-queued")
     blocker = submit(org, LONG, voice=PIPER)
     queued = submit(org, SHORT, voice=PIPER)
-    jobs.cancel_job(job(queued.id))
+    lifecycle.cancel_job(job(queued.id))
     assert job(queued.id).status == "canceled"
     wait_status([blocker.id], timeout=60)
     time.sleep(0.5)  # the queued job's message has been consumed by now

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from itertools import groupby
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 from django.conf import settings
@@ -27,15 +27,16 @@ from redis.exceptions import RedisError
 from rest_framework.exceptions import ValidationError
 
 from synth.audio import content_type
-from webapp.dashboard.access import WRITERS, Tenant, error_text, tenant_page
+from webapp.dashboard.access import WRITERS, Page, Tenant, error_text, tenant_page
 from webapp.dashboard.forms import HistoryFilterForm
 from webapp.errors import DomainError
 from webapp.problems import Problem
-from webapp.speech.api.serializers import FORMATS, SpeechRequestSerializer, build_job_request
-from webapp.speech.api.views import require_worker_for
-from webapp.speech.api.waiting import SharedAnswer, request_to_wait, then_wait
+from webapp.speech import lifecycle, submission
+from webapp.speech.api.serializers import SpeechRequestSerializer
+from webapp.speech.api.waiting import Prepare, SharedAnswer, Wait, wait_view
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.services import eta, jobs, queries
+from webapp.speech.services import eta, queries
+from webapp.speech.submission import FORMATS
 from webapp.tenants.api import ratelimit
 
 WAIT_SECONDS = 10
@@ -120,13 +121,10 @@ def submit(request: HttpRequest, tenant: Tenant) -> JsonResponse:
     try:
         # A submit from the page counts against the tenant's request rate like one from a key.
         ratelimit.check_rate(request, tenant.organization)
-        serializer = SpeechRequestSerializer(data=data)
+        context = {"organization": tenant.organization, "source": "dashboard"}
+        serializer = SpeechRequestSerializer(data=data, context=context)
         serializer.is_valid(raise_exception=True)
-        job_request = build_job_request(
-            tenant.organization, dict(serializer.validated_data), source="dashboard"
-        )
-        require_worker_for(job_request.voice)
-        job, _ = jobs.submit_job(tenant.organization, job_request, user=request.user)
+        job, _ = submission.submit(tenant.organization, serializer.validated_data["job"], user=request.user)
     except ValidationError as exc:
         return _validation_error(exc)
     except (DomainError, Problem) as exc:
@@ -148,31 +146,30 @@ def _may_change(request: HttpRequest, tenant: Tenant, job: SynthesisJob) -> bool
     return tenant.can_manage or (tenant.can_write and job.user_id == request.user.pk)
 
 
-@tenant_page()
-@require_GET
-def _job_status_now(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> JsonResponse:
-    """The job as it is; with ``?wait=N`` the wrapper below waits (up to 10 s) for it to change first."""
+def _job_status_or_wait(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> JsonResponse | Wait:
+    """The job as it is; with ``?wait=N`` (up to 10 s) a wait for it to change first."""
     job = _job(tenant, job_id)
     raw = request.GET.get("wait", "")
     wait = min(WAIT_SECONDS, int(raw)) if raw.isascii() and raw.isdigit() else 0
-    if wait and not job.is_finished:
-        seen = (str(job.status), float(job.progress))
-        request_to_wait(request, job.pk, wait, lambda state: state != seen)
-    return JsonResponse(job_json(job))
+    if not wait or job.is_finished:
+        return JsonResponse(job_json(job))
+    seen = (str(job.status), float(job.progress))
+    # The job as it was is the answer if it is deleted meanwhile.
+    return Wait(job.pk, wait, lambda state: state != seen, seen=job_json(job))
 
 
 def _job_status_data(request: HttpRequest, job_id: Any) -> dict[str, Any] | None:
-    job = SynthesisJob.objects.filter(pk=job_id).first()  # the tenant was checked by the first answer
+    job = SynthesisJob.objects.filter(pk=job_id).first()  # the tenant was checked before the wait
     return None if job is None else job_json(job)
 
 
-def _job_status_answer(
-    request: HttpRequest, job_id: Any, data: dict[str, Any] | None, first: HttpResponseBase
-) -> HttpResponseBase:
-    return first if data is None else JsonResponse(data)
+def _job_status_answer(request: HttpRequest, wait: Wait, data: dict[str, Any] | None) -> HttpResponseBase:
+    return JsonResponse(wait.seen if data is None else data)
 
 
-job_status = then_wait(_job_status_now, SharedAnswer(_job_status_data, _job_status_answer))
+# tenant_page and require_GET pass on what the view returns, a Wait too.
+_job_status = cast(Prepare, tenant_page()(require_GET(cast(Page, _job_status_or_wait))))
+job_status = wait_view(_job_status, SharedAnswer(_job_status_data, _job_status_answer))
 
 
 @tenant_page()
@@ -182,7 +179,7 @@ def job_cancel(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> JsonR
     if not _may_change(request, tenant, job):
         return _error(403, "You can cancel only jobs you started.")
     try:
-        job = jobs.cancel_job(job)
+        job = lifecycle.cancel_job(job)
     except (DomainError, Problem) as exc:
         return _service_error(exc)
     return JsonResponse(job_json(job))
@@ -211,7 +208,7 @@ def job_delete(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> HttpR
         messages.error(request, "You can delete only jobs you started.")
     else:
         try:
-            jobs.delete_job(job)
+            lifecycle.delete_job(job)
         except (DomainError, Problem) as exc:
             messages.error(request, error_text(exc))
         else:

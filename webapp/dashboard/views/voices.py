@@ -20,7 +20,7 @@ from webapp.dashboard.views.speech import by_language
 from webapp.errors import DomainError
 from webapp.speech.models import Voice
 from webapp.speech.services import prompts, queries
-from webapp.speech.services.voices import delete_voice
+from webapp.speech.voices import delete_voice
 from webapp.tenants.models import ApiKey, Membership
 from webapp.tenants.roles import role_allows
 

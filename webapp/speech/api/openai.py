@@ -22,19 +22,18 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
-from rest_framework.response import Response
 
 from synth.audio import content_type
 from webapp.errors import DomainError, ErrorCode
 from webapp.problems import render
-from webapp.rawrows import fetch_one
+from webapp.speech import lifecycle
 from webapp.speech.api.serializers import OpenAISpeechSerializer
 from webapp.speech.api.streaming import STREAMABLE, JobStream, JobStreamResponse, wants_stream
-from webapp.speech.api.views import TenantAPIView, rate_headers, submit
-from webapp.speech.api.waiting import request_to_wait, reserve_wait, then_wait
+from webapp.speech.api.views import TenantAPIView, submit
+from webapp.speech.api.waiting import Wait, WaitingAPIView, WaitSlot, wait_view
 from webapp.speech.models import SynthesisJob
-from webapp.speech.services import jobs
 from webapp.speech.services.files import media_path
+from webapp.tenants.models import Organization
 
 # OpenAI response_format -> (our format, sample rate). OpenAI defines opus as
 # Ogg/Opus and pcm as headerless 24 kHz 16-bit little-endian.
@@ -83,7 +82,7 @@ def job_body(data: dict[str, Any]) -> dict[str, Any]:
     return ours
 
 
-class OpenAISpeechView(TenantAPIView):
+class OpenAISpeechView(WaitingAPIView, TenantAPIView):
     required_scopes = {"POST": "speech:write"}
     content_negotiation_class = IgnoreAccept
 
@@ -92,28 +91,34 @@ class OpenAISpeechView(TenantAPIView):
         responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
         summary="OpenAI-compatible synchronous speech",
     )
-    def post(self, request: Request) -> HttpResponseBase:
+    def post(self, request: Request) -> HttpResponseBase | Wait:
         body = request.data
         if not isinstance(body, dict):
             raise DomainError(ErrorCode.INVALID_REQUEST, "The body must be a JSON object.")
         serializer = OpenAISpeechSerializer(data=body)
         serializer.is_valid(raise_exception=True)
+        wait = settings.TTS_OPENAI_WAIT_SECONDS  # for the job; a stream's for its first audio
         # Before the submit: a request refused for want of a wait slot leaves no job behind.
-        reserve_wait(request, self.organization, settings.TTS_OPENAI_WAIT_SECONDS)
+        slot = WaitSlot.take(self.organization, wait)
         try:
-            job, _ = submit(request, self.organization, job_body(serializer.validated_data), "openai")
-        except DomainError as error:
-            if error.field == "text":
-                error.field = "input"
+            job = _submit(request, self.organization, serializer.validated_data)
+            if wants_stream(request, serializer.validated_data) and job.format in STREAMABLE:
+                stream = JobStream(job.pk, job.format, abandon_on_close=True, start_within=wait)
+                return slot.given_back_on_close(JobStreamResponse(stream))
+        except BaseException:
+            slot.give_back()  # refused, or broken: nothing waits
             raise
-        if wants_stream(request, serializer.validated_data) and job.format in STREAMABLE:
-            wait = settings.TTS_OPENAI_WAIT_SECONDS  # for the first audio; then the job's own limits
-            return JobStreamResponse(JobStream(job.pk, job.format, abandon_on_close=True, start_within=wait))
-        # The wait itself happens outside this thread (openai_speech, async), then deliver() answers.
-        request_to_wait(
-            request, job.pk, settings.TTS_OPENAI_WAIT_SECONDS, lambda now: now[0] in SynthesisJob.FINISHED
-        )
-        return Response(status=202)
+        # openai_speech waits for the job to finish, then answer_after_wait delivers it.
+        return Wait(job.pk, wait, lambda now: now[0] in SynthesisJob.FINISHED, slot=slot)
+
+
+def _submit(request: Request, organization: Organization, data: dict[str, Any]) -> SynthesisJob:
+    try:
+        return submit(request, organization, job_body(data), "openai")[0]
+    except DomainError as error:
+        if error.field == "text":
+            error.field = "input"  # OpenAI's name for it
+        raise
 
 
 READ_BLOCK = 1024 * 1024  # bytes of the file in memory at once while an answer is sent
@@ -155,18 +160,18 @@ def audio_response(path: str, media_type: str) -> HttpResponseBase:
 
 def deliver(job_id: Any) -> HttpResponseBase:
     """The audio of a finished job, or the error that says why there is none (cancels a job still going)."""
-    # What the audio needs, in a query written once (webapp/rawrows.py): every request answers here.
-    row = fetch_one(
-        f"SELECT status, audio_path, format FROM {SynthesisJob._meta.db_table} WHERE id = %s", [job_id]
+    # Only what the audio needs: every request answers here; the whole row only when there is none.
+    status, audio_path, audio_format = SynthesisJob.objects.values_list("status", "audio_path", "format").get(
+        pk=job_id
     )
-    if row is not None and row[0] == SynthesisJob.Status.SUCCEEDED and row[1]:
-        return audio_response(media_path(row[1]), content_type(row[2]))
+    if status == SynthesisJob.Status.SUCCEEDED and audio_path:
+        return audio_response(media_path(audio_path), content_type(audio_format))
     raise _not_delivered(SynthesisJob.objects.get(pk=job_id))
 
 
 def _not_delivered(job: SynthesisJob) -> DomainError:
     if not job.is_finished:
-        jobs.abandon_job(job)
+        lifecycle.abandon_job(job)
         return DomainError(
             ErrorCode.TIMEOUT,
             f"Synthesis did not finish within {settings.TTS_OPENAI_WAIT_SECONDS} s; the job was canceled "
@@ -179,15 +184,16 @@ def _not_delivered(job: SynthesisJob) -> DomainError:
     return DomainError(ErrorCode.JOB_CANCELED, f"The job ended {job.status}.")
 
 
-def answer_after_wait(request: HttpRequest, job_id: Any, first: HttpResponseBase) -> HttpResponseBase:
+def answer_after_wait(request: HttpRequest, wait: Wait) -> HttpResponseBase:
     """The OpenAI endpoint's answer once its wait is over: the audio, or the error in OpenAI's shape."""
     try:
-        response = deliver(job_id)
+        response = deliver(wait.job_id)
     except DomainError as error:
         response = render(request, error)
-    for key, value in rate_headers(first).items():
+    for key, value in wait.headers.items():
         response[key] = value
     return response
 
 
-openai_speech = then_wait(OpenAISpeechView.as_view(), answer_after_wait)
+# POST: DRF's dispatch in a thread (a finished answer when refused or streamed), then the wait here.
+openai_speech = wait_view(OpenAISpeechView.as_view(), answer_after_wait)

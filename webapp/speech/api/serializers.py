@@ -10,38 +10,19 @@ audio that silently ignores it.
 from __future__ import annotations
 
 import hashlib
-import re
 from typing import Any
 
-from django.conf import settings
 from django.core.validators import ProhibitNullCharactersValidator
 from django.urls import reverse
 from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from webapp.api_fields import StrictCharField, StrictIntegerField, StrictNumberField, StrictSerializer
-from webapp.errors import DomainError, ErrorCode
+from webapp.speech import submission
 from webapp.speech.api.voice_fields import uploaded_voice_fields
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services.eta import estimate
-from webapp.speech.services.jobs import JobRequest
-from webapp.speech.services.queries import visible_voice
-from webapp.tenants.models import Organization
-
-FORMATS = ("wav", "flac", "ogg", "mp3", "pcm", "aac")
-DEFAULT_FORMAT = "wav"
-# Used when a voice declares no range of its own (docs/api.md).
-CONTROL_RANGES: dict[str, tuple[float, float]] = {
-    "speed": (0.25, 4.0),
-    "pitch": (-12.0, 12.0),
-    "volume": (-20.0, 6.0),
-}
-CONTROL_DEFAULTS = {"speed": 1.0, "pitch": 0.0, "volume": 0.0}
-LANGUAGE_RE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8}){0,3}$")
-MAX_INSTRUCTIONS = 1000
-# Target loudness the API offers (LUFS): quieter than -40 is inaudible in practice,
-# louder than -5 clips; synth itself accepts a wider range.
-LOUDNESS_RANGE = (-40.0, -5.0)
+from webapp.speech.submission import FORMATS, LOUDNESS_RANGE, MAX_INSTRUCTIONS
 
 
 class SpeechTextField(StrictCharField):
@@ -81,117 +62,15 @@ class SpeechRequestSerializer(StrictSerializer):
             raise serializers.ValidationError("Must be a string.")
         return value
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """The fields against the voice and the text rules: ``attrs["job"]`` is the request to submit.
 
-def _bad(code: str, field: str, detail: str, **extra: Any) -> DomainError:
-    return DomainError(ErrorCode(code), detail, field=field, extra=extra or None)
-
-
-def build_job_request(organization: Organization, data: dict[str, Any], source: str = "api") -> JobRequest:
-    """Check a validated request against its voice's capabilities and the text rules."""
-    from synth.text import billable_characters
-
-    voice_id = data.get("voice") or settings.TTS_DEFAULT_VOICE
-    voice = visible_voice(organization, voice_id)
-    if voice is None:
-        raise _bad(
-            "unknown_voice", "voice", f"There is no voice {voice_id!r}; GET /api/v1/voices lists them."
-        )
-    caps: dict[str, Any] = voice.capabilities or {}
-    text: str = data["text"]
-    _check_text(text)
-    fmt = _check_format(voice, caps, data.get("format") or DEFAULT_FORMAT)
-    rate = _check_sample_rate(voice, caps, fmt, data.get("sample_rate"))
-    params = _check_controls(voice, caps, data)
-    language = data.get("language")
-    if language is not None:
-        params["language"] = _check_language(voice, caps, language)
-    if data.get("instructions"):
-        params["instructions"] = data["instructions"]
-    if data.get("loudness") is not None:
-        params["loudness"] = data["loudness"]
-    return JobRequest(
-        text=text,
-        voice=voice,
-        format=fmt,
-        sample_rate=rate,
-        params=params,
-        billable_chars=billable_characters(text),
-        source=source,
-    )
-
-
-def _check_text(text: str) -> None:
-    from synth.errors import AnnotationError, InvalidText
-    from synth.text import validate_text
-
-    try:
-        validate_text(text)
-    except AnnotationError as exc:
-        raise _bad(exc.code, "text", f"text: {exc.message}.", position=exc.position) from exc
-    except InvalidText as exc:
-        position = re.search(r"position (\d+)", exc.message)
-        extra = {"position": int(position.group(1))} if position else {}
-        raise _bad(exc.code, "text", f"text: {exc.message}.", **extra) from exc
-
-
-def _check_format(voice: Voice, caps: dict[str, Any], fmt: str) -> str:
-    formats = caps.get("formats") or list(FORMATS)
-    if fmt not in formats:
-        raise _bad(
-            "unsupported_format",
-            "format",
-            f"Voice {voice.voice_id} ({voice.engine}) cannot produce {fmt}; it supports {', '.join(formats)}.",
-        )
-    return fmt
-
-
-def _check_sample_rate(voice: Voice, caps: dict[str, Any], fmt: str, rate: int | None) -> int | None:
-    if rate is None:
-        return None
-    rates = (
-        (caps.get("sample_rates_by_format") or {}).get(fmt) or caps.get("sample_rates") or [voice.sample_rate]
-    )
-    if rate not in rates:
-        raise _bad(
-            "unsupported_sample_rate",
-            "sample_rate",
-            f"{fmt} from voice {voice.voice_id} is available at {', '.join(str(r) for r in rates)} Hz, not {rate}.",
-        )
-    return rate
-
-
-def _check_controls(voice: Voice, caps: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
-    """speed, pitch, volume: within the voice's range, and only those the voice can change."""
-    params: dict[str, Any] = {}
-    controls = caps.get("controls")
-    for name, (low_default, high_default) in CONTROL_RANGES.items():
-        value = data.get(name)
-        if value is None:
-            continue
-        low, high = caps.get(f"{name}_range") or (low_default, high_default)
-        if not low <= value <= high:
-            raise _bad("out_of_range", name, f"{name} must be between {low:g} and {high:g}; got {value:g}.")
-        if controls is not None and name not in controls and value != CONTROL_DEFAULTS[name]:
-            raise _bad(
-                "unsupported_control", name, f"Voice {voice.voice_id} ({voice.engine}) cannot change {name}."
-            )
-        params[name] = value
-    return params
-
-
-def _check_language(voice: Voice, caps: dict[str, Any], language: str) -> str:
-    if not LANGUAGE_RE.match(language):
-        raise _bad(
-            "invalid_language", "language", f"{language!r} is not a language tag like 'en-us' or 'cmn'."
-        )
-    known = [str(x).lower().replace("_", "-") for x in caps.get("languages") or [voice.language]]
-    if not caps.get("language_switch") and language.lower().replace("_", "-") not in known:
-        raise _bad(
-            "unsupported_language",
-            "language",
-            f"Voice {voice.voice_id} speaks {', '.join(known)}; it cannot speak {language!r}.",
-        )
-    return language
+        The serializer's context names the tenant (``organization``) and where the
+        request came from (``source``); the dashboard's form uses this serializer too.
+        """
+        organization = self.context["organization"]
+        attrs["job"] = submission.job_request(organization, attrs, self.context.get("source", "api"))
+        return attrs
 
 
 # --------------------------------------------------------------------- responses

@@ -9,7 +9,7 @@ re-reads the row when the job's channel speaks (or at a slow safety interval,
 should a message be lost). Without Redis it falls back to looking at the file
 every ``POLL_SECONDS`` and the row every ``POLL_ROW_CHECK_SECONDS``. Under ASGI
 the subscriptions go through the event loop's one shared connection
-(``api.notifications``); under WSGI through a pooled sync client.
+(``api.notifications``); under WSGI through ``redis_clients.subscriptions()``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ import logging
 import time
 from typing import Any
 
-import redis
-from django.conf import settings
 from redis.exceptions import RedisError
 
+from webapp import redis_clients
 from webapp.speech.api import notifications
 from webapp.speech.api.notifications import Item, NotificationsLost, Subscription
 from webapp.speech.services.notify import channel, stream_channel
@@ -33,16 +32,6 @@ POLL_SECONDS = 0.05  # without notifications: how often the stream file is looke
 POLL_ROW_CHECK_SECONDS = 0.5  # without notifications: how often the row is re-read
 # With notifications, a lost message delays a stream by at most this (file and row).
 SAFETY_SECONDS = 2.0
-
-_client: redis.Redis | None = None
-
-
-def _sync_client() -> redis.Redis:
-    """One client (one connection pool) per process for the sync streams' subscriptions."""
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)
-    return _client
 
 
 class Wakeups:
@@ -79,7 +68,7 @@ class SyncWakeups(Wakeups):
     def __init__(self, job_id: Any) -> None:
         super().__init__(job_id)
         try:
-            pubsub = _sync_client().pubsub(ignore_subscribe_messages=True)
+            pubsub = redis_clients.subscriptions().pubsub(ignore_subscribe_messages=True)
             pubsub.subscribe(*self.channels)
             self.pubsub = pubsub
         except (RedisError, OSError) as exc:

@@ -33,10 +33,10 @@ from rest_framework.request import Request
 from synth.audio import content_type
 from synth.stream import StreamReader, stream_path
 from webapp.errors import DomainError, ErrorCode
+from webapp.speech import lifecycle
 from webapp.speech.api.stream_wakeups import POLL_ROW_CHECK_SECONDS, AsyncWakeups, SyncWakeups
 from webapp.speech.api.views import TenantAPIView
 from webapp.speech.models import SynthesisJob
-from webapp.speech.services import jobs
 from webapp.speech.services.files import media_path
 from webapp.speech.services.outputs import attempt_path
 
@@ -224,7 +224,7 @@ class JobStream:
         heard = self.reader.characters_heard(self.delivered) if self.reader else 0
         total = self.reader.total_chars if self.reader else 0
         charge = min(job.text_chars, math.ceil(job.text_chars * heard / total)) if total else 0
-        jobs.abandon_job(job, charge_characters=charge)
+        lifecycle.abandon_job(job, charge_characters=charge)
 
     # -- the two ways a server iterates a response ------------------------------------------------
     # Each subscribes before its first step: what is published after that waits in the subscription.

@@ -17,14 +17,13 @@ from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
-from redis.exceptions import RedisError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from synth.audio import content_type
 from webapp.errors import DomainError, ErrorCode
 from webapp.problems import render
-from webapp.speech import heartbeat
+from webapp.speech import lifecycle, submission
 from webapp.speech.api.pagination import JobCursorPagination
 from webapp.speech.api.params import int_param
 from webapp.speech.api.serializers import (
@@ -33,21 +32,18 @@ from webapp.speech.api.serializers import (
     SpeechRequestSerializer,
     UsageSerializer,
     VoiceSerializer,
-    build_job_request,
 )
-from webapp.speech.api.waiting import SharedAnswer, request_to_wait, reserve_wait, then_wait
+from webapp.speech.api.waiting import SharedAnswer, Wait, WaitingAPIView, WaitSlot, wait_view
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.services import jobs, prompts, queries
+from webapp.speech.services import queries
 from webapp.speech.services.queries import usage_summary, visible_voices
-from webapp.speech.services.voices import delete_voice
+from webapp.speech.voices import delete_voice
 from webapp.tenants.api.base import TenantAPIView as KeyedAPIView
 from webapp.tenants.api.base import not_found, object_id
 from webapp.tenants.models import ApiKey, Organization
 from webapp.tenants.permissions import require_job_access
 
 MAX_IDEMPOTENCY_KEY = 255
-NO_WORKER_RETRY_AFTER = 30
-QUEUE_UNAVAILABLE = "The job queue is unavailable; try again shortly."
 
 
 class TenantAPIView(KeyedAPIView):
@@ -135,49 +131,24 @@ def _idempotency_key(request: Request) -> str | None:
     return raw
 
 
-def require_worker_for(voice: Voice) -> None:
-    """A submit for a voice no live worker serves is a 503, not a job that waits forever."""
-    try:
-        serving = heartbeat.serving_voices()
-    except (RedisError, OSError) as exc:
-        raise DomainError(ErrorCode.SERVICE_UNAVAILABLE, QUEUE_UNAVAILABLE, retry_after=5) from exc
-    speaking = prompts.speaking_voice(voice)[0]  # an uploaded voice speaks through a built-in one
-    if speaking not in serving:
-        raise DomainError(
-            ErrorCode.NO_WORKER,
-            f"No synthesis worker serving voice {speaking} is running right now; try again later.",
-            retry_after=NO_WORKER_RETRY_AFTER,
-        )
-
-
 def submit(request: Request, organization: Organization, data: Any, source: str) -> tuple[SynthesisJob, bool]:
-    """Shared by /api/v1/speech and /v1/audio/speech: validate, check workers, submit."""
+    """Shared by /api/v1/speech and /v1/audio/speech: parse the body, then the one submit service."""
     if not isinstance(data, dict):
         raise DomainError(
             ErrorCode.INVALID_REQUEST, 'The body must be a JSON object, e.g. {"text": "Hello"}.'
         )
-    serializer = SpeechRequestSerializer(data=data)
+    context = {"organization": organization, "source": source}
+    serializer = SpeechRequestSerializer(data=data, context=context)
     serializer.is_valid(raise_exception=True)
-    job_request = build_job_request(organization, dict(serializer.validated_data), source=source)
-    key = _idempotency_key(request) if source == "api" else None
-    fingerprint = jobs.request_fingerprint(data)
-    if key is not None:
-        replay = jobs.idempotent_replay(organization, key, fingerprint)
-        if replay is not None:
-            return replay, False
-    require_worker_for(job_request.voice)
     auth = request.auth if isinstance(request.auth, ApiKey) else None
-    try:
-        return jobs.submit_job(
-            organization,
-            job_request,
-            api_key=auth,
-            user=auth.user if auth else None,
-            idempotency_key=key,
-            fingerprint=fingerprint,
-        )
-    except RedisError as exc:
-        raise DomainError(ErrorCode.SERVICE_UNAVAILABLE, QUEUE_UNAVAILABLE, retry_after=5) from exc
+    return submission.submit(
+        organization,
+        serializer.validated_data["job"],
+        body=data,
+        api_key=auth,
+        user=auth.user if auth else None,
+        idempotency_key=_idempotency_key(request) if source == "api" else None,
+    )
 
 
 class SpeechListView(TenantAPIView):
@@ -222,7 +193,7 @@ class SpeechListView(TenantAPIView):
         return paginator.get_paginated_response(JobSerializer(page, many=True, context=context).data)
 
 
-class SpeechDetailView(TenantAPIView):
+class SpeechDetailView(WaitingAPIView, TenantAPIView):
     required_scopes = {"GET": "speech:read", "DELETE": "speech:write"}
 
     @extend_schema(
@@ -232,29 +203,21 @@ class SpeechDetailView(TenantAPIView):
         ],
         summary="One job; ?wait=N waits for a change",
     )
-    def get(self, request: Request, job_id: str) -> Response:
+    def get(self, request: Request, job_id: str) -> Response | Wait:
         job = self.get_job(job_id)
         wait = int_param(request, "wait", 0, 0, 10_000)
         wait = min(wait, settings.TTS_LONG_POLL_MAX_SECONDS)
-        if wait and not job.is_finished:
-            # The wait itself happens outside this thread (speech_detail, async).
-            seen = (job.status, float(job.progress))
-            reserve_wait(request, self.organization, wait)
-            request_to_wait(request, job.pk, wait, lambda now: now != seen)
-            # The answer is built after the wait (job_after_wait), from the job as it is then:
-            # serialising it now (its queue position and ETA are queries) would be thrown away.
-            return Response(status=200)
-        return self.job_response(job)
+        if not wait or job.is_finished:
+            return self.job_response(job)
+        # The answer is built after the wait (job_after_wait), from the job as it is then:
+        # serialising it now (its queue position and ETA are queries) would be thrown away.
+        seen = (job.status, float(job.progress))
+        return Wait(job.pk, wait, lambda now: now != seen, slot=WaitSlot.take(self.organization, wait))
 
     @extend_schema(responses={204: None}, summary="Delete a job and its audio")
     def delete(self, request: Request, job_id: str) -> Response:
-        jobs.delete_job(self.get_owned_job(job_id))
+        lifecycle.delete_job(self.get_owned_job(job_id))
         return Response(status=204)
-
-
-def rate_headers(response: HttpResponseBase) -> dict[str, str]:
-    """The RateLimit headers the first pass of a waiting request computed."""
-    return {k: v for k, v in response.items() if k.lower().startswith("ratelimit")}
 
 
 def _job_data(request: HttpRequest, job_id: Any) -> dict[str, Any] | None:
@@ -263,20 +226,21 @@ def _job_data(request: HttpRequest, job_id: Any) -> dict[str, Any] | None:
     return None if job is None else JobSerializer(job, context={"request": request}).data
 
 
-def _job_answer(
-    request: HttpRequest, job_id: Any, data: dict[str, Any] | None, first: HttpResponseBase
-) -> HttpResponseBase:
+def _job_answer(request: HttpRequest, wait: Wait, data: dict[str, Any] | None) -> HttpResponseBase:
     if data is None:
-        return render(request, DomainError(ErrorCode.NOT_FOUND, f"No job {job_id} in this organization."))
+        return render(
+            request, DomainError(ErrorCode.NOT_FOUND, f"No job {wait.job_id} in this organization.")
+        )
     response = JsonResponse(data)
-    for key, value in rate_headers(first).items():
+    for key, value in wait.headers.items():
         response[key] = value
     return response
 
 
 # The long-poll's answer once its wait is over: the job as it is then, read once for all its waiters.
 job_after_wait = SharedAnswer(build=_job_data, respond=_job_answer)
-speech_detail = then_wait(SpeechDetailView.as_view(), job_after_wait)
+# GET, and DELETE: DRF's dispatch in a thread; GET ?wait=N on a job still going then waits here.
+speech_detail = wait_view(SpeechDetailView.as_view(), job_after_wait)
 
 
 class SpeechCancelView(TenantAPIView):
@@ -284,7 +248,7 @@ class SpeechCancelView(TenantAPIView):
 
     @extend_schema(request=None, responses=JobSerializer, summary="Cancel a queued or running job")
     def post(self, request: Request, job_id: str) -> Response:
-        job = jobs.cancel_job(self.get_owned_job(job_id))
+        job = lifecycle.cancel_job(self.get_owned_job(job_id))
         return self.job_response(job)
 
 

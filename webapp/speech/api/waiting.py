@@ -1,34 +1,45 @@
 """Waiting for a job to change without holding a thread, a connection, or polling PostgreSQL.
 
+A waiting endpoint is one async view (``wait_view``), read top to bottom: its
+sync part (``prepare``: authentication, permissions, rate, validation, the
+job lookup, the tenant's wait slot) runs in a thread and returns either the
+finished answer or a ``Wait``; the view then waits as a coroutine and builds
+the answer after the wait (``SharedAnswer``: once for all waiters of a job
+woken by one change). A DRF view prepares through its own ``dispatch``
+(``WaitingAPIView``: a handler may return a ``Wait``), so whatever
+authentication, permissions and throttles it has run in DRF's ``initial()``
+and its errors go through ``handle_exception``.
+
 A waiter subscribes to the job's channel first (over its process's one shared Redis connection,
 ``api.notifications``) and then reads the row, so no
 change between the two is missed; after that it reads the row only when a
 notification arrives (``services.notify``), or at its deadline. If Redis is
-away it falls back to reading the row once a second. The long-poll and the
-OpenAI endpoint both wait here; under the ASGI server the wait is a coroutine.
+away it falls back to reading the row once a second. The long-poll, the
+dashboard's job status and the OpenAI endpoint all wait here.
 
 Before it waits, a request gives back the database connection its sync part
-used (Django would close it only once the response is sent), and it takes
-one of its tenant's wait slots (``services.waits``), given back however the
-request ends.
+used (Django would close it only once the response is sent) and its key's
+turn (``gate.release``); the wait slot it took (``services.waits``) is given
+back however the request ends, and a streamed answer's when the stream closes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
 from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError, connection
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
+from rest_framework.request import Request
+from rest_framework.views import APIView
 
 from webapp import gate
 from webapp.speech.api import notifications
@@ -50,11 +61,55 @@ FALLBACK_POLL_SECONDS = 1.0
 SYNC_SLOTS = 6
 
 JobState = tuple[str, float]
-WAIT_ATTRIBUTE = "tts_wait"
-SLOT_ATTRIBUTE = "tts_wait_slot"
-
 
 T = TypeVar("T")
+
+
+class WaitSlot:
+    """One of a tenant's wait slots (``services.waits``), taken for one request and given back once."""
+
+    def __init__(self, organization_id: Any, token: str | None) -> None:
+        self.organization_id = organization_id
+        self.token = token  # None: not counted (Redis away)
+
+    @classmethod
+    def take(cls, organization: Organization, seconds: float) -> WaitSlot:
+        """A slot for ``seconds``, before anything is done for the request (429 ``too_many_waits``)."""
+        return cls(organization.pk, waits.acquire(organization, seconds))
+
+    def give_back(self) -> None:
+        token, self.token = self.token, None
+        waits.release(self.organization_id, token)
+
+    def given_back_on_close(self, response: HttpResponseBase) -> HttpResponseBase:
+        """A streamed answer waits while it streams: its slot goes back when the response closes."""
+        # Django's private list of what closing the response calls (webapp/private_apis.py).
+        closers = getattr(response, "_resource_closers", None)
+        if closers is None:
+            self.give_back()
+        else:
+            closers.append(self.give_back)
+        return response
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What the sync part of a waiting request hands to its wait: which job, how long, until what."""
+
+    job_id: Any
+    seconds: float
+    done: Callable[[JobState], bool]
+    # Given back once the answer is built (or the request ends otherwise).
+    slot: WaitSlot | None = None
+    # Headers the answer carries: a DRF view's RateLimit headers (WaitingAPIView).
+    headers: Mapping[str, str] = field(default_factory=dict)
+    # What the sync part saw, for an answer that needs it (the dashboard's, for a job deleted meanwhile).
+    seen: Any = None
+    # The view ran inside a transaction (a test's): the wait reads the row on that connection.
+    in_transaction: bool = False
+
+
+Prepare = Callable[..., HttpResponseBase | Wait]
 
 
 @dataclass
@@ -63,42 +118,39 @@ class SharedAnswer:
 
     ``build`` (sync, in a thread, with a database connection) reads and
     serialises the job; ``respond`` (in the event loop, no queries) turns the
-    job id and what was built into one request's response. Waiters of a job woken by the same
+    request's ``Wait`` and what was built into its response. Waiters of a job woken by the same
     change in one process run ``build`` once: a burst of long-polls on one job
     used to read and serialise the same row once each, one key's answers two
     at a time, and the last of them waited for all the others.
     """
 
     build: Callable[[HttpRequest, Any], Any]
-    respond: Callable[[HttpRequest, Any, Any, HttpResponseBase], HttpResponseBase]
+    respond: Callable[[HttpRequest, Wait, Any], HttpResponseBase]
 
 
-Answer = Callable[[HttpRequest, Any, HttpResponseBase], HttpResponseBase] | SharedAnswer
+# Not shared: a sync answer of its own (in a thread) for each request.
+Answer = Callable[[HttpRequest, Wait], HttpResponseBase] | SharedAnswer
 
 
-@dataclass(frozen=True)
-class PendingWait:
-    job_id: Any
-    seconds: float
-    done: Callable[[JobState], bool]
-    # The view ran inside a transaction (a test's): the wait reads the row on that connection.
-    in_transaction: bool = False
+def rate_headers(response: HttpResponseBase) -> dict[str, str]:
+    """The RateLimit headers of a response."""
+    return {k: v for k, v in response.items() if k.lower().startswith("ratelimit")}
 
 
-def _django_request(request: Any) -> HttpRequest:
-    return getattr(request, "_request", request)  # a DRF Request wraps Django's (webapp/private_apis.py)
+class WaitingAPIView(APIView):
+    """A DRF view whose handlers may return a ``Wait``: the view's ``as_view()`` is then a ``prepare``.
 
+    DRF's own ``dispatch`` runs (``initial()``: authentication, permissions,
+    throttles; errors through ``handle_exception``); a ``Wait`` leaves it with
+    the RateLimit headers DRF's ``finalize_response`` gives this request's answers.
+    """
 
-def reserve_wait(request: Any, organization: Organization, seconds: float) -> None:
-    """Take a wait slot of the tenant before anything is done for this request (429 when none is free)."""
-    token = waits.acquire(organization, seconds)
-    setattr(_django_request(request), SLOT_ATTRIBUTE, (organization.pk, token))
-
-
-def request_to_wait(request: Any, job_id: Any, seconds: float, done: Callable[[JobState], bool]) -> None:
-    """Ask the async view around a sync DRF view to wait for the job before answering."""
-    pending = PendingWait(job_id, seconds, done, connection.in_atomic_block)
-    setattr(_django_request(request), WAIT_ATTRIBUTE, pending)
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(response, Wait):
+            return super().finalize_response(request, response, *args, **kwargs)
+        # An empty response to collect them on (DRF finalizes any HttpResponseBase; its stubs say Response).
+        given = super().finalize_response(request, HttpResponse(), *args, **kwargs)  # type: ignore[arg-type]
+        return replace(response, headers=rate_headers(given))
 
 
 _slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = (
@@ -111,16 +163,6 @@ def _sync_slots(phase: str) -> asyncio.Semaphore:
     if phase not in per_loop:
         per_loop[phase] = asyncio.Semaphore(SYNC_SLOTS)
     return per_loop[phase]
-
-
-def _view_then_release_connection(
-    view: Callable[..., HttpResponseBase], request: HttpRequest, *args: Any, **kwargs: Any
-) -> HttpResponseBase:
-    response = view(request, *args, **kwargs)
-    # A test's outer transaction (pytest-django) lives on this connection: keep it.
-    if getattr(request, WAIT_ATTRIBUTE, None) is not None and not connection.in_atomic_block:
-        connection.close()
-    return response
 
 
 _building: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, asyncio.Future[Any]]] = (
@@ -152,55 +194,82 @@ async def shared(key: Hashable, build: Callable[[], Awaitable[T]]) -> T:
         future.set_result(result)
 
 
+def _prepare_then_release_connection(
+    prepare: Prepare, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> HttpResponseBase | Wait:
+    prepared = prepare(request, *args, **kwargs)
+    if not isinstance(prepared, Wait):
+        return prepared
+    # A test's outer transaction (pytest-django) lives on this connection: keep it, and read there.
+    in_transaction = connection.in_atomic_block
+    if not in_transaction:
+        connection.close()
+    return replace(prepared, in_transaction=in_transaction)
+
+
+async def _prepared(
+    prepare: Prepare, request: HttpRequest, *args: Any, **kwargs: Any
+) -> HttpResponseBase | Wait:
+    """``prepare`` run in a thread; if the request goes away meanwhile, a slot it took is given back."""
+    running = asyncio.ensure_future(
+        sync_to_async(_prepare_then_release_connection)(prepare, request, args, kwargs)
+    )
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        running.add_done_callback(_give_back_when_prepared)
+        raise
+
+
+def _give_back_when_prepared(running: asyncio.Future[HttpResponseBase | Wait]) -> None:
+    if not running.cancelled() and running.exception() is None:
+        prepared = running.result()
+        if isinstance(prepared, Wait) and prepared.slot is not None:
+            asyncio.ensure_future(sync_to_async(prepared.slot.give_back, thread_sensitive=False)())
+
+
 async def _answer(
-    answer: Answer, request: HttpRequest, job_id: Any, state: JobState | None, first: HttpResponseBase
+    answer: Answer, request: HttpRequest, wait: Wait, state: JobState | None
 ) -> HttpResponseBase:
     if not isinstance(answer, SharedAnswer):
         async with gate.answer_turn(request), _sync_slots("answer"):
-            return await sync_to_async(answer)(request, job_id, first)
+            return await sync_to_async(answer)(request, wait)
 
     async def build() -> Any:
         async with gate.answer_turn(request), _sync_slots("answer"):
-            return await sync_to_async(answer.build)(request, job_id)
+            return await sync_to_async(answer.build)(request, wait.job_id)
 
     if state is None:  # gone, or not known: nothing to share on
-        return answer.respond(request, job_id, await build(), first)
+        return answer.respond(request, wait, await build())
     # The host is part of the key: an answer may hold absolute URLs built from it.
-    key = (answer.build, job_id, state, request.build_absolute_uri("/"))
-    return answer.respond(request, job_id, await shared(key, build), first)
+    key = (answer.build, wait.job_id, state, request.build_absolute_uri("/"))
+    return answer.respond(request, wait, await shared(key, build))
 
 
-def then_wait(view: Callable[..., HttpResponseBase], answer: Answer) -> Callable[..., Any]:
-    """An async view: run the sync DRF ``view`` (auth, scope, rate, validation) in a thread, then,
-    if it asked to wait, wait as a coroutine and build the final answer with ``answer`` in a thread.
+def wait_view(prepare: Prepare, answer: Answer) -> Callable[..., Coroutine[Any, Any, HttpResponseBase]]:
+    """The async view of a waiting endpoint: ``prepare`` (sync: who asks, may they, what to wait
+    for) in a thread; the finished answer it returns, or else its ``Wait`` as a coroutine and
+    ``answer`` after it.
     """
 
-    async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        first: HttpResponseBase | None = None
+    async def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        async with _sync_slots("first"):
+            prepared = await _prepared(prepare, request, *args, **kwargs)
+        if not isinstance(prepared, Wait):
+            return prepared  # an error, a finished job, a stream: nothing to wait for here
         try:
-            async with _sync_slots("first"):
-                first = await sync_to_async(_view_then_release_connection)(view, request, *args, **kwargs)
-            pending: PendingWait | None = getattr(request, WAIT_ATTRIBUTE, None)
-            if pending is None or first.status_code >= 300:
-                return first
             gate.release(request)  # a waiting request holds none of its key's turns
-            state = await await_job(pending.job_id, pending.seconds, pending.done, pending.in_transaction)
-            return await _answer(answer, request, pending.job_id, state, first)
+            state = await await_job(prepared.job_id, prepared.seconds, prepared.done, prepared.in_transaction)
+            return await _answer(answer, request, prepared, state)
         finally:
-            slot = getattr(request, SLOT_ATTRIBUTE, None)
-            # Django's private list of what closing the response calls (webapp/private_apis.py).
-            closers = getattr(first, "_resource_closers", None)
-            if slot is not None and first is not None and first.streaming and closers is not None:
-                # A streamed answer waits while it streams: its slot goes back when the response closes.
-                closers.append(functools.partial(waits.release, *slot))
-            elif slot is not None:
-                await sync_to_async(waits.release, thread_sensitive=False)(*slot)
+            if prepared.slot is not None:
+                await sync_to_async(prepared.slot.give_back, thread_sensitive=False)()
 
-    # The schema generator and DRF's own checks read these from the view function.
-    async_view.__dict__.update(
-        {k: v for k, v in view.__dict__.items() if k in ("cls", "initkwargs", "view_class")}
-    )
-    return csrf_exempt(async_view)
+    # The schema generator and DRF's own checks read these from a DRF view's function.
+    for name in ("cls", "initkwargs", "view_class"):
+        if hasattr(prepare, name):
+            setattr(view, name, getattr(prepare, name))
+    return csrf_exempt(view)
 
 
 def _read_row(job_id: Any) -> JobState | None:

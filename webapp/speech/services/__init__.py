@@ -1,20 +1,18 @@
-"""Every state change of voices, jobs and usage, each inside one transaction.
+"""The domain services below the job lifecycle, each imported from where it lives (no facade).
 
-Views parse and authorise, tasks are thin; both call these modules, each
-imported from where it lives (there is no facade here):
-
-- ``jobs``: the job state machine (submit, claim, progress, complete, fail,
-  cancel, requeue, reap, delete, expire);
-- ``dispatch``: the outbox sender (Celery messages after commit, re-sends);
-- ``ledger``: usage periods, limits, reserve / charge / release;
+- ``ledger``: usage periods, limits, the reservation and the one settlement;
+- ``dispatch``: the dispatch port (Celery messages sent by task name after commit);
 - ``eta``: queue position and ETA;
 - ``queries``: read models for the views and the admin;
-- ``voices``: built-in voice sync and tenant voice deletion;
-- ``files``: where stored files live under MEDIA_ROOT.
+- ``prompts``: uploaded voice prompts and their analysis state;
+- ``notify``: job and stream notifications after commit;
+- ``waits``: a tenant's wait slots;
+- ``files`` and ``outputs``: where stored files live, an attempt's own files.
 
-Each public action opens the outermost transaction
+A job's state changes only in ``webapp.speech.lifecycle``, which builds on these;
+actions that combine transitions sit above it (``webapp.speech.submission``,
+``voices``, ``operator``). Each public action opens the outermost transaction
 (``transaction.atomic(durable=True)``) and never calls another public action;
-shared steps are private functions or ledger steps that run inside the
-caller's transaction. Services raise ``webapp.errors.DomainError``; they know
-nothing of HTTP.
+shared steps run inside the caller's transaction. Services raise
+``webapp.errors.DomainError``; they know nothing of HTTP.
 """

@@ -1,11 +1,15 @@
-"""The outbox sender: Celery messages for queued jobs, sent after commit.
+"""The dispatch port: Celery messages for queued jobs and uploaded voices, sent by task name.
+
+Services never import the task modules (``webapp.speech.tasks`` sits above them):
+a message is sent by its task's name, and the worker that consumes the queue
+has the task registered under that name.
 
 The job row is the outbox: a job is created ``queued`` with ``dispatched_at``
 null, its message is sent once the creating transaction commits, and beat
 re-sends what was never sent (``redispatch_undispatched``) or was lost after
-sending (``attempts.resend_lost_deliveries``). A message is a wake-up: the
+sending (``lifecycle.resend_lost_deliveries``). A message is a wake-up: the
 worker that takes it claims the fairest queued job of its engines, which may
-be another one (``attempts.claim_next``); the row stays the truth.
+be another one (``lifecycle.claim_next``); the row stays the truth.
 """
 
 from __future__ import annotations
@@ -15,14 +19,19 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
+from webapp.celery import app
 from webapp.speech.models import SynthesisJob
 
 log = logging.getLogger(__name__)
 
 Status = SynthesisJob.Status
+
+# The task names the worker registers (webapp/speech/tasks.py) and the analysis queue.
+SYNTHESIZE_JOB = "speech.synthesize_job"
+ANALYSE_VOICE = "speech.analyse_voice"
+ANALYSIS_QUEUE = "analysis"
 
 
 def queue_for_engine(engine: str) -> str:
@@ -59,8 +68,6 @@ def celery_time_limit() -> int:
 
 
 def _send(job_id: Any, engine: str | None = None, text_chars: int | None = None) -> bool:
-    from webapp.speech.tasks import synthesize_job  # tasks import the services
-
     # Sent whatever the job's status now: a message is a wake-up for the engine's queue,
     # not for this job alone. Claims take the fairest job, so an earlier message may
     # already have claimed this one while its own job waits; skipping this message
@@ -75,7 +82,8 @@ def _send(job_id: Any, engine: str | None = None, text_chars: int | None = None)
     # this job); Celery's own limit is one ceiling for all.
     soft, hard = job_time_limits(text_chars)
     try:
-        synthesize_job.apply_async(
+        app.send_task(
+            SYNTHESIZE_JOB,
             args=(str(job_id),),
             kwargs={"limits": [soft, hard]},
             queue=queue_for_engine(engine),
@@ -86,12 +94,8 @@ def _send(job_id: Any, engine: str | None = None, text_chars: int | None = None)
     except Exception as exc:  # kombu/redis errors have no common base worth naming
         log.warning("dispatch of job %s failed, beat will retry: %s", job_id, exc)
         return False
-    with connection.cursor() as cursor:  # written once, not compiled per job (webapp/rawrows.py)
-        cursor.execute(_MARK_SENT, [timezone.now(), job_id])
+    SynthesisJob.objects.filter(id=job_id).update(dispatched_at=timezone.now())
     return True
-
-
-_MARK_SENT = f"UPDATE {SynthesisJob._meta.db_table} SET dispatched_at = %s WHERE id = %s"
 
 
 def dispatch_job(job_id: Any, engine: str | None = None, text_chars: int | None = None) -> bool:
@@ -115,3 +119,24 @@ def redispatch_undispatched(older_than_seconds: int | None = None, limit: int = 
         .values_list("id", flat=True)[:limit]
     )
     return sum(1 for job_id in ids if _send(job_id))
+
+
+def send_analysis(voice_pk: Any) -> bool:
+    """Queue the analysis of an uploaded voice (after commit).
+
+    A broker failure leaves the voice ``processing``; housekeeping's
+    reject_stale_voices ends it with a reason.
+    """
+    limit = settings.TTS_ANALYSIS_TIME_LIMIT_SECONDS
+    try:
+        app.send_task(
+            ANALYSE_VOICE,
+            args=(str(voice_pk),),
+            queue=ANALYSIS_QUEUE,
+            soft_time_limit=int(limit * 0.8),
+            time_limit=limit,
+        )
+    except Exception as exc:  # kombu/redis errors have no common base worth naming
+        log.warning("could not queue the analysis of voice %s: %s", voice_pk, exc)
+        return False
+    return True

@@ -6,12 +6,16 @@ exactly one of charge (success) or release (failure, cancel, expiry). The
 release impossible, whatever retries or redeliveries happen.
 
 The functions here are steps, not actions: they run inside the transaction of
-the job action that calls them (``services.jobs``).
+the job transition that calls them (``webapp.speech.lifecycle``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
@@ -20,9 +24,18 @@ from django.db.models import F
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
-from webapp.rawrows import columns, fetch_one
-from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod, Voice
-from webapp.tenants.models import Organization, Plan
+from webapp.rawrows import fetch_one
+from webapp.speech.models import (
+    ACTIVE_STATUSES,
+    LIVE_JOBS_SQL,
+    JobStatus,
+    SynthesisJob,
+    UsageEvent,
+    UsagePeriod,
+    Voice,
+    sql_status_in,
+)
+from webapp.tenants.models import Organization
 
 # --------------------------------------------------------------------- periods
 
@@ -68,20 +81,13 @@ def lock_tenant(organization_id: Any) -> Organization:
     COMMIT with a KEY SHARE lock on the tenant row, which FOR UPDATE would
     block while its holder waits for a usage row the committer holds.
     ``OF o``: without it PostgreSQL also locks the joined plan row, serialising
-    every tenant on the same plan. Written once (webapp/rawrows.py): every
-    submit runs it.
+    every tenant on the same plan.
     """
-    o, p = columns(Organization, "o"), columns(Plan, "p")
-    row = fetch_one(
-        f"SELECT {o.sql}, {p.sql} FROM {o.table} JOIN {p.table} ON p.id = o.plan_id "
-        "WHERE o.id = %s FOR NO KEY UPDATE OF o",
-        [organization_id],
+    return (
+        Organization.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("plan")
+        .get(pk=organization_id)
     )
-    if row is None:
-        raise Organization.DoesNotExist(f"no tenant {organization_id}")
-    organization: Organization = o.build(row)
-    organization.plan = p.build(row, len(o))
-    return organization
 
 
 def check_limits(organization: Organization, chars: int, now: dt.datetime, engine: str) -> dt.date:
@@ -167,75 +173,95 @@ QUEUE_FULL_RETRY_SECONDS = 30
 _JOBS, _VOICES, _PERIODS = SynthesisJob._meta.db_table, Voice._meta.db_table, UsagePeriod._meta.db_table
 # The job rows' condition is LIVE_JOBS, as the partial index speech_job_org_live_idx has it, so
 # the count and sum read only the tenant's live jobs (tests/integration/api/test_quotas.py).
-_LIVE_OF_TENANT = "organization_id = %(org)s AND (status IN ('queued', 'running') OR audio_bytes > 0)"
+_LIVE_OF_TENANT = f"organization_id = %(org)s AND {LIVE_JOBS_SQL}"
 # What a tenant stores, over its live job rows: their audio, and its voices' prompts.
 _STORED_BYTES = f"""coalesce(sum(audio_bytes), 0),
     (SELECT coalesce(sum(prompt_bytes), 0) FROM {_VOICES} WHERE organization_id = %(org)s)"""
 _LIMITS = f"""
-    SELECT count(*) FILTER (WHERE status IN ('queued', 'running')), {_STORED_BYTES},
+    SELECT count(*) FILTER (WHERE {sql_status_in(ACTIVE_STATUSES)}), {_STORED_BYTES},
         (SELECT characters_used + characters_reserved FROM {_PERIODS}
          WHERE organization_id = %(org)s AND period = %(period)s),
         (SELECT count(*) FROM (
-            SELECT 1 FROM {_JOBS} WHERE status = 'queued' AND engine = %(engine)s LIMIT %(queue_limit)s
+            SELECT 1 FROM {_JOBS} WHERE {sql_status_in((JobStatus.QUEUED,))} AND engine = %(engine)s
+            LIMIT %(queue_limit)s
         ) AS waiting)
     FROM {_JOBS} WHERE {_LIVE_OF_TENANT}"""
 _RESERVE = f"""
     WITH event AS (
         INSERT INTO {UsageEvent._meta.db_table}
-            (organization_id, job_id, job_key, kind, characters, period, created_at)
-        VALUES (%(org)s, %(job)s, %(job)s, 'reserve', %(chars)s, %(period)s, %(now)s)
+            (organization_id, job_id, job_key, kind, characters, parts, period, created_at)
+        VALUES (%(org)s, %(job)s, %(job)s, '{UsageEvent.Kind.RESERVE}', %(chars)s, '[]', %(period)s, %(now)s)
     )
     UPDATE {_PERIODS} SET characters_reserved = characters_reserved + %(chars)s
     WHERE organization_id = %(org)s AND period = %(period)s"""
 
 
-def _settle(job: SynthesisJob, kind: str, characters: int | None = None) -> bool:
-    """Charge or release the job's reservation exactly once. Returns False if already settled.
+class PartKind(StrEnum):
+    """What a charged part of a job's characters was."""
 
-    ``characters`` charges part of the reservation (a stream cut short); the rest is given back.
+    FRESH = "fresh"  # synthesised for this job and delivered whole
+    DELIVERED = "delivered"  # handed to a client before a cancel or disconnect
+
+
+@dataclass(frozen=True)
+class Part:
+    """A charged part; ``characters`` None: all of the reservation not charged by an earlier part."""
+
+    kind: PartKind
+    characters: int | None = None
+
+
+def settle(job_id: Any, parts: Iterable[Part] = ()) -> bool:
+    """Settle the job's reservation exactly once: charge ``parts``, give the rest back.
+
+    The one settlement of a job, whichever way it ended (the lifecycle calls it
+    inside the transition's transaction). No parts, or none with characters:
+    a release. The event records the parts; what they add up to is capped by the
+    reservation. Returns False if the job was settled already (or never reserved).
     """
-    # The job's ledger in one read: its reservation, and whether it is settled already.
-    events = list(UsageEvent.objects.filter(job_key=job.id).values_list("kind", "characters", "period"))
-    reserve = next(((chars, period) for k, chars, period in events if k == UsageEvent.Kind.RESERVE), None)
-    if reserve is None or any(k != UsageEvent.Kind.RESERVE for k, _, _ in events):
+    # The job's ledger in one read: its reservation (tenant, characters, period), and whether
+    # it is settled already. The job row is not needed: a settlement works from its ledger.
+    events = list(
+        UsageEvent.objects.filter(job_key=job_id).values_list(
+            "kind", "organization_id", "characters", "period"
+        )
+    )
+    reserve = next((e[1:] for e in events if e[0] == UsageEvent.Kind.RESERVE), None)
+    if reserve is None or any(e[0] != UsageEvent.Kind.RESERVE for e in events):
         return False
-    reserved, period = reserve
-    charged = reserved if characters is None else max(0, min(characters, reserved))
+    organization_id, reserved, period = reserve
+    recorded, room = [], reserved
+    for part in parts:
+        take = room if part.characters is None else max(0, min(part.characters, room))
+        if take:
+            recorded.append({"kind": str(part.kind), "characters": take})
+            room -= take
+    charged = reserved - room
+    kind = UsageEvent.Kind.CHARGE if charged else UsageEvent.Kind.RELEASE
     with connection.cursor() as cursor:
         # The tenant row before the usage row, as every other transaction locks them; only
         # the lock is needed here, not the row (lock_tenant reads it with its plan).
-        cursor.execute(_LOCK_TENANT, [job.organization_id])
+        cursor.execute(_LOCK_TENANT, [organization_id])
         # The event, unless one of its kind exists (the unique constraint on job and kind):
         # in one statement, where a savepoint around an INSERT took three.
-        cursor.execute(_SETTLE, [job.organization_id, job.id, job.id, kind, charged, period, timezone.now()])
+        cursor.execute(
+            _SETTLE,
+            [organization_id, job_id, job_id, kind, charged, json.dumps(recorded), period, timezone.now()],
+        )
         if cursor.fetchone() is None:
             return False
     changes = {"characters_reserved": F("characters_reserved") - reserved}
-    if kind == UsageEvent.Kind.CHARGE:
+    if charged:
         changes["characters_used"] = F("characters_used") + charged
     # The tenant row is locked: the usage row (there since the reservation, gone only with its
     # tenant) is updated, and locked, in one statement.
-    UsagePeriod.objects.filter(organization_id=job.organization_id, period=period).update(**changes)
+    UsagePeriod.objects.filter(organization_id=organization_id, period=period).update(**changes)
     return True
 
 
 _LOCK_TENANT = f"SELECT 1 FROM {Organization._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
 _SETTLE = f"""
-    INSERT INTO {UsageEvent._meta.db_table} (organization_id, job_id, job_key, kind, characters, period, created_at)
-    VALUES (%s, %s, %s, %s, %s, %s, %s)
+    INSERT INTO {UsageEvent._meta.db_table}
+        (organization_id, job_id, job_key, kind, characters, parts, period, created_at)
+    VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s)
     ON CONFLICT (job_key, kind) DO NOTHING RETURNING id"""
-
-
-def charge_usage(job: SynthesisJob) -> bool:
-    return _settle(job, UsageEvent.Kind.CHARGE)
-
-
-def release_usage(job: SynthesisJob) -> bool:
-    return _settle(job, UsageEvent.Kind.RELEASE)
-
-
-def charge_part(job: SynthesisJob, characters: int) -> bool:
-    """Charge ``characters`` of the reservation (what a client received) and give the rest back."""
-    if characters <= 0:
-        return release_usage(job)
-    return _settle(job, UsageEvent.Kind.CHARGE, characters)

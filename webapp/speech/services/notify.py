@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 from redis.exceptions import RedisError
 
-from webapp.speech import heartbeat
+from webapp import redis_clients
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def parse_state(message: bytes | str) -> tuple[str, float] | None:
 
 def _publish(job_id: Any, message: str) -> None:
     try:
-        heartbeat.client().publish(channel(job_id), message)
+        redis_clients.notifications().publish(channel(job_id), message)
     except (RedisError, OSError) as exc:  # waiters fall back to reading the row once a second
         log.debug("job %s change not published: %s", job_id, exc)
 
@@ -59,6 +59,6 @@ def stream_grew(job_id: Any) -> None:
     A channel of its own, so that waiters on the row are not woken per sentence.
     """
     try:
-        heartbeat.client().publish(stream_channel(job_id), "grew")
+        redis_clients.notifications().publish(stream_channel(job_id), "grew")
     except (RedisError, OSError) as exc:  # streaming readers fall back to looking at the file
         log.debug("job %s stream growth not published: %s", job_id, exc)

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError
 
+from webapp.errors import JobFailureCode
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services.files import media_path
 
@@ -84,14 +85,14 @@ def fsync_output(path: str) -> None:
             os.close(fd)
 
 
-def storage_error_code(exc: BaseException) -> str | None:
+def storage_error_code(exc: BaseException) -> JobFailureCode | None:
     """``disk_full`` / ``storage_error`` when ``exc`` is a failure to write the audio, else None.
 
     libsndfile reports a failed write as "System error." (SF_ERR_SYSTEM) and
     leaves the reason in the C errno, which cffi keeps for the calling thread.
     """
     if isinstance(exc, OSError):
-        return "disk_full" if exc.errno in _DISK_FULL_ERRNOS else "storage_error"
+        return JobFailureCode.DISK_FULL if exc.errno in _DISK_FULL_ERRNOS else JobFailureCode.STORAGE_ERROR
     if type(exc).__name__ == "LibsndfileError" and getattr(exc, "code", None) == 2:
         try:
             import soundfile
@@ -99,5 +100,5 @@ def storage_error_code(exc: BaseException) -> str | None:
             err = int(soundfile._ffi.errno)
         except Exception:
             err = 0
-        return "disk_full" if err in _DISK_FULL_ERRNOS else "storage_error"
+        return JobFailureCode.DISK_FULL if err in _DISK_FULL_ERRNOS else JobFailureCode.STORAGE_ERROR
     return None

@@ -2,7 +2,7 @@
 
 The web tier only runs :func:`synth.prompt.prepare_prompt` (a limited child
 process) and stores the canonical prompt; the analysis (speaker embedding,
-pitch, closest voice) runs on the ``analysis`` queue (webapp/speech/analysis.py)
+pitch, closest voice) runs on the ``analysis`` queue (webapp/speech/runtime/analysis.py)
 and ends here in :func:`finish_analysis` or :func:`reject_voice`. A prompt is
 biometric data: rejecting or deleting a voice removes its files and embedding
 at once (docs/voices.md).
@@ -26,8 +26,8 @@ from django.utils import timezone
 
 from synth.prompt import UPLOAD_CODES, PromptLimits, PromptRejected, prepare_prompt
 from webapp.errors import DomainError, ErrorCode
-from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.services import files, ledger
+from webapp.speech.models import Voice
+from webapp.speech.services import dispatch, files, ledger
 from webapp.tenants.models import Organization
 
 if TYPE_CHECKING:
@@ -174,8 +174,6 @@ def _insert(
     mode: str,
     upload: VoiceUpload,
 ) -> Voice:
-    from webapp.speech import analysis
-
     now = timezone.now()
     with transaction.atomic(durable=True):
         # The tenant row is the lock: parallel uploads cannot both take the last voice slot.
@@ -203,7 +201,7 @@ def _insert(
             created_at=now,
         )
         pk = voice.pk
-        transaction.on_commit(lambda: analysis.send(pk))
+        transaction.on_commit(lambda: dispatch.send_analysis(pk))
     return voice
 
 
@@ -284,7 +282,7 @@ def speaking_voice(voice: Voice) -> tuple[str, str, float, str]:
         return voice.voice_id, voice.engine, 0.0, ""
     if voice.cloning_mode == APPROXIMATE:
         return voice.closest_voice, voice.engine, float(voice.pitch_shift), APPROXIMATE
-    # zero_shot: the engine's cloning voice speaks, given the prompt (tasks.py, voice_prompt).
+    # zero_shot: the engine's cloning voice speaks, given the prompt (runtime/attempt.py, voice_prompt).
     return voice.closest_voice, voice.engine, 0.0, ZERO_SHOT
 
 
@@ -316,19 +314,11 @@ def voice_prompt(voice: Voice | None) -> VoicePrompt | None:
     return VoicePrompt(files.media_path(voice.prompt_path), CANONICAL_RATE, voice.transcript, embedding)
 
 
-def fail_jobs_of_deleted_voice(voice: Voice) -> int:
-    """Inside the caller's transaction: queued jobs of ``voice`` end ``failed``/``voice_deleted``, released."""
-    from webapp.speech.services import jobs  # jobs imports this module for job_voice
-
-    queued = Q(status=SynthesisJob.Status.QUEUED)
-    failed = 0
-    for job_id in SynthesisJob.objects.filter(queued, voice=voice).values_list("id", flat=True):
-        if jobs._fail(job_id, "voice_deleted", "The voice this job used was deleted.", allowed=queued):
-            failed += 1
-    if voice.prompt_path or voice.original_path:
-        paths = [voice.prompt_path, voice.original_path]
-        transaction.on_commit(lambda: [files.remove_file(p) for p in paths if p])
-    return failed
+def remove_voice_files(voice: Voice) -> None:
+    """Inside the caller's transaction: the voice's prompt and original go once it commits."""
+    paths = [p for p in (voice.prompt_path, voice.original_path) if p]
+    if paths:
+        transaction.on_commit(lambda: [files.remove_file(p) for p in paths])
 
 
 def unused_voices(now: dt.datetime | None = None) -> Any:

@@ -20,8 +20,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from webapp import redis_clients
 from webapp.errors import DomainError, ErrorCode
-from webapp.speech import heartbeat
 from webapp.tenants.models import Organization
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def acquire(organization: Organization, seconds: float) -> str | None:
     token = uuid.uuid4().hex
     lifetime_ms = int((seconds + MARGIN_SECONDS) * 1000)
     try:
-        taken = heartbeat.client().eval(_ACQUIRE, 1, key(organization.pk), cap, lifetime_ms, token)
+        taken = redis_clients.notifications().eval(_ACQUIRE, 1, key(organization.pk), cap, lifetime_ms, token)
     except (RedisError, OSError) as exc:
         log.warning("wait cap not counted (Redis away): %s", exc)
         return None
@@ -73,11 +73,11 @@ def release(organization_id: Any, token: str | None) -> None:
     if token is None:
         return
     try:
-        heartbeat.client().zrem(key(organization_id), token)
+        redis_clients.notifications().zrem(key(organization_id), token)
     except (RedisError, OSError) as exc:
         log.warning("wait slot not released (it ages out): %s", exc)
 
 
 def in_use(organization_id: Any) -> int:
     """Waits counted for the tenant now, expired members included until the next acquire."""
-    return int(heartbeat.client().zcard(key(organization_id)))
+    return int(redis_clients.notifications().zcard(key(organization_id)))

@@ -23,15 +23,14 @@ class TenantAPIView(APIView):
     """Authenticated by API key, checked for role and scope, rate-limited per tenant (and key).
 
     Subclasses name the scope each method needs in ``required_scopes``; every
-    answer carries the RateLimit headers of the limit that binds.
+    answer carries the RateLimit headers of the limit that binds (the throttle
+    leaves its usage on the request).
     """
 
     permission_classes = [permissions.IsAuthenticated, RoleScopePermission]
+    # Counted in DRF's check_throttles, after authentication and permissions.
+    throttle_classes = [ratelimit.TenantRateThrottle]
     required_scopes: dict[str, str] = {}
-
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)
-        request.rate_usage = ratelimit.check_rate(request, self.organization)  # type: ignore[attr-defined]
 
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         usage = getattr(request, "rate_usage", None)

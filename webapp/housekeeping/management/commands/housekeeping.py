@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from webapp.housekeeping.jobs import JOBS, run_job
+from webapp.housekeeping.catalog import JOBS, run_job
 
 
 class Command(BaseCommand):

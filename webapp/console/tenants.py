@@ -23,8 +23,9 @@ from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from webapp.speech import operator
 from webapp.speech.models import LIVE_JOBS, SynthesisJob, UsagePeriod, Voice
-from webapp.speech.services import ledger, operator
+from webapp.speech.services import ledger
 from webapp.tenants.models import Organization, Plan
 
 # What a plan limit is compared with on each tenant (annotated by with_usage).

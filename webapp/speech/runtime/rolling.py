@@ -33,7 +33,9 @@ from typing import Any, Protocol
 
 from celery.signals import task_postrun, task_prerun
 
-from webapp.speech import heartbeat, recycling
+from webapp import redis_clients
+from webapp.speech import heartbeat
+from webapp.speech.runtime import recycling
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +105,12 @@ def start(node: str | None, requested_by: str, beats: list[dict[str, Any]] | Non
         "order": [str(b.get("worker_id")) for b in order],
         "nodes": {n: ready_per_node[n] for n in sorted({str(b.get("node")) for b in order})},
     }
-    heartbeat.client().set(PLAN_KEY, json.dumps(plan), ex=PLAN_TTL)
+    redis_clients.heartbeats().set(PLAN_KEY, json.dumps(plan), ex=PLAN_TTL)
     return plan
 
 
 def read_plan() -> dict[str, Any] | None:
-    raw = heartbeat.client().get(PLAN_KEY)
+    raw = redis_clients.heartbeats().get(PLAN_KEY)
     if not raw:
         return None
     try:
@@ -203,7 +205,7 @@ def start_recycle(child: Child, why: str) -> bool:
     recycling.request_exit(why)
     child.state = "recycling"
     try:
-        recycling.record_recycle(heartbeat.client(), child.node, why, child.pid, child.tasks_done)
+        recycling.record_recycle(redis_clients.heartbeats(), child.node, why, child.pid, child.tasks_done)
     except Exception as exc:
         log.warning("could not record recycle: %s", exc)
     return True

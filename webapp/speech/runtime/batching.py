@@ -2,9 +2,9 @@
 
 On a worker with ``TTS_WORKER_PIPER_RUNTIME=torch`` and ``TTS_WORKER_BATCH_JOBS``
 over 1, a message does not run one job. It claims its job as any message does
-(``tasks.claim_for_message``), then more queued jobs of the same engine,
-fairest first (``attempts.claim_next``), up to ``TTS_WORKER_BATCH_JOBS``, and
-runs each in its own thread with ``tasks.run_claimed``: the same claim and
+(``claims.claim_for_message``), then more queued jobs of the same engine,
+fairest first (``lifecycle.claim_next``), up to ``TTS_WORKER_BATCH_JOBS``, and
+runs each in its own thread with ``attempt.run_claimed``: the same claim and
 fencing token, progress, cancel flag, limits, per-attempt file and settling as
 a job of a CPU child. Their sentences meet in the engine's batcher
 (``synth.batching``), which synthesises what is waiting in one batched pass;
@@ -20,60 +20,34 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING
 
 from celery.exceptions import Reject
 from django.conf import settings
 from django.db import connections
 
-from webapp.speech import recycling, worker
-from webapp.speech.services import attempts
-from webapp.speech.services.dispatch import job_time_limits
-
-if TYPE_CHECKING:
-    from webapp.speech.models import SynthesisJob
-    from webapp.speech.tasks import Outcome
+from webapp.speech import lifecycle
+from webapp.speech.models import SynthesisJob
+from webapp.speech.runtime import claims, recycling, worker
+from webapp.speech.runtime.attempt import SKIPPED, JobLost, Outcome, db_retry, run_claimed
 
 log = logging.getLogger(__name__)
 
 REFILL_POLL_SECONDS = 0.5
 
-Claimed = tuple["SynthesisJob", tuple[float, float]]
-
-
-def enabled() -> bool:
-    """Whether this worker's children run several jobs at once (CPU workers: never by default)."""
-    return settings.TTS_WORKER_PIPER_RUNTIME == "torch" and settings.TTS_WORKER_BATCH_JOBS > 1
-
-
-def cpu_clock() -> Callable[[], float]:
-    """The clock of a job's soft limit (CPU seconds) in this child.
-
-    A batching child runs several jobs in one process, so its process CPU time
-    is all of theirs: each job counts its own thread's CPU time plus its share
-    of every batch its sentences were in (synth.batching.thread_cpu_time).
-    """
-    if not enabled():
-        return time.process_time
-    from synth.batching import thread_cpu_time
-
-    return thread_cpu_time
+Claimed = tuple[SynthesisJob, tuple[float, float]]
 
 
 def run_group(state: worker.WorkerState, job_id: str, limits: list[float] | None) -> str:
     """One message on a batching child: its job and the jobs claimed beside it, each in a thread."""
-    from webapp.speech import tasks
-
     try:
-        first = tasks.claim_for_message(state, job_id, limits)
-    except tasks.JobLost as exc:
+        first = claims.claim_for_message(state, job_id, limits)
+    except JobLost as exc:
         log.error("job %s: %s; message handed back", job_id, exc)
         raise Reject(str(exc), requeue=True) from exc
     if first is None:
         worker.after_task(state, None, None, 0)
-        return tasks.SKIPPED.name
+        return SKIPPED.name
     group = _Group(state, first[0].engine)
     names = group.run(first)
     if group.lost:
@@ -121,24 +95,20 @@ class _Group:
         )
 
     def _claim_more(self) -> Claimed | None:
-        from webapp.speech import tasks
-
         if not self._may_claim():
             return None
         try:
-            job = tasks.db_retry(attempts.claim_next, self.engine, self.state.worker_id)
-        except tasks.JobLost:
+            job = db_retry(lifecycle.claim_next, self.engine, self.state.worker_id)
+        except JobLost:
             self.lost = True
             return None
-        return None if job is None else (job, job_time_limits(job.text_chars))
+        return None if job is None else (job, claims.limits_of(job))
 
     def _one(self, job: SynthesisJob, limits: tuple[float, float]) -> Outcome | None:
         """One job in its own thread; None when the database stayed away."""
-        from webapp.speech import tasks
-
         try:
-            return tasks.run_claimed(self.state, job, limits)
-        except tasks.JobLost as exc:
+            return run_claimed(self.state, job, limits)
+        except JobLost as exc:
             log.error("job %s: %s; left to the lease reaper", job.id, exc)
             self.lost = True
             return None

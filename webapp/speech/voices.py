@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from django.db import transaction
 
 from webapp.errors import DomainError, ErrorCode
+from webapp.speech import lifecycle
 from webapp.speech.models import Voice
 from webapp.speech.services import prompts
 from webapp.tenants.models import Organization
@@ -46,5 +47,6 @@ def delete_voice(organization: Organization, voice: Voice) -> None:
         if locked is None:
             return
         # Biometric data: its queued jobs fail `voice_deleted`, its files go at commit.
-        prompts.fail_jobs_of_deleted_voice(locked)
+        lifecycle.fail_jobs_of_deleted_voice(locked)
+        prompts.remove_voice_files(locked)
         locked.delete()

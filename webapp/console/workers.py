@@ -19,8 +19,10 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.views.decorators.cache import never_cache
 
+from webapp import redis_clients
 from webapp.admin_site import site
-from webapp.speech import heartbeat, recycling
+from webapp.speech import heartbeat
+from webapp.speech.runtime import recycling
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +199,7 @@ def node_summary(client: redis.Redis, node: str, now: float) -> dict[str, Any]:
 def collect(now: float | None = None) -> dict[str, Any]:
     """The page's data; raises redis errors for the caller to report."""
     now = time.time() if now is None else now
-    client = heartbeat.client()
+    client = redis_clients.heartbeats()
     beats = [b for b in heartbeat.live_workers() if isinstance(b, dict)]
     rows = sorted(
         (worker_row(b, now) for b in beats), key=lambda r: (r["host"], r["node"], r["pid"].zfill(12))

@@ -16,10 +16,10 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from webapp.admin_site import View, site
-from webapp.speech import admin_jobs, admin_tenants  # noqa: F401 (admin_tenants registers)
-from webapp.speech.admin_views import can_view, workers_view
+from webapp.console import jobs, tenants  # noqa: F401 (tenants registers)
+from webapp.console.operations import operations_data, operations_view, recycle_workers
+from webapp.console.workers import can_view, workers_view
 from webapp.speech.models import RetiredUsage, SynthesisJob, UsageEvent, UsagePeriod, Voice
-from webapp.speech.operations_views import operations_data, operations_view, recycle_workers
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -69,12 +69,12 @@ class VoiceAdmin(admin.ModelAdmin):
 
 
 @admin.register(SynthesisJob)
-class SynthesisJobAdmin(admin_jobs.JobActionsMixin, ReadOnlyAdmin):
+class SynthesisJobAdmin(jobs.JobActionsMixin, ReadOnlyAdmin):
     list_display = (
         "id", "organization", "status", "engine", "device", "voice_name", "text_chars", "created_at"
     )  # fmt: skip
     list_filter = (
-        "status", "engine", admin_jobs.DeviceFilter, ("created_at", admin.DateFieldListFilter), "organization"
+        "status", "engine", jobs.DeviceFilter, ("created_at", admin.DateFieldListFilter), "organization"
     )  # fmt: skip
     list_select_related = ("organization",)
     search_fields = ("=id", "text")
@@ -96,7 +96,7 @@ class UsageEventAdmin(ReadOnlyAdmin):
 
 @admin.register(RetiredUsage)
 class RetiredUsageAdmin(ReadOnlyAdmin):
-    """The ledger's totals of deleted tenants, per month and plan (webapp.speech.services.operator)."""
+    """The ledger's totals of deleted tenants, per month and plan (webapp.speech.operator)."""
 
     list_display = ("period", "plan", "tenants", "characters_used", "jobs")
     list_filter = ("plan",)

@@ -56,6 +56,7 @@ from django.conf import settings
 
 from synth import telemetry
 from synth.telemetry import read_rss_mb
+from webapp import private_apis
 
 log = logging.getLogger(__name__)
 
@@ -405,14 +406,15 @@ def install_exit_hook() -> bool:
     figure): Celery's limit is applied by our check instead (it is folded into
     the ``rss`` limit, with the child's baseline and the minimum task count),
     so a child born over that limit does not restart after every task.
+    Without it (a billiard that renamed ``mem_rss``) see :func:`health_for_child`.
     """
-    try:
-        import billiard.pool as pool
-    except ImportError:
+    # A private name of billiard: a release without it is logged once, with its version.
+    if not private_apis.check(private_apis.BILLIARD_MEM_RSS):
         return False
-    original = getattr(pool, "mem_rss", None)
-    if original is None or getattr(original, "_tts_hook", False):
-        return original is not None
+    import billiard.pool as pool
+
+    if getattr(pool.mem_rss, "_tts_hook", False):  # type: ignore[attr-defined]  # not in billiard-stubs
+        return True
 
     def mem_rss() -> int:
         # Over any limit: billiard returns EX_RECYCLE and the parent forks a fresh child.
@@ -421,6 +423,18 @@ def install_exit_hook() -> bool:
     mem_rss._tts_hook = True  # type: ignore[attr-defined]
     pool.mem_rss = mem_rss  # type: ignore[attr-defined]
     return True
+
+
+def health_for_child(gpu_reader: GpuMemoryReader | None = None) -> ChildHealth:
+    """Install the exit hook and give the child its health check (synthesis and analysis alike).
+
+    Without the hook a child could decide to leave but never leave, and stay
+    "recycling" in its heartbeat while it serves on: its check then has no
+    limits, and Celery's own ``worker_max_tasks_per_child`` and
+    ``worker_max_memory_per_child`` replace it, as in a stock Celery worker.
+    """
+    policy = RecyclePolicy.from_settings() if install_exit_hook() else RecyclePolicy()
+    return ChildHealth(policy, gpu_reader=gpu_reader)
 
 
 # ----------------------------------------------------------------------------- per-node records

@@ -17,8 +17,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from webapp.errors import DomainError
+from webapp.speech import operator
 from webapp.speech.models import SynthesisJob
-from webapp.speech.services import operator
 
 
 class DeviceFilter(admin.SimpleListFilter):

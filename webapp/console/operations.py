@@ -25,9 +25,11 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from webapp.admin_site import site
+from webapp.console import charts
+from webapp.console.workers import can_view, duration, worker_row
 from webapp.housekeeping.models import OperationsSnapshot
-from webapp.speech import charts, operations, rolling
-from webapp.speech.admin_views import can_view, duration, worker_row
+from webapp.speech import operations
+from webapp.speech.runtime import rolling
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,7 @@
-"""Test-only faults for tests/reliability: each is off unless its TTS_FAULT_* setting names a marker.
+"""Faults the reliability tests inject into worker children (webapp/speech/runtime/hooks.py).
+
+Test workers run with ``TTS_WORKER_HOOKS=tests.faults``; each fault is off unless
+its ``TTS_FAULT_*`` environment variable names a marker.
 
 A job whose text contains the marker kills its child, runs out of memory,
 hangs, or stops (SIGSTOP) or dies between its file's rename and its commit;
@@ -13,8 +16,7 @@ import signal
 import time
 from typing import Any
 
-from django.conf import settings
-
+from synth.errors import SynthError
 from webapp.speech.models import SynthesisJob
 
 log = logging.getLogger(__name__)
@@ -22,14 +24,14 @@ log = logging.getLogger(__name__)
 
 def before_synthesis(job: SynthesisJob) -> None:
     """Before synthesis, on every attempt: kill the child, run out of memory, or hang."""
-    crash = settings.TTS_FAULT_CRASH_MARKER
+    crash = os.environ.get("TTS_FAULT_CRASH_MARKER", "")
     if crash and crash in job.text:
         log.error("fault injection: job %s kills its worker child", job.id)
         os._exit(70)
-    oom = settings.TTS_FAULT_OOM_MARKER
+    oom = os.environ.get("TTS_FAULT_OOM_MARKER", "")
     if oom and oom in job.text:
         raise MemoryError("fault injection: simulated out-of-memory")
-    hang = settings.TTS_FAULT_HANG_MARKER
+    hang = os.environ.get("TTS_FAULT_HANG_MARKER", "")
     if hang and hang in job.text:
         log.error("fault injection: job %s hangs", job.id)
         while True:  # only the hard limit ends this
@@ -40,30 +42,28 @@ def before_commit(job: SynthesisJob) -> None:
     """Test-only faults between the file's rename and the commit, on the job's first claim only."""
     if job.claim_token != 1:
         return
-    pause = settings.TTS_FAULT_PAUSE_BEFORE_COMMIT_MARKER
+    pause = os.environ.get("TTS_FAULT_PAUSE_BEFORE_COMMIT_MARKER", "")
     if pause and pause in job.text:
         log.error("fault injection: job %s stops its child before the commit", job.id)
         os.kill(os.getpid(), signal.SIGSTOP)
-    crash = settings.TTS_FAULT_CRASH_BEFORE_COMMIT_MARKER
+    crash = os.environ.get("TTS_FAULT_CRASH_BEFORE_COMMIT_MARKER", "")
     if crash and crash in job.text:
         log.error("fault injection: job %s kills its child before the commit", job.id)
         os._exit(70)
 
 
-def fail_marked_sentences(synthesizer: Any) -> None:
+def after_load(synthesizer: Any) -> None:
     """On a batching child: a sentence containing the marker fails in its batched call, alone.
 
     The batch runs as it would; then the marked sentence's audio is replaced by
     the error the engine gives a sentence that fails on its own.
     """
-    marker = settings.TTS_FAULT_SENTENCE_MARKER
+    marker = os.environ.get("TTS_FAULT_SENTENCE_MARKER", "")
     if not marker or "piper" not in synthesizer.engine_names:
         return
     engine = synthesizer.engine("piper")
     if getattr(engine, "batcher", None) is None:
         return
-    from synth.errors import SynthError
-
     real = engine.synthesize_batch
 
     def synthesize_batch(requests: list[Any], *args: Any, **kwargs: Any) -> Any:

@@ -1,11 +1,11 @@
-"""The ``analysis`` queue: speaker analysis of uploaded voice prompts (torch lives only here).
+"""The analysis runner: speaker analysis of uploaded voice prompts (torch lives only here).
 
 A worker started with ``TTS_WORKER_ROLE=analysis`` consumes the ``analysis``
 queue. Like the synthesis workers it acks late (a dead child's message comes
 back), claims the voice under a lease with an attempt count
-(``services.prompts.claim_analysis``), runs under soft/hard time limits, and
+(``services.prompts.claim_analysis``; the task is ``tasks.analyse_voice``), runs under soft/hard time limits, and
 its child is recycled through the same health check (RSS growth, age) and
-exit hook as a synthesis child (webapp/speech/recycling.py): torch keeps
+exit hook as a synthesis child (webapp/speech/runtime/recycling.py): torch keeps
 memory it once touched.
 """
 
@@ -20,44 +20,27 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 from django.conf import settings
 
-from webapp.celery import app
-from webapp.speech import recycling
+from webapp.speech.models import Voice
+from webapp.speech.runtime import recycling
+from webapp.speech.services import prompts
+from webapp.speech.services.files import media_path
 
 log = logging.getLogger(__name__)
 
-QUEUE = "analysis"
 _state: dict[str, Any] = {"tasks": 0, "health": None, "synth": None}
 _lock = threading.Lock()
-
-
-def send(voice_pk: Any) -> bool:
-    """Queue the analysis of a voice (after commit). A broker failure leaves it ``processing``;
-    housekeeping's reject_stale_voices ends it with a reason."""
-    limit = settings.TTS_ANALYSIS_TIME_LIMIT_SECONDS
-    try:
-        analyse_voice.apply_async(
-            args=(str(voice_pk),), queue=QUEUE, soft_time_limit=int(limit * 0.8), time_limit=limit
-        )
-    except Exception as exc:  # kombu/redis errors have no common base worth naming
-        log.warning("could not queue the analysis of voice %s: %s", voice_pk, exc)
-        return False
-    return True
 
 
 @worker_process_init.connect
 def _on_process_init(**_: Any) -> None:
     if settings.TTS_WORKER_ROLE != "analysis":
         return
-    recycling.install_exit_hook()
-    _state["health"] = recycling.ChildHealth(recycling.RecyclePolicy.from_settings())
+    # Without billiard's mem_rss to hook (logged), a check with no limits: Celery's own replace the child.
+    _state["health"] = recycling.health_for_child()
 
 
-@app.task(
-    bind=True, name="speech.analyse_voice", acks_late=True, reject_on_worker_lost=True, ignore_result=True
-)
-def analyse_voice(self: Any, voice_pk: str) -> str:
-    from webapp.speech.services import prompts
-
+def analyse(voice_pk: str) -> str:
+    """One delivery of an analysis message: analyse the voice, or reject it with a reason."""
     outcome = "skipped"
     try:
         outcome = _analyse(voice_pk)
@@ -97,8 +80,6 @@ def _analyse(voice_pk: str) -> str:
 
     from synth import speaker
     from synth.prompt import PromptStats
-    from webapp.speech.services import prompts
-    from webapp.speech.services.files import media_path
 
     voice = prompts.claim_analysis(voice_pk)
     if voice is None:
@@ -119,8 +100,6 @@ def _analyse(voice_pk: str) -> str:
 def _speaking_voice(voice: Any, profile: Any) -> tuple[Any, Any]:
     """The built-in voice row that will speak, and the closest-voice choice (approximate)."""
     from synth import speaker
-    from webapp.speech.models import Voice
-    from webapp.speech.services import prompts
 
     builtins = Voice.objects.filter(organization__isnull=True, status=Voice.Status.READY)
     if voice.cloning_mode == prompts.ZERO_SHOT:

@@ -30,8 +30,9 @@ from django.db.models import Count, F, Sum
 
 from webapp.audit import services as audit
 from webapp.errors import DomainError, ErrorCode
+from webapp.speech import lifecycle
 from webapp.speech.models import IdempotencyKey, RetiredUsage, SynthesisJob, UsageEvent, UsagePeriod, Voice
-from webapp.speech.services import files, jobs, prompts
+from webapp.speech.services import files, prompts
 from webapp.tenants.models import ApiKey, Membership, Organization
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def retry_job(job: SynthesisJob) -> SynthesisJob:
     voice = job.voice
     if voice is None or voice.status != Voice.Status.READY:
         raise DomainError(ErrorCode.INVALID_REQUEST, "The job's voice is gone; it cannot run again.")
-    request = jobs.JobRequest(
+    request = lifecycle.JobRequest(
         text=job.text,
         voice=voice,
         format=job.format,
@@ -69,7 +70,9 @@ def retry_job(job: SynthesisJob) -> SynthesisJob:
         billable_chars=job.text_chars,
         source=job.source,
     )
-    new_job, _ = jobs.submit_job(job.organization, request, api_key=job.api_key, user=job.user, retry_of=job)
+    new_job, _ = lifecycle.submit_job(
+        job.organization, request, api_key=job.api_key, user=job.user, retry_of=job
+    )
     audit.record(
         "job.retried", target=job, organization=job.organization_id, details={"new_job": str(new_job.id)}
     )
@@ -82,7 +85,7 @@ def cancel_job(job: SynthesisJob) -> SynthesisJob:
         raise DomainError(
             ErrorCode.JOB_FINISHED, f"Only queued or running jobs are canceled; this one is {job.status}."
         )
-    result = jobs.cancel_job(job)
+    result = lifecycle.cancel_job(job)
     audit.record("job.canceled", target=job, organization=job.organization_id, details={"was": job.status})
     return result
 
@@ -93,7 +96,7 @@ def expire_job_now(job: SynthesisJob) -> int:
         raise DomainError(
             ErrorCode.JOB_FINISHED, f"Only succeeded jobs have audio to expire; this one is {job.status}."
         )
-    freed = jobs.expire_audio(job.id, immediately=True)
+    freed = lifecycle.expire_audio(job.id, immediately=True)
     audit.record("job.expired", target=job, organization=job.organization_id, details={"bytes_freed": freed})
     return freed
 

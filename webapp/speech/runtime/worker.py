@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import signal
 import socket
 import threading
@@ -27,47 +26,21 @@ from celery import current_app
 from celery.signals import worker_process_init, worker_process_shutdown, worker_shutting_down
 from django.conf import settings
 
+from synth import Synthesizer
 from synth.hostjobs import HostJobs
-from webapp.speech import heartbeat, recycling, rolling
+from webapp import redis_clients
+from webapp.speech import heartbeat, lifecycle, owners, voices
+from webapp.speech.models import Voice
+from webapp.speech.runtime import hooks, recycling, rolling
 
 log = logging.getLogger(__name__)
-
-
-def _pid_namespace() -> str:
-    try:
-        return format(os.stat("/proc/self/ns/pid").st_ino, "x")
-    except OSError:
-        return "0"
-
-
-def _start_stamp(proc: psutil.Process) -> str:
-    return format(round(proc.create_time() * 100), "x")
-
-
-def make_worker_id(pid: int | None = None) -> str:
-    """``host:<pid namespace>-<process start>-<random>:pid``: unique per child start.
-
-    Host and pid alone collide between containers that share a host name and
-    after pid reuse; the pid stays the last part, as logs and tests read it.
-    """
-    pid = os.getpid() if pid is None else pid
-    nonce = f"{_pid_namespace()}-{_start_stamp(psutil.Process(pid))}-{secrets.token_hex(3)}"
-    return f"{socket.gethostname()}:{nonce}:{pid}"
-
-
-def owner_is_local(owner: str) -> bool:
-    """Whether ``owner`` runs on this host in this pid namespace, where its pid can be checked."""
-    host, _, rest = owner.partition(":")
-    nonce, _, pid_text = rest.rpartition(":")
-    namespace = nonce.split("-", 1)[0]
-    return host == socket.gethostname() and pid_text.isdigit() and namespace in ("", _pid_namespace())
 
 
 class WorkerState:
     def __init__(self) -> None:
         self.synthesizer: Any = None
         self.pid = os.getpid()
-        self.worker_id = make_worker_id(self.pid)
+        self.worker_id = owners.make_worker_id(self.pid)
         self.node = recycling.node_id()
         self.state = "starting"
         self.loaded_at: float | None = None
@@ -93,7 +66,7 @@ class WorkerState:
     def snapshot(self) -> dict[str, Any]:
         stats: dict[str, Any] = {}
         with contextlib.suppress(Exception):  # Redis hiccup: the beat itself will say so
-            stats = recycling.node_stats(heartbeat.client(), self.node)
+            stats = recycling.node_stats(redis_clients.heartbeats(), self.node)
         rss = round(psutil.Process().memory_info().rss / 2**20, 1)
         gpu = self.health.read_gpu()
         return {
@@ -170,48 +143,14 @@ def _gpu_reader() -> recycling.GpuMemoryReader | None:
         return None
 
 
-# ----------------------------------------------------------------------------- liveness of other workers
-
-
-def owner_is_dead(owner: str, me: str | None = None) -> bool:
-    """Whether the worker child named ``owner`` is gone, or may be (see ``owner_is_local``).
-
-    Same host and pid namespace: the pid tells at once (a zombie, or another
-    process that reused the pid since, counts as dead), so a killed child's
-    job is picked up within seconds. Elsewhere: its heartbeat key has expired,
-    which only makes it a suspect: the claim also needs its lease expired by
-    the database clock. When in doubt (Redis unreachable), alive: the lease
-    reaper is the backstop.
-    """
-    if not owner:
-        return False
-    if me is not None and owner == me:
-        return True  # we are running this very message, so that earlier run of "us" is gone
-    if owner_is_local(owner):
-        nonce, _, pid_text = owner.partition(":")[2].rpartition(":")
-        stamp = nonce.split("-")[1] if nonce.count("-") >= 2 else ""
-        try:
-            proc = psutil.Process(int(pid_text))
-            return proc.status() == psutil.STATUS_ZOMBIE or bool(stamp and _start_stamp(proc) != stamp)
-        except psutil.NoSuchProcess:
-            return True
-    try:
-        return not bool(heartbeat.client().exists(heartbeat.KEY_PREFIX + owner))
-    except Exception:
-        return False
-
-
 # ----------------------------------------------------------------------------- loading
 
 
 def load_models(state: WorkerState) -> None:
-    from synth import Synthesizer
-    from webapp.speech import faults
-    from webapp.speech.services import attempts
-
+    hooks.install()
     # Before any model: a worker from older code must not claim against a newer schema
     # (it backs off and says why in its heartbeat, like a model that fails to load).
-    attempts.check_claim_protocol()
+    lifecycle.check_claim_protocol()
 
     load_started = time.monotonic()
     synthesizer = Synthesizer(
@@ -226,7 +165,7 @@ def load_models(state: WorkerState) -> None:
         busy=lambda: state.host_jobs.others() > 0,
     )
     synthesizer.load()
-    faults.fail_marked_sentences(synthesizer)
+    hooks.after_load(synthesizer)
     state.state = "warming_up"
     synthesizer.warm_up()
     found = synthesizer.voices()
@@ -249,13 +188,11 @@ def _sync_builtin_voices(state: WorkerState, found: list[Any]) -> None:
     Upserting 100+ eSpeak voices on every recycle costs a second: the first child of a
     node writes them all (new capabilities after an upgrade), later ones only what is missing.
     """
-    from webapp.speech.models import Voice
-    from webapp.speech.services import voices
 
     synced_key = recycling.NODE_KEY_PREFIX + state.node
     first_of_node = True
     with contextlib.suppress(Exception):
-        first_of_node = not heartbeat.client().hget(synced_key, "voices_synced")
+        first_of_node = not redis_clients.heartbeats().hget(synced_key, "voices_synced")
     known = set(
         Voice.objects.filter(organization__isnull=True, status=Voice.Status.READY).values_list(
             "voice_id", flat=True
@@ -265,8 +202,8 @@ def _sync_builtin_voices(state: WorkerState, found: list[Any]) -> None:
     if missing:
         voices.sync_builtin_voices(missing)
     with contextlib.suppress(Exception):
-        heartbeat.client().hset(synced_key, "voices_synced", 1)
-        heartbeat.client().expire(synced_key, recycling.NODE_KEY_TTL)
+        redis_clients.heartbeats().hset(synced_key, "voices_synced", 1)
+        redis_clients.heartbeats().expire(synced_key, recycling.NODE_KEY_TTL)
 
 
 def load_with_backoff(state: WorkerState) -> bool:
@@ -276,7 +213,7 @@ def load_with_backoff(state: WorkerState) -> bool:
     the child gives up itself before that (a new one is forked at once and
     continues the node's failure streak from Redis, so the delays keep growing).
     """
-    client = heartbeat.client()
+    client = redis_clients.heartbeats()
     base, cap = settings.TTS_WORKER_LOAD_BACKOFF_BASE, settings.TTS_WORKER_LOAD_BACKOFF_MAX
     alive_timeout = float(current_app.conf.worker_proc_alive_timeout or 120)
     deadline = time.time() + alive_timeout - 5.0
@@ -326,7 +263,7 @@ def _forget_recycled_siblings(state: WorkerState) -> None:
     """Drop the "recycling" heartbeats this node's departed children left behind."""
     for beat in heartbeat.live_workers():
         if beat.get("node") == state.node and beat.get("state") == "recycling":
-            if owner_is_dead(str(beat.get("worker_id", ""))):
+            if owners.owner_is_dead(str(beat.get("worker_id", ""))):
                 heartbeat.remove(str(beat.get("worker_id")))
 
 
@@ -336,7 +273,8 @@ def _on_process_init(**_: Any) -> None:
         # The housekeeping worker serves no voice: no model, no heartbeat.
         return
     state = current()
-    recycling.install_exit_hook()
+    # Without billiard's mem_rss to hook (logged), a check with no limits: Celery's own replace the child.
+    state.health = recycling.health_for_child(state.health.gpu_reader)
     signal.signal(HAND_BACK_SIGNAL, _on_hand_back_signal)
     rolling.install_leave_handler(current)
     threading.Thread(target=state.beat_forever, name="heartbeat", daemon=True).start()
@@ -351,10 +289,10 @@ def _on_process_init(**_: Any) -> None:
     _publish_quietly(state)
     with contextlib.suppress(Exception):
         recycling.record_event(
-            heartbeat.client(), state.node, {"event": "ready", "pid": state.pid, "at": time.time()}
+            redis_clients.heartbeats(), state.node, {"event": "ready", "pid": state.pid, "at": time.time()}
         )
         _forget_recycled_siblings(state)
-        recycling.end_turn(heartbeat.client(), state.node)
+        recycling.end_turn(redis_clients.heartbeats(), state.node)
     log.info("worker child %s ready on %s with %d voices", state.worker_id, state.device, len(state.voices))
 
 
@@ -366,7 +304,7 @@ def _on_process_shutdown(**_: Any) -> None:
     state.stop()
     reason = recycling.exit_requested()
     try:
-        client = heartbeat.client()
+        client = redis_clients.heartbeats()
         recycling.record_event(
             client,
             state.node,
@@ -438,7 +376,7 @@ def after_task(
 def _my_turn_to_leave(state: WorkerState) -> bool:
     """Children of a node that share its jobs reach their limits together: they leave in turns."""
     try:
-        client = heartbeat.client()
+        client = redis_clients.heartbeats()
         return recycling.take_turn(client, state.node, state.worker_id, heartbeat.live_workers())
     except Exception as exc:  # Redis away: leave, as a child always did
         log.warning("could not take the node's recycle turn: %s", exc)

@@ -1,0 +1,107 @@
+"""The claim policy: which job a message's delivery takes.
+
+A message is a wake-up. Its delivery re-claims the message's own job when
+that job's owner is gone (dead here by its pid: at once; elsewhere with its
+heartbeat missing: once its lease has expired by the database clock), else
+takes the fairest queued job of the message's engine (``lifecycle.claim_next``:
+the tenant with the fewest running jobs, then the oldest). A job that no one
+may claim (spent, canceled) is closed so it never stays open.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from webapp.speech import lifecycle, owners
+from webapp.speech.models import SynthesisJob
+from webapp.speech.runtime import worker
+from webapp.speech.runtime.attempt import DB_ERRORS, db_retry
+from webapp.speech.services.dispatch import job_time_limits
+from webapp.speech.services.outputs import discard_attempt
+
+
+def _discard_dead_attempt(job_id: Any) -> None:
+    """A claim found the job's owner dead and the job closed: remove that owner's files."""
+    try:
+        job = SynthesisJob.objects.filter(id=job_id).only("organization_id", "format", "claim_token").first()
+    except DB_ERRORS:
+        return  # the orphan sweep removes them
+    if job is not None:
+        discard_attempt(job, job.claim_token)
+
+
+def _owner_gone(owner: str, me: str) -> tuple[list[str], str]:
+    """(dead, suspect) for a running job's owner: dead here by its pid, a suspect elsewhere."""
+    if not owner or not owners.owner_is_dead(owner, me):
+        return [], ""
+    # Elsewhere a missing heartbeat only makes the owner a suspect: its lease must have run out too.
+    local = owner == me or owners.owner_is_local(owner)
+    return ([owner], "") if local else ([], owner)
+
+
+def _message_job(job_id: str) -> tuple[str, str, str] | None:
+    """(status, owner, engine) of the message's job; None when it was deleted."""
+    return SynthesisJob.objects.filter(id=job_id).values_list("status", "worker", "engine").first()
+
+
+def _claim(state: worker.WorkerState, job_id: str) -> SynthesisJob | None:
+    """The message's job if its owner is gone, else the fairest queued job of the message's engine.
+
+    The message's engine, not every engine this child serves: a wake-up for one
+    engine must not use up the message another engine's job is waiting for.
+    """
+    me = state.worker_id
+    row = db_retry(_message_job, job_id)
+    if row is None:
+        return None  # deleted meanwhile
+    status, owner, engine = row
+    dead, suspect = _owner_gone(owner if status == SynthesisJob.Status.RUNNING else "", me)
+    if dead or suspect:
+        job = db_retry(lifecycle.claim_job, job_id, me, dead, suspect=suspect)
+        if job is not None and dead:
+            # The dead owner ran no cleanup: its files (token - 1) are ours to remove.
+            discard_attempt(job, job.claim_token - 1)
+        elif job is None and dead:
+            _discard_dead_attempt(job_id)
+        if job is not None:
+            return job
+    job = None
+    if engine in settings.TTS_WORKER_ENGINES:
+        job = db_retry(lifecycle.claim_next, engine, me)
+        if job is None and status == SynthesisJob.Status.QUEUED:
+            # SKIP LOCKED passes over a row locked for a moment, such as this very job's
+            # dispatch marking it sent just after publishing this message. With nothing
+            # else queued, dropping the message would leave the job without one until
+            # the lost-delivery sweep: wait for that lock and take the job instead.
+            job = db_retry(lifecycle.claim_job, job_id, me)
+    if job is None or str(job.id) != str(job_id):
+        # The message's job may be one no one can claim (spent, canceled): it must not stay open.
+        db_retry(lifecycle.close_unclaimable, job_id)
+    return job
+
+
+def claim_for_message(
+    state: worker.WorkerState, job_id: str, limits: list[float] | None
+) -> tuple[SynthesisJob, tuple[float, float]] | None:
+    """The job this message claims (see ``_claim``) and its (soft, hard) limits; None: nothing to run.
+
+    The hard limit is the job's own (its row's ``time_limit``, which the claim's
+    deadline counts from); the soft one comes from its length. ``limits`` came with
+    messages sent before the row had a time limit.
+    """
+    job = _claim(state, job_id)
+    if job is None:
+        return None
+    return job, limits_of(job, limits if str(job.id) == str(job_id) else None)
+
+
+def limits_of(job: SynthesisJob, sent: list[float] | None = None) -> tuple[float, float]:
+    """(soft, hard) seconds of a claimed job."""
+    soft, hard = job_time_limits(job.text_chars)
+    if job.time_limit is not None:
+        hard = job.time_limit.total_seconds()
+    elif sent and len(sent) == 2:
+        soft, hard = float(sent[0]), float(sent[1])
+    return soft, hard
