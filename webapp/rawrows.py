@@ -1,11 +1,14 @@
-"""Model instances from a hand-written query, for hot paths where compiling a queryset costs more than running it.
+"""Model instances from a hand-written query, for the few reads every request makes.
 
 Django compiles a queryset to SQL on every evaluation: for a join of three
 tables with a subquery about a millisecond of CPU, several times what
-PostgreSQL takes to answer it. A query that every request runs is written
-here instead, selecting a model's fields with ``columns(model, alias)`` and
-building the instance from its slice of the row with the same field
-conversions the ORM applies (a ``JSONField``'s text becomes Python values).
+PostgreSQL takes to answer it. The reads every request makes (the API key
+with its tenant and plan, the job, a submit's voice, the tenant lock, the
+ETA's aggregate) are written once instead, selecting a model's fields with
+``columns(model, alias)`` and building the instance from its slice of the row
+with the same field conversions the ORM applies (a ``JSONField``'s text
+becomes Python values); everything else is the ORM's (docs/decisions.md).
+Writes always go through the ORM (``save()``, ``update()``).
 """
 
 from __future__ import annotations
@@ -62,27 +65,3 @@ def fetch_one(sql: str, params: Sequence[Any] | dict[str, Any]) -> tuple[Any, ..
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return None if row is None else tuple(row)
-
-
-@functools.cache
-def _insert_sql(model: type[Model]) -> tuple[str, list[Any]]:
-    fields = list(model._meta.concrete_fields)
-    quote = connection.ops.quote_name
-    names = ", ".join(quote(cast(str, f.column)) for f in fields)
-    marks = ", ".join(["%s"] * len(fields))
-    return f"INSERT INTO {quote(model._meta.db_table)} ({names}) VALUES ({marks})", fields
-
-
-def insert(instance: Model) -> None:
-    """INSERT a new instance (made in Python, defaults applied) with an INSERT written once per model.
-
-    Every field is written as the ORM's insert writes it (``pre_save``, then
-    ``get_db_prep_save``: a ``JSONField`` as JSON), without compiling the
-    statement each time. No save signals are sent: for models that have none.
-    """
-    sql, fields = _insert_sql(type(instance))
-    values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, values)
-    instance._state.adding = False
-    instance._state.db = connection.alias

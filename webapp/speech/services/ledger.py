@@ -24,7 +24,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
-from webapp.rawrows import fetch_one
+from webapp.rawrows import columns, fetch_one
 from webapp.speech.models import (
     ACTIVE_STATUSES,
     LIVE_JOBS_SQL,
@@ -35,7 +35,7 @@ from webapp.speech.models import (
     Voice,
     sql_status_in,
 )
-from webapp.tenants.models import Organization
+from webapp.tenants.models import Organization, Plan
 
 # --------------------------------------------------------------------- periods
 
@@ -81,13 +81,20 @@ def lock_tenant(organization_id: Any) -> Organization:
     COMMIT with a KEY SHARE lock on the tenant row, which FOR UPDATE would
     block while its holder waits for a usage row the committer holds.
     ``OF o``: without it PostgreSQL also locks the joined plan row, serialising
-    every tenant on the same plan.
+    every tenant on the same plan. Written once (webapp/rawrows.py): every
+    submit runs it.
     """
-    return (
-        Organization.objects.select_for_update(no_key=True, of=("self",))
-        .select_related("plan")
-        .get(pk=organization_id)
+    o, p = columns(Organization, "o"), columns(Plan, "p")
+    row = fetch_one(
+        f"SELECT {o.sql}, {p.sql} FROM {o.table} JOIN {p.table} ON p.id = o.plan_id "
+        "WHERE o.id = %s FOR NO KEY UPDATE OF o",
+        [organization_id],
     )
+    if row is None:
+        raise Organization.DoesNotExist(f"no tenant {organization_id}")
+    organization: Organization = o.build(row)
+    organization.plan = p.build(row, len(o))
+    return organization
 
 
 def check_limits(organization: Organization, chars: int, now: dt.datetime, engine: str) -> dt.date:
