@@ -86,27 +86,21 @@ class VarLayout:
             static_root=Path(env_str("TTS_STATIC_ROOT", str(var_dir / "static"), env)),
             log_dir=Path(env_str("TTS_LOG_DIR", str(var_dir / "log"), env)),
             voices_dir=Path(env_str("TTS_VOICES_DIR", str(var_dir / "voices"), env)),
-            secret_key=Secret(
-                setting="SECRET_KEY",
-                purpose="Django's secret: sessions, CSRF, signed e-mail links",
-                env="DJANGO_SECRET_KEY",
-                file_env="DJANGO_SECRET_KEY_FILE",
-                path=Path(
-                    env_str("DJANGO_SECRET_KEY_FILE", str(var_dir / "secrets" / "django_secret_key"), env)
-                ),
-                given=env_str("DJANGO_SECRET_KEY", "", env).strip(),
+            secret_key=_secret(
+                "SECRET_KEY",
+                "Django's secret: sessions, CSRF, signed e-mail links",
+                "DJANGO_SECRET_KEY",
+                var_dir / "secrets" / "django_secret_key",
+                env,
             ),
             # API keys are hashed with their own secret, so rotating SECRET_KEY (sessions)
             # does not invalidate every key, and vice versa.
-            api_key_secret=Secret(
-                setting="API_KEY_HMAC_SECRET",
-                purpose="the HMAC secret API keys are hashed with",
-                env="TTS_API_KEY_SECRET",
-                file_env="TTS_API_KEY_SECRET_FILE",
-                path=Path(
-                    env_str("TTS_API_KEY_SECRET_FILE", str(var_dir / "secrets" / "api_key_secret"), env)
-                ),
-                given=env_str("TTS_API_KEY_SECRET", "", env).strip(),
+            api_key_secret=_secret(
+                "API_KEY_HMAC_SECRET",
+                "the HMAC secret API keys are hashed with",
+                "TTS_API_KEY_SECRET",
+                var_dir / "secrets" / "api_key_secret",
+                env,
             ),
         )
 
@@ -126,6 +120,19 @@ class VarLayout:
     @property
     def folders(self) -> tuple[Path, ...]:
         return (self.log_dir, self.media_root, self.static_root, self.run_dir, self.voices_dir, self.tmp_dir)
+
+
+def _secret(setting: str, purpose: str, variable: str, default: Path, env: Mapping[str, str]) -> Secret:
+    """A secret given in ``variable``, else read from the file ``<variable>_FILE`` names (or ``default``)."""
+    file_variable = f"{variable}_FILE"
+    return Secret(
+        setting=setting,
+        purpose=purpose,
+        env=variable,
+        file_env=file_variable,
+        path=Path(env_str(file_variable, str(default), env)),
+        given=env_str(variable, "", env).strip(),
+    )
 
 
 def read_secret(path: Path) -> str:

@@ -153,6 +153,5 @@ def run(quick: bool) -> list[str]:
     finally:
         if owned:
             stack.stop_all()
-    for line in lines:
-        print(line)
+    print("\n".join(lines))
     return lines

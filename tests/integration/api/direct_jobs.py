@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 
@@ -19,3 +20,20 @@ def submit_espeak(org: Any, text: str = "short text") -> Any:
         billable_chars=len(text),
     )
     return lifecycle.submit_job(org, request)[0]
+
+
+def job_row(org: Any, status: str, at: dt.datetime, *, chars: int, engine: str, **fields: Any) -> Any:
+    """A job row of ``org`` made as it is, in any status (no reservation, no message): for read tests."""
+    from webapp.speech.models import SynthesisJob
+
+    return SynthesisJob.objects.create(
+        organization=org,
+        voice_name=f"{engine}-voice",
+        engine=engine,
+        text="x" * chars,
+        text_chars=chars,
+        format="wav",
+        status=status,
+        created_at=at,
+        **fields,
+    )

@@ -13,24 +13,13 @@ import pytest
 from django.utils import timezone
 
 from tests.integration.api.conftest import Tenant
+from tests.integration.api.direct_jobs import job_row
 
 ENGINE = "etatest"
 
 
 def _job(org: Any, status: str, chars: int, at: dt.datetime, **fields: Any) -> Any:
-    from webapp.speech.models import SynthesisJob
-
-    return SynthesisJob.objects.create(
-        organization=org,
-        voice_name="eta-voice",
-        engine=ENGINE,
-        text="x" * chars,
-        text_chars=chars,
-        format="wav",
-        status=status,
-        created_at=at,
-        **fields,
-    )
+    return job_row(org, status, at, chars=chars, engine=ENGINE, **fields)
 
 
 def _done(org: Any, chars: int, synth_ms: Any, device: str, finished: dt.datetime) -> Any:

@@ -14,23 +14,13 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from tests.integration.api.direct_jobs import job_row
+
 ENGINE = "rulestest"  # no real worker's jobs or heartbeats of this engine
 
 
 def _job(org: Any, status: str, at: dt.datetime, chars: int = 10, engine: str = ENGINE, **fields: Any) -> Any:
-    from webapp.speech.models import SynthesisJob
-
-    return SynthesisJob.objects.create(
-        organization=org,
-        voice_name="rules-voice",
-        engine=engine,
-        text="x" * chars,
-        text_chars=chars,
-        format="wav",
-        status=status,
-        created_at=at,
-        **fields,
-    )
+    return job_row(org, status, at, chars=chars, engine=engine, **fields)
 
 
 def test_a_queued_jobs_position_and_wait_count_the_jobs_ahead_of_it_as_python_sees_them(
