@@ -87,9 +87,7 @@ def claim_for_message(
 ) -> tuple[SynthesisJob, tuple[float, float]] | None:
     """The job this message claims (see ``_claim``) and its (soft, hard) limits; None: nothing to run.
 
-    The hard limit is the job's own (its row's ``time_limit``, which the claim's
-    deadline counts from); the soft one comes from its length. ``limits`` came with
-    messages sent before the row had a time limit.
+    ``limits``: the (soft, hard) limits the message carries for its own job.
     """
     job = _claim(state, job_id)
     if job is None:
@@ -98,10 +96,15 @@ def claim_for_message(
 
 
 def limits_of(job: SynthesisJob, sent: list[float] | None = None) -> tuple[float, float]:
-    """(soft, hard) seconds of a claimed job."""
-    soft, hard = job_time_limits(job.text_chars)
+    """(soft, hard) seconds of a claimed job.
+
+    ``sent``: the limits its own message carries, computed where it was submitted;
+    a job claimed through another job's message gets its soft limit from its
+    length here. The hard limit is the row's, which the claim's deadline counts from.
+    """
+    soft, hard = (
+        (float(sent[0]), float(sent[1])) if sent and len(sent) == 2 else job_time_limits(job.text_chars)
+    )
     if job.time_limit is not None:
         hard = job.time_limit.total_seconds()
-    elif sent and len(sent) == 2:
-        soft, hard = float(sent[0]), float(sent[1])
     return soft, hard
