@@ -112,7 +112,7 @@ DRF_REQUEST = PrivateName(
     "djangorestframework",
     "rest_framework.request:Request",
     "_request",
-    used_by="webapp/speech/api/waiting.py and webapp/problems.py (the Django request a DRF one wraps)",
+    used_by="webapp/problems.py (the Django request a DRF one wraps)",
     without="a request that asks to wait is answered at once (its wait slot lapses at its expiry)",
     instance=_drf_request,
 )
