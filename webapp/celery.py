@@ -8,7 +8,7 @@ from typing import Any
 from celery import Celery, signals
 from celery.app import backends
 
-from webapp import private_apis
+from webapp.private_apis import CELERY_GET_BACKEND
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
@@ -43,7 +43,7 @@ def drop_overrides_celery_lacks() -> None:
     process (web, worker, beat); the error naming Celery's version is logged at
     the process's start (``private_apis.check_all``), once logging is set up.
     """
-    if not private_apis.CELERY_GET_BACKEND.present() and "_get_backend" in vars(App):
+    if not CELERY_GET_BACKEND.present() and "_get_backend" in vars(App):
         del App._get_backend
 
 
