@@ -23,6 +23,9 @@ class Plan(models.Model):
     max_voices = models.PositiveIntegerField(default=5)
     max_upload_bytes = models.PositiveBigIntegerField(default=10 * 1024 * 1024)
     retention_days = models.PositiveIntegerField(default=7)
+    # Days after a job ends before its text is blanked (None: kept for ever). The row stays:
+    # its key, voice, source and characters are the tenant's history and usage.
+    text_retention_days = models.PositiveIntegerField(null=True, blank=True, default=30)
     storage_bytes = models.PositiveBigIntegerField(default=1024 * 1024 * 1024)
     # Long-polls and /v1/audio/speech requests waiting at once, across all web processes.
     max_concurrent_waits = models.PositiveIntegerField(default=20)
