@@ -40,6 +40,31 @@ def make_worker_id(pid: int | None = None) -> str:
     return f"{socket.gethostname()}:{nonce}:{pid}"
 
 
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip().replace("-", "")[:8] or "0"
+    except OSError:
+        return "0"
+
+
+def make_node_id(parent_pid: int | None = None) -> str:
+    """``host:<boot>-<pid namespace>-<parent start>:ppid``: one id per start of a Celery parent.
+
+    Host and parent pid alone collide where the parent is pid 1 (every container)
+    and the host names repeat; the kernel's boot id tells hosts apart, the pid
+    namespace containers of one host, the parent's start time its restarts. All
+    children of one parent derive the same id, with nothing to hand down; the
+    parent's pid stays the last part, as the console shows it.
+    """
+    ppid = os.getppid() if parent_pid is None else parent_pid
+    try:
+        started = _start_stamp(psutil.Process(ppid))
+    except psutil.Error:
+        started = "0"
+    return f"{socket.gethostname()}:{_boot_id()}-{_pid_namespace()}-{started}:{ppid}"
+
+
 def owner_is_local(owner: str) -> bool:
     """Whether ``owner`` runs on this host in this pid namespace, where its pid can be checked."""
     host, _, rest = owner.partition(":")

@@ -57,6 +57,7 @@ from django.conf import settings
 from synth import telemetry
 from synth.telemetry import read_rss_mb
 from webapp import private_apis
+from webapp.speech import owners
 
 log = logging.getLogger(__name__)
 
@@ -441,10 +442,8 @@ def health_for_child(gpu_reader: GpuMemoryReader | None = None) -> ChildHealth:
 
 
 def node_id() -> str:
-    """The worker node a child belongs to: host and the pid of the Celery parent."""
-    import socket
-
-    return f"{socket.gethostname()}:{os.getppid()}"
+    """The worker node a child belongs to: its Celery parent, unique per start (``owners.make_node_id``)."""
+    return owners.make_node_id()
 
 
 def record_event(client: Any, node: str, event: dict[str, Any]) -> None:
