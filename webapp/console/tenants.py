@@ -23,6 +23,7 @@ from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from webapp.errors import DomainError
 from webapp.speech import operator
 from webapp.speech.models import LIVE_JOBS, SynthesisJob, UsagePeriod, Voice
 from webapp.speech.services import ledger
@@ -109,7 +110,13 @@ class OrganizationAdmin(admin.ModelAdmin):
             }
             return TemplateResponse(request, "admin/speech/delete_tenants.html", context)
         for org in tenants:
-            counts = operator.delete_tenant(org)
+            try:
+                counts = operator.delete_tenant(org)
+            except DomainError as exc:
+                self.message_user(
+                    request, f"Tenant {org.name} was not deleted: {exc.message}", messages.ERROR
+                )
+                continue
             summary = ", ".join(f"{n} {name}(s)" for name, n in counts.items() if name != "organization")
             self.message_user(request, f"Deleted tenant {org.name}: {summary}.", messages.SUCCESS)
         return None

@@ -58,6 +58,11 @@ def retry_job(job: SynthesisJob) -> SynthesisJob:
         raise DomainError(ErrorCode.JOB_FINISHED, f"Only failed jobs are retried; this one is {job.status}.")
     if job.retries.exists():
         raise DomainError(ErrorCode.INVALID_REQUEST, "This job was already retried.")
+    if not job.text:
+        raise DomainError(
+            ErrorCode.INVALID_REQUEST,
+            "The job's text was removed after its plan's retention; it cannot run again.",
+        )
     voice = job.voice
     if voice is None or voice.status != Voice.Status.READY:
         raise DomainError(ErrorCode.INVALID_REQUEST, "The job's voice is gone; it cannot run again.")
@@ -160,6 +165,14 @@ def _remove_media(paths: Iterable[str]) -> None:
             os.unlink(path)
 
 
+# A deletion that keeps finding jobs submitted while it took its locks starts over this often.
+DELETE_TENANT_TRIES = 5
+
+
+class _JobsArrived(Exception):
+    """A job was submitted between the job locks and the tenant lock: start over."""
+
+
 def delete_tenant(org: Organization) -> dict[str, int]:
     """Delete a tenant and everything of it; return what went. Files go after the commit.
 
@@ -168,9 +181,44 @@ def delete_tenant(org: Organization) -> dict[str, int]:
     accounts. A running attempt finds its job gone at its next write and
     removes its own file.
     """
+    for _ in range(DELETE_TENANT_TRIES):
+        try:
+            return _delete_tenant(org)
+        except _JobsArrived:
+            continue
+    raise DomainError(
+        ErrorCode.SERVICE_UNAVAILABLE,
+        f"Jobs kept arriving for {org.name} while it was being deleted; try again.",
+        retry_after=5,
+    )
+
+
+def _lock_in_order(org_id: Any) -> Organization:
+    """The tenant's rows locked in the one order every transaction takes (docs/decisions.md).
+
+    Voices, then jobs, then the tenant row: a voice's deletion locks its voice,
+    then its jobs, then (settling them) the tenant; a completion locks its job,
+    then the tenant. A submit locks the tenant and then inserts a job, so a job
+    may appear between our job locks and the tenant lock; locking it then would
+    be the wrong order (its worker may hold it and wait for the tenant row), so
+    the deletion starts over, with that job in its first pass. Once the tenant
+    row is held no job can appear.
+    """
+    # NO KEY: a submit's deferred foreign-key check takes KEY SHARE on its voice at COMMIT.
+    voices = Voice.objects.select_for_update(no_key=True).filter(organization_id=org_id)
+    list(voices.order_by("pk").values_list("pk"))
+    jobs = SynthesisJob.objects.filter(organization_id=org_id)
+    locked = len(jobs.select_for_update().order_by("pk").values_list("pk"))
+    org = Organization.objects.select_for_update(of=("self",)).select_related("plan").get(pk=org_id)
+    if jobs.count() != locked:
+        raise _JobsArrived
+    return org
+
+
+def _delete_tenant(org: Organization) -> dict[str, int]:
     User = get_user_model()
     with transaction.atomic(durable=True):
-        org = Organization.objects.select_for_update(of=("self",)).select_related("plan").get(pk=org.pk)
+        org = _lock_in_order(org.pk)
         org_id = org.pk
         members = Membership.objects.filter(organization=org)
         only_here = (

@@ -189,3 +189,37 @@ def test_parallel_submits_and_completes_of_one_tenant_all_finish(tenant: Tenant)
     assert SynthesisJob.objects.filter(organization=tenant.org, status="succeeded").count() == 3 * per_thread
     row = UsagePeriod.objects.get(organization=tenant.org)
     assert (row.characters_used, row.characters_reserved) == (3 * per_thread * 10, 0)
+
+
+def test_a_tenant_deletion_and_a_completion_of_its_job_do_not_deadlock(
+    tenant: Tenant, blocker: psycopg.Connection[Any], observer: psycopg.Connection[Any]
+) -> None:
+    """The deletion first, holding what it locked so far; a completion of the tenant's job right behind.
+
+    Both wait on the blocker's usage row lock, then run on. With the tenant row
+    locked before the jobs (the old order) the deletion, let go, waits for the
+    job the completion holds while the completion waits for the tenant row:
+    PostgreSQL's deadlock_detected ends one of them.
+    """
+    from webapp.speech import lifecycle, operator
+    from webapp.speech.models import SynthesisJob, UsageEvent
+    from webapp.tenants.models import Organization
+
+    running = submit_espeak(tenant.org)
+    token = _claim(running.id)
+    results: dict[str, Any] = {}
+    blocker.execute("SELECT 1 FROM speech_usageperiod WHERE organization_id = %s FOR UPDATE", [tenant.org.pk])
+    delete = _in_thread(lambda: operator.delete_tenant(tenant.org), results, "delete")
+    _wait_until_blocked(observer, results, "delete")
+    charge = _in_thread(lambda: lifecycle.complete_job(running.id, token, **DONE), results, "charge")
+    _wait_until_blocked(observer, results, "charge")
+    blocker.rollback()
+    delete.join(30)
+    charge.join(30)
+    assert not isinstance(results["delete"], Exception), results["delete"]
+    assert results["delete"]["synthesisjob"] == 1
+    # The job went with its tenant before the completion reached it: nothing published, nothing charged.
+    assert results["charge"] is False, results["charge"]
+    assert not Organization.objects.filter(pk=tenant.org.pk).exists()
+    assert not SynthesisJob.objects.filter(pk=running.id).exists()
+    assert not UsageEvent.objects.filter(job_key=running.id).exists()
