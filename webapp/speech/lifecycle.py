@@ -4,7 +4,8 @@ Client side: ``submit_job``, ``cancel_job``, ``abandon_job``, ``delete_job``,
 ``expire_audio``. Worker side: ``claim_job``/``claim_next`` (the claim takes a
 fencing token), ``report_progress`` (renews the lease), ``complete_job``,
 ``fail_job``, ``requeue_job``, ``finish_canceled``, ``close_unclaimable``.
-Beat: ``reap_running`` (expired leases, stalls, deadlines), ``resend_lost_deliveries``.
+Beat: ``reap_running`` (expired leases, stalls, deadlines, lapsed waiters), ``resend_lost_deliveries``,
+``blank_old_texts`` (text retention).
 
 Each public transition is an outer action (``transaction.atomic(durable=True)``)
 that never calls another; the worker-side ones match only the current claim
@@ -40,17 +41,19 @@ from django.db import transaction
 from django.db.models import (
     BooleanField,
     Case,
+    Count,
     DateTimeField,
     DurationField,
     ExpressionWrapper,
     F,
     OuterRef,
     Q,
+    QuerySet,
     Subquery,
     Value,
     When,
 )
-from django.db.models.functions import Coalesce, Now
+from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
 from webapp.audit.context import current_request_id
@@ -97,15 +100,29 @@ def _transition(job_id: Any, allowed: Q, **changes: Any) -> SynthesisJob | None:
 def _settle(job_id: Any, parts: tuple[Part, ...] = ()) -> bool:
     """The one settlement of a job, inside the transition that ends it: charge ``parts``, release the rest.
 
-    Every way a job ends comes here: a completion charges its characters fresh,
-    a client that left charges what it was handed, a failure or cancel charges
-    nothing more. The ledger takes one settlement per job; a second is a no-op.
+    Every way a job ends comes here: a completion charges its characters fresh
+    (and its audio past the bound per character), a cancel, delete or a client
+    that left charges what streams handed to clients (:func:`_delivered`), a
+    failure nothing. The ledger takes one settlement per job; a second is a no-op.
     """
     return ledger.settle(job_id, parts)
 
 
+def _delivered(job: SynthesisJob) -> tuple[Part, ...]:
+    """What the job's streams handed to clients: its sentences' characters, and audio past the bound."""
+    chars = int(job.delivered_chars)
+    return (
+        Part(PartKind.DELIVERED, chars),
+        ledger.audio_seconds_part(chars, float(job.delivered_seconds)),
+    )
+
+
 def _end(job_id: Any, allowed: Q, status: JobStatus, **changes: Any) -> SynthesisJob | None:
-    """Move an active job to an end state (failed, canceled) and settle it (nothing charged)."""
+    """Move an active job to an end state (failed, canceled) and settle it.
+
+    A cancel charges what the job's streams delivered (a stream, then a cancel,
+    is not audio for free); a failure charges nothing.
+    """
     job = _transition(
         job_id,
         allowed,
@@ -116,7 +133,7 @@ def _end(job_id: Any, allowed: Q, status: JobStatus, **changes: Any) -> Synthesi
         **changes,
     )
     if job is not None:
-        _settle(job.id)
+        _settle(job.id, _delivered(job) if status == Status.CANCELED else ())
     return job
 
 
@@ -145,7 +162,7 @@ def _requeue(job_id: Any, allowed: Q, reason: str, **changes: Any) -> bool:
     )
     if job is None:
         return False
-    transaction.on_commit(lambda: dispatch.dispatch_job(job_id))
+    transaction.on_commit(lambda: dispatch.dispatch_job(job_id), robust=True)
     log.info("job %s re-queued: %s", job_id, reason)
     return True
 
@@ -162,6 +179,7 @@ class JobRequest:
     params: dict[str, Any]
     billable_chars: int
     source: str = "api"
+    waited: bool = False  # a client waits on the job's answer and holds its waiter lease
 
 
 def request_fingerprint(payload: Any) -> str:
@@ -259,13 +277,21 @@ def submit_job(
             created_at=now,
             queued_at=now,
             time_limit=dt.timedelta(seconds=dispatch.job_time_limits(request.billable_chars)[1]),
+            # A job made for a client that waits on it (/v1/audio/speech) starts with the lease
+            # that client renews (renew_waiter): if its web process is killed before the first
+            # renewal, the reaper still abandons the job.
+            waiter_until=now + dt.timedelta(seconds=settings.TTS_WAITER_LEASE_SECONDS)
+            if request.waited
+            else None,
         )
         job.save(force_insert=True)
         ledger.reserve_usage(job, period)
         if idempotency_key is not None:
             IdempotencyKey.objects.filter(organization=org, key=idempotency_key).update(job=job)
         job_id, engine, chars = job.id, job.engine, job.text_chars
-        transaction.on_commit(lambda: dispatch.dispatch_job(job_id, engine, chars))
+        # Robust: the submit is committed; a failing dispatch is logged, beat sends it again,
+        # and the client gets its job (not a 500 for a job that exists).
+        transaction.on_commit(lambda: dispatch.dispatch_job(job_id, engine, chars), robust=True)
     return job, True
 
 
@@ -286,19 +312,91 @@ def cancel_job(job: SynthesisJob) -> SynthesisJob:
     return SynthesisJob.objects.get(id=job.id)
 
 
-def abandon_job(job: SynthesisJob, charge_characters: int = 0) -> None:
-    """A synchronous caller gave up waiting: cancel the job and give its characters back now.
+def abandon_job(job: SynthesisJob, delivered_chars: int = 0, delivered_seconds: float = 0.0) -> None:
+    """A synchronous caller gave up waiting, or went away: cancel the job and settle it now.
 
-    A running job stops at its next sentence; its release is already written,
-    and ``complete_job`` ends it canceled, so whatever the worker does later
-    charges nothing. ``charge_characters``: a streaming client that left had
-    heard that much; it is charged and only the rest given back.
+    Charged: what the job's streams handed to clients (``delivered_*``: this
+    caller's stream, recorded first; the most any stream delivered counts),
+    nothing for an answer never sent. A running job stops at its next sentence;
+    it is settled already, and ``complete_job`` ends it canceled, so whatever
+    the worker does later charges nothing more.
     """
     with transaction.atomic(durable=True):
-        if _cancel(job.id, Q(status=Status.QUEUED)) is None:
-            locked = _transition(job.id, RUNNING, cancel_requested=True)
-            if locked is not None:
-                _settle(locked.id, (Part(PartKind.DELIVERED, charge_characters),))
+        _record_delivery(job.id, delivered_chars, delivered_seconds)
+        _abandon(job.id, ACTIVE)
+
+
+def _abandon(job_id: Any, allowed: Q) -> bool:
+    if _cancel(job_id, Q(status=Status.QUEUED) & allowed) is not None:
+        return True
+    # The lease goes with it: the reaper does not come back to a job already abandoned.
+    locked = _transition(job_id, RUNNING & allowed, cancel_requested=True, waiter_until=None)
+    if locked is None:
+        return False
+    _settle(locked.id, _delivered(locked))
+    return True
+
+
+def _record_delivery(job_id: Any, chars: int, seconds: float) -> None:
+    """Raise the job's delivered high-water marks to (``chars``, ``seconds``); never lower them.
+
+    The most any one stream handed out, not a sum: a client that reconnects and
+    hears the same sentences again pays for them once.
+    """
+    if chars <= 0 and seconds <= 0:
+        return
+    SynthesisJob.objects.filter(id=job_id).update(
+        delivered_chars=Greatest(F("delivered_chars"), Value(int(chars))),
+        delivered_seconds=Greatest(F("delivered_seconds"), Value(float(seconds))),
+    )
+
+
+def record_delivery(job_id: Any, chars: int, seconds: float, *, hold_waiter: bool = False) -> None:
+    """A stream handed these sentences (characters, audio seconds) to its client so far.
+
+    ``hold_waiter``: the stream's client is the job's waiter (/v1/audio/speech),
+    whose lease this renews too. Not a change of state: the marks a later
+    cancel, delete or disconnect charges (:func:`_delivered`).
+    """
+    with transaction.atomic(durable=True):
+        _record_delivery(job_id, chars, seconds)
+        if hold_waiter:
+            _renew_waiter(job_id)
+
+
+def renew_waiter(job_id: Any) -> bool:
+    """The waiting client is still connected: its lease on the job runs TTS_WAITER_LEASE_SECONDS more.
+
+    False when the job is no longer active (nothing to hold).
+    """
+    with transaction.atomic(durable=True):
+        return _renew_waiter(job_id)
+
+
+def _renew_waiter(job_id: Any) -> bool:
+    lease = dt.timedelta(seconds=settings.TTS_WAITER_LEASE_SECONDS)
+    return bool(SynthesisJob.objects.filter(ACTIVE, id=job_id).update(waiter_until=Now() + lease))
+
+
+def abandon_lapsed_waiters(limit: int = 500) -> int:
+    """Abandon active jobs whose waiting client's lease lapsed (its web process died without a word).
+
+    A web process killed outright (after gunicorn's graceful_timeout) runs no
+    code: its waiters' jobs would run to the end and be charged for answers
+    no one receives. Charged as any abandon: what streams delivered.
+    """
+    lapsed = Q(waiter_until__lt=Now())
+    ids = list(
+        SynthesisJob.objects.filter(ACTIVE & lapsed)
+        .order_by("waiter_until")
+        .values_list("id", flat=True)[:limit]
+    )
+    abandoned = 0
+    for job_id in ids:
+        with transaction.atomic(durable=True):
+            abandoned += _abandon(job_id, lapsed)
+        log.info("job %s abandoned: its waiting client's lease lapsed", job_id)
+    return abandoned
 
 
 def delete_job(job: SynthesisJob) -> None:
@@ -354,6 +452,38 @@ def expire_audio(job_id: Any, *, immediately: bool = False) -> int:
     # After the commit: a file is never gone while a committed row still points at it.
     freed = files.remove_file(before["audio_path"])
     return freed or int(before["audio_bytes"])
+
+
+def blank_old_texts(limit: int = 500) -> int:
+    """Blank the text of finished jobs past their plan's text retention; returns how many.
+
+    The text is the tenant's content and goes; the row stays, with what history
+    and usage need (key, voice, source, characters, times, status). Judged by the
+    database clock: ``finished_at`` is set by it. Only the text changes, and only
+    on finished jobs (a queued or running job still needs its text), so this
+    never races a state change: each UPDATE re-checks the job is finished.
+    """
+    retention = ExpressionWrapper(
+        F("organization__plan__text_retention_days") * dt.timedelta(days=1), output_field=DurationField()
+    )
+    due = (
+        SynthesisJob.objects.filter(
+            status__in=SynthesisJob.FINISHED,
+            organization__plan__text_retention_days__isnull=False,
+            finished_at__lt=Now() - retention,
+        )
+        .exclude(text="")
+        .order_by("finished_at", "id")
+    )
+    ids = list(due.values_list("id", flat=True)[:limit])
+    if not ids:
+        return 0
+    with transaction.atomic(durable=True):
+        return (
+            SynthesisJob.objects.filter(id__in=ids, status__in=SynthesisJob.FINISHED)
+            .exclude(text="")
+            .update(text="")
+        )
 
 
 # ===================================================================== worker side
@@ -577,7 +707,9 @@ def complete_job(
             _cancel(job_id, _current(token) & Q(cancel_requested=True))
             return False
         notify.job_changed(job_id, Status.SUCCEEDED, 1.0)
-        _settle(job_id, (Part(PartKind.FRESH),))  # the whole text
+        chars = SynthesisJob.objects.values_list("text_chars", flat=True).get(id=job_id)
+        # The whole text, and audio past the bound per character by its seconds.
+        _settle(job_id, (Part(PartKind.FRESH), ledger.audio_seconds_part(chars, duration_seconds)))
     return True
 
 
@@ -627,6 +759,7 @@ def reap_running(limit: int = 500) -> dict[str, int]:
     ``worker_lost`` once the attempts are spent. All times by ``now()``.
     """
     counts = {"requeued": 0, "failed": 0, "timeout": 0, "canceled": 0}
+    counts["abandoned"] = abandon_lapsed_waiters(limit)
     due = Q(lease_until__lt=Now()) | Q(deadline__lt=Now()) | Q(progress_at__lt=_stalled_since())
     ids = list(
         SynthesisJob.objects.filter(due, status=Status.RUNNING)
@@ -707,12 +840,19 @@ def requeue_expired_leases(limit: int = 500) -> tuple[int, int]:
 
 
 def resend_lost_deliveries(limit: int = 500) -> tuple[int, int]:
-    """(re-sent, timed out): queued jobs whose message may be lost, and jobs queued too long.
+    """(re-sent, timed out): queued jobs whose message was lost, and jobs queued too long.
 
-    A job dispatched more than TTS_JOB_REDELIVER_SECONDS ago and still queued
-    gets its message again (``dispatched_at`` moves on, so once per period);
-    a duplicate is harmless, the claim is conditional. One queued longer than
-    TTS_JOB_MAX_QUEUE_SECONDS ends ``queue_timeout`` and is released.
+    A message is a wake-up for its engine's queue (any waiting message claims
+    one queued job of the engine), so a message is lost only where the queue
+    holds fewer messages than the engine has dispatched queued jobs: that many
+    jobs, those dispatched longest ago (more than TTS_JOB_REDELIVER_SECONDS,
+    ``dispatched_at`` then moves on), get theirs again. The broker is asked, not
+    a marker of ours: a purge, a Redis restarted without its last writes, a
+    worker that died holding a message all show as a shorter queue, and a
+    backlog with no worker keeps one message per job, never more. A duplicate
+    (a message a worker holds but has not claimed with yet) is harmless: the
+    claim is conditional. One queued longer than TTS_JOB_MAX_QUEUE_SECONDS
+    ends ``queue_timeout`` and is released.
     """
     now = timezone.now()
     too_old = now - dt.timedelta(seconds=settings.TTS_JOB_MAX_QUEUE_SECONDS)
@@ -736,9 +876,23 @@ def resend_lost_deliveries(limit: int = 500) -> tuple[int, int]:
                 )
                 is not None
             )
-    cutoff = now - dt.timedelta(seconds=settings.TTS_JOB_REDELIVER_SECONDS)
-    lost = list(
-        queued.filter(dispatched_at__lt=cutoff).order_by("dispatched_at").values_list("id", flat=True)[:limit]
-    )
-    resent = sum(1 for job_id in lost if dispatch.dispatch_job(job_id))
+    resent = sum(1 for job_id in _lost_deliveries(queued, now, limit) if dispatch.dispatch_job(job_id))
     return resent, timed_out
+
+
+def _lost_deliveries(queued: QuerySet[SynthesisJob], now: dt.datetime, limit: int) -> list[uuid.UUID]:
+    """The queued jobs to send again: per engine, as many as its queue lacks messages."""
+    cutoff = now - dt.timedelta(seconds=settings.TTS_JOB_REDELIVER_SECONDS)
+    dispatched = queued.filter(dispatched_at__isnull=False)
+    lost: list[uuid.UUID] = []
+    per_engine = dispatched.values_list("engine").annotate(jobs=Count("id")).order_by("engine")
+    for engine, jobs in per_engine:
+        waiting = dispatch.messages_waiting(engine)
+        missing = 0 if waiting is None else min(jobs - waiting, limit - len(lost))
+        if missing > 0:
+            lost += (
+                dispatched.filter(engine=engine, dispatched_at__lt=cutoff)
+                .order_by("dispatched_at")
+                .values_list("id", flat=True)[:missing]
+            )
+    return lost

@@ -98,6 +98,22 @@ def _send(job_id: Any, engine: str | None = None, text_chars: int | None = None)
     return True
 
 
+def messages_waiting(engine: str) -> int | None:
+    """How many messages wait in the engine's queue in the broker; None when it cannot be asked.
+
+    Each waiting message will wake a worker that claims one queued job of the
+    engine (any one, the fairest), so the lost-delivery sweep sends only what
+    the queue lacks (``lifecycle.resend_lost_deliveries``). Celery sends no
+    priority, so the queue is the one Redis list of that name.
+    """
+    try:
+        with app.connection_or_acquire() as connection:
+            return int(connection.default_channel.client.llen(queue_for_engine(engine)))
+    except Exception as exc:  # kombu/redis errors have no common base worth naming
+        log.warning("could not count the messages of queue %s: %s", queue_for_engine(engine), exc)
+        return None
+
+
 def dispatch_job(job_id: Any, engine: str | None = None, text_chars: int | None = None) -> bool:
     """Send the job's message to its engine queue and mark it dispatched (run after commit).
 
