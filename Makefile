@@ -2,10 +2,17 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 
-.PHONY: run test bootstrap stop clean lint typecheck bench bench-peer test-fast gpu-check-prepare backup restore
+.PHONY: run test bootstrap lock stop clean lint typecheck bench bench-peer test-fast gpu-check-prepare backup restore
 
 bootstrap:
 	@deploy/bootstrap.sh
+
+# requirements.lock: every dependency of every extra, pinned (docs/operations.md, "Dependencies").
+# pip-compile reads pip's own configuration, so a local torch build pins as it installs.
+lock: bootstrap
+	.venv/bin/pip-compile -q --allow-unsafe --all-extras --strip-extras --no-emit-index-url \
+		--no-emit-find-links -o requirements.lock pyproject.toml
+	@sed -i 's|^#    pip-compile .*|#    make lock|' requirements.lock
 
 run: bootstrap
 	@$(PY) -m deploy.stack run

@@ -56,15 +56,17 @@ if [ -z "${PYTHON:-}" ]; then
   fi
 fi
 stamp=.venv/.installed
-# Every extra, bench included (`make bench-peer` runs Piper's own server from this install).
-# The stamp holds the list: a checkout whose list grew installs again.
-EXTRAS="web,worker,analysis,gpu,dev,bench"
+# Every dependency of every extra, bench included (`make bench-peer` runs Piper's own server from
+# this install), at the versions requirements.lock pins (`make lock` refreshes it); then the project
+# itself, editable, without resolving again. The stamp holds the lock's hash: a new lock installs again.
+LOCK=requirements.lock
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$EXTRAS" ]; then
-  echo "bootstrap: installing the project into .venv (all extras)"
-  .venv/bin/pip install -q --upgrade pip setuptools wheel
-  .venv/bin/pip install -q -e ".[$EXTRAS]"
-  echo "$EXTRAS" > "$stamp"
+want="$(sha256sum "$LOCK" | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "bootstrap: installing $LOCK and the project into .venv"
+  .venv/bin/pip install -q -r "$LOCK"
+  .venv/bin/pip install -q --no-deps --no-build-isolation -e .
+  echo "$want" > "$stamp"
 fi

@@ -9,6 +9,9 @@ import sys
 import tomllib
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "onnxruntime", "piper")
 
@@ -29,12 +32,46 @@ def test_the_extras_of_the_design_exist_and_analysis_pins_torch() -> None:
     assert "torch==2.13.0" in extras["analysis"]
 
 
-def test_bootstrap_installs_every_extra() -> None:
-    """`make bench-peer` on a fresh clone needs the bench extra (Flask, for Piper's server)."""
+def _lock() -> dict[str, str]:
+    """requirements.lock's pins: normalised name -> version."""
+    pins = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = version.strip()
+    return pins
+
+
+def test_the_lock_pins_every_requirement_of_every_extra() -> None:
+    """`make lock` was run after pyproject.toml last changed: each requirement has a pin it accepts."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pins = _lock()
+    wanted = [Requirement(r) for r in data["project"]["dependencies"]]
+    wanted += [Requirement(r) for deps in _extras().values() for r in deps]
+    unmet = []
+    for req in wanted:
+        name = canonicalize_name(req.name)
+        if name == "tts-service":
+            continue
+        if name not in pins or not req.specifier.contains(pins[name], prereleases=True):
+            unmet.append(f"{req} (lock: {pins.get(name)})")
+    assert not unmet, f"run `make lock`: {unmet}"
+
+
+def test_the_lock_pins_the_cpu_torch_and_no_cuda_libraries() -> None:
+    """A resolver that ignored pip's configuration would pin PyPI's CUDA torch and its nvidia-* wheels."""
+    pins = _lock()
+    assert pins["torch"].startswith("2.13.0")
+    cuda = [n for n in pins if n.startswith(("nvidia-cu", "nvidia-nccl", "nvidia-nv", "triton"))]
+    assert not cuda, cuda
+
+
+def test_bootstrap_installs_from_the_lock() -> None:
+    """The venv gets the lock's versions, and the project itself without resolving again."""
     script = (ROOT / "deploy" / "bootstrap.sh").read_text()
-    match = re.search(r'^EXTRAS="([a-z,]+)"$', script, re.MULTILINE)
-    assert match is not None
-    assert set(match.group(1).split(",")) == set(_extras())
+    assert re.search(r"^LOCK=requirements\.lock$", script, re.MULTILINE)
+    installs = re.findall(r"pip install ([^\n]*)", script)
+    assert installs == ['-q -r "$LOCK"', "-q --no-deps --no-build-isolation -e ."], installs
 
 
 def test_the_web_tier_imports_no_torch_or_onnxruntime() -> None:
