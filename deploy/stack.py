@@ -125,6 +125,13 @@ def wait_for_redis_data(cfg: StackConfig, timeout: float = 120) -> None:
         client.close()
 
 
+# Workers the stack serves without, and what is missing while one is held back (deploy/supervisor.py).
+OPTIONAL_ROLES = {
+    "analysis": "uploaded voices stay processing",
+    "housekeeping": "no stuck job is reaped or re-sent and no old file is removed",
+}
+
+
 def worker_service(cfg: StackConfig, name: str = "worker", role: str = "synth") -> Service:
     """A Celery worker as the stack runs it: stopped warm, through its parent only."""
     if role == "analysis":
@@ -132,7 +139,11 @@ def worker_service(cfg: StackConfig, name: str = "worker", role: str = "synth") 
     else:
         command = housekeeping_worker_command(cfg) if role == "housekeeping" else worker_command(cfg)
     env = {**django_env_for(cfg, name), "TTS_WORKER_ROLE": role}
-    return Service(name, command, env=env, stop_group=False, stop_timeout=worker_stop_timeout())
+    service = Service(name, command, env=env, stop_group=False, stop_timeout=worker_stop_timeout())
+    if role in OPTIONAL_ROLES:  # the stack serves without it: crash-looping, it is held back
+        service.required = False
+        service.missing_means = OPTIONAL_ROLES[role]
+    return service
 
 
 def _as_app_user(cfg: StackConfig, service: Service) -> Service:
@@ -158,7 +169,13 @@ def app_services(cfg: StackConfig) -> list[Service]:
         worker_service(cfg, "worker"),
         worker_service(cfg, "housekeeping", role="housekeeping"),
         worker_service(cfg, "analysis", role="analysis"),
-        Service("beat", beat_command(cfg), env=django_env_for(cfg, "beat")),
+        Service(
+            "beat",
+            beat_command(cfg),
+            env=django_env_for(cfg, "beat"),
+            required=False,
+            missing_means="no housekeeping is scheduled",
+        ),
     ]
     nginx = Service("nginx", nginx_command(cfg), ready_port=cfg.https_port)
     return [gunicorn, *[_as_app_user(cfg, s) for s in celery], nginx]

@@ -1,7 +1,9 @@
 """The local stack's supervisor: starts services, restarts crashed ones, stops them in order.
 
 Each service runs in its own session (process group), its output teed to stdout
-and to var/log/<name>.log (rotated by size). A pid file per service,
+and to var/log/<name>.log (rotated by size); the pump that reads it outlives a stdout
+or log file it cannot write (a closed pipe, a full disk), so a service never blocks
+on a full pipe. A pid file per service,
 var/run/<name>.pid, records how to stop it, so `make stop` can stop the process
 groups even when the supervisor itself was killed. Why our own supervisor and
 not supervisord: docs/decisions.md ("The local stack's supervisor").
@@ -28,9 +30,11 @@ from deploy.provision import ROOT, StackConfig, StackError, wait_for_port
 from webapp.env import env_int
 
 DATA_SERVICES = ("postgres", "redis")
-# A service that crashes this many times within the window is given up on.
+# A service that crashes this many times within the window is given up on (the stack
+# stops), or, if the stack serves without it, held back this long before it is tried again.
 MAX_CRASHES = 5
 CRASH_WINDOW_SECONDS = 120.0
+HOLD_SECONDS = 300.0
 BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
 
@@ -55,6 +59,10 @@ class Service:
     stop_timeout: float | None = None
     # Called before every (re)start, e.g. to remove a stale socket.
     before_start: Callable[[], None] | None = None
+    # False for a service the stack serves without (the analysis worker): crash-looping, it is
+    # held back instead of stopping the stack; ``missing_means`` says what is missing meanwhile.
+    required: bool = True
+    missing_means: str = ""
     process: subprocess.Popen[bytes] | None = None
     crashes: collections.deque[float] = field(default_factory=collections.deque)
     restart_at: float | None = None
@@ -117,6 +125,39 @@ def running_from_pid_files(cfg: StackConfig) -> list[dict[str, object]]:
     return found
 
 
+# ----------------------------------------------------------------------------- output
+
+
+def _report(message: str) -> None:
+    """A note about the supervisor's own output, on stderr: stdout may be what failed."""
+    with contextlib.suppress(OSError):
+        sys.stderr.write(f"stack: {message}\n")
+        sys.stderr.flush()
+
+
+class _LogFile(logging.handlers.RotatingFileHandler):
+    """A service's log file whose write errors (a full disk) are said once per run of failures.
+
+    logging's own handler prints a traceback per lost line; either way the pump reads on.
+    """
+
+    failing = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._failed = False
+        super().emit(record)  # calls handleError() on failure, never raises
+        if not self._failed:
+            self.failing = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self._failed = True
+        if not self.failing:
+            self.failing = True
+            _report(
+                f"cannot write {self.baseFilename} ({sys.exc_info()[1]}); its lines are lost until it can"
+            )
+
+
 # ----------------------------------------------------------------------------- stopping
 
 
@@ -160,6 +201,7 @@ class Supervisor:
         self.max_crashes = MAX_CRASHES
         self.crash_window = CRASH_WINDOW_SECONDS
         self.backoff_base = BACKOFF_BASE_SECONDS
+        self.hold_seconds = HOLD_SECONDS
         self._lock = threading.Lock()
 
     # Output -----------------------------------------------------------------
@@ -171,7 +213,7 @@ class Supervisor:
             logger.removeHandler(old)
             old.close()
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
-        handler = logging.handlers.RotatingFileHandler(
+        handler = _LogFile(
             self.cfg.log_dir / f"{name}.log",
             maxBytes=env_int("TTS_LOG_MAX_BYTES", 10 * 1024 * 1024),
             backupCount=env_int("TTS_LOG_BACKUP_COUNT", 5),
@@ -183,19 +225,36 @@ class Supervisor:
         return logger
 
     def _pump(self, name: str, process: subprocess.Popen[bytes]) -> None:
+        """Read the service's output to its end, whatever fails to take it: a pump that stopped
+        reading would leave the service blocked on a full pipe."""
         assert process.stdout is not None
         logger = self._logger(name)
         for raw in process.stdout:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             logger.info(line)
             if self.echo:
-                with self._lock:
-                    sys.stdout.write(f"{name:>12} | {line}\n")
-                    sys.stdout.flush()
+                self._write_stdout(f"{name:>12} | {line}\n")
+
+    def _write_stdout(self, text: str) -> None:
+        """Echo to stdout until a write fails (its reader gone, a full disk); then only var/log/ gets it."""
+        with self._lock:
+            if not self.echo:
+                return
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            except OSError as exc:
+                self.echo = False
+                _report(
+                    f"cannot write to stdout ({exc}); the services' output goes on to {self.cfg.log_dir} only"
+                )
 
     def say(self, message: str) -> None:
         with self._lock:
-            print(f"stack: {message}", flush=True)
+            try:
+                print(f"stack: {message}", flush=True)
+            except OSError:
+                _report(message)
 
     # Starting ---------------------------------------------------------------
     def _spawn(self, service: Service) -> None:
@@ -273,15 +332,25 @@ class Supervisor:
             while service.crashes and service.crashes[0] < now - self.crash_window:
                 service.crashes.popleft()
             log = self.cfg.log_dir / f"{service.name}.log"
-            if len(service.crashes) >= self.max_crashes:
-                self.say(
-                    f"{service.name} exited {len(service.crashes)} times within "
-                    f"{self.crash_window:.0f} s (last status {process.returncode}); giving up. See {log}"
-                )
+            crashed = (
+                f"{service.name} exited {len(service.crashes)} times within "
+                f"{self.crash_window:.0f} s (last status {process.returncode})"
+            )
+            if len(service.crashes) >= self.max_crashes and service.required:
+                self.say(f"{crashed}; giving up. See {log}")
                 return False
-            delay = min(BACKOFF_MAX_SECONDS, self.backoff_base * 2 ** (len(service.crashes) - 1))
-            self.say(f"{service.name} exited with status {process.returncode}; restarting in {delay:g} s")
-            service.restart_at = now + delay
+            if len(service.crashes) >= self.max_crashes:
+                # The stack serves without it: try again after the hold, with a fresh count.
+                service.crashes.clear()
+                self.say(
+                    f"{crashed}; holding it back for {self.hold_seconds:g} s (the rest keeps serving; "
+                    f"meanwhile {service.missing_means or 'it does not run'}). See {log}"
+                )
+                service.restart_at = now + self.hold_seconds
+            else:
+                delay = min(BACKOFF_MAX_SECONDS, self.backoff_base * 2 ** (len(service.crashes) - 1))
+                self.say(f"{service.name} exited with status {process.returncode}; restarting in {delay:g} s")
+                service.restart_at = now + delay
             _kill_leftovers(process.pid)  # e.g. Nginx workers still holding the ports
         elif now >= service.restart_at:
             service.restart_at = None
