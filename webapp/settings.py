@@ -417,6 +417,7 @@ TTS_HOUSEKEEPING_EVERY = {
         "redispatch_jobs": 30,
         "sweep_lost_deliveries": 60,
         "expire_audio": 600,
+        "blank_old_texts": 3600,
         "reject_stale_voices": 300,
         "delete_voice_files": 600,
         "remove_orphan_files": 3600,

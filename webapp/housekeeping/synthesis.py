@@ -1,4 +1,4 @@
-"""Housekeeping of synthesis jobs: audio past retention, expired leases, undispatched messages."""
+"""Housekeeping of synthesis jobs: audio and text past retention, expired leases, undispatched messages."""
 
 from __future__ import annotations
 
@@ -39,6 +39,18 @@ def expire_audio(ctx: Context) -> None:
         expired = SynthesisJob.objects.filter(id__in=ids, status=JobStatus.EXPIRED).count()
         ctx.add("expired", expired)
         if expired == 0 or len(ids) < ctx.batch:
+            break
+
+
+@job(
+    "blank_old_texts",
+    "Blank the text of jobs finished longer ago than their plan's text_retention_days; the rows stay.",
+)
+def blank_old_texts(ctx: Context) -> None:
+    while not ctx.out_of_time():
+        blanked = lifecycle.blank_old_texts(limit=ctx.batch)
+        ctx.add("blanked", blanked)
+        if blanked < ctx.batch:
             break
 
 

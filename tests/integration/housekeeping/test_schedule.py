@@ -25,6 +25,7 @@ def test_the_beat_schedule_contains_every_job() -> None:
             "redispatch_jobs",
             "sweep_lost_deliveries",
             "expire_audio",
+            "blank_old_texts",
             "reject_stale_voices",
             "delete_voice_files",
             "remove_orphan_files",

@@ -43,6 +43,7 @@ def usage_summary(
         "requests_per_minute",
         "max_voices",
         "retention_days",
+        "text_retention_days",
         "storage_bytes",
     )
     return {

@@ -1,0 +1,86 @@
+"""blank_old_texts: a finished job's text goes after its plan's text retention; the row's accounting stays."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from django.db import connection
+
+from webapp.housekeeping.catalog import run_job
+from webapp.speech.models import SynthesisJob, UsageEvent
+from webapp.speech.services import ledger
+
+DAY = dt.timedelta(days=1)
+
+
+def _db_now() -> dt.datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        now: dt.datetime = cursor.fetchone()[0]
+    return now
+
+
+def _job(org: Any, voice: Any, status: str, finished_ago: dt.timedelta | None, **fields: Any) -> Any:
+    now = _db_now()
+    return SynthesisJob.objects.create(
+        organization=org,
+        voice=voice,
+        voice_name=voice.voice_id,
+        engine=voice.engine,
+        text=f"Private words of {status} {uuid.uuid4().hex[:6]}.",
+        text_chars=31,
+        format="wav",
+        source="openai",
+        status=status,
+        created_at=now - (finished_ago or dt.timedelta()) - dt.timedelta(minutes=1),
+        finished_at=None if finished_ago is None else now - finished_ago,
+        **fields,
+    )
+
+
+def test_old_texts_are_blanked_and_the_rest_of_the_row_stays(
+    org: Any, voice: Any, lock_free: None, monkeypatch: Any
+) -> None:
+    from webapp.tenants.models import Organization, Plan
+    from webapp.tenants.services import OPERATOR, create_api_key
+
+    plan = org.plan
+    plan.text_retention_days = 30
+    plan.save()
+    key, _ = create_api_key(org, "k", created_by=OPERATOR)
+    old = [
+        _job(org, voice, status, 31 * DAY, api_key=key)
+        for status in ("succeeded", "failed", "canceled", "expired")
+    ]
+    recent = _job(org, voice, "succeeded", 29 * DAY)
+    # A running job never loses its text, however old (finished_at of an earlier run is no reason).
+    running = _job(org, voice, "running", None, claim_token=1, attempts=1)
+    keep_all = Plan.objects.create(slug=f"keep-{uuid.uuid4().hex[:6]}", name="Keep", text_retention_days=None)
+    other = Organization.objects.create(name="Keeper", slug=f"keeper-{uuid.uuid4().hex[:6]}", plan=keep_all)
+    kept = _job(other, voice, "succeeded", 400 * DAY)
+    usage_before = ledger.storage_used(org)
+    events_before = UsageEvent.objects.count()
+
+    result = run_job("blank_old_texts", batch=3)  # two batches
+
+    assert result.counts == {"blanked": 4}
+    for job in old:
+        row = SynthesisJob.objects.get(pk=job.pk)
+        assert row.text == ""
+        # What history and usage need stays, as it was.
+        assert (row.status, row.text_chars, row.api_key_id, row.voice_id, row.source) == (
+            job.status,
+            31,
+            key.pk,
+            voice.pk,
+            "openai",
+        )
+        assert row.finished_at == job.finished_at
+    for job in (recent, running, kept):
+        assert SynthesisJob.objects.get(pk=job.pk).text == job.text
+    assert ledger.storage_used(org) == usage_before
+    assert UsageEvent.objects.count() == events_before
+    # Idempotent: nothing left to do.
+    assert run_job("blank_old_texts").counts == {"blanked": 0}
