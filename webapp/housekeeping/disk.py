@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
 from django.conf import settings
 from django.db import models
 
+from webapp import redis_clients
 from webapp.housekeeping.jobs import Context, job
 from webapp.speech.models import SynthesisJob, Voice
 
@@ -101,20 +105,23 @@ def _current_attempt_file(name: str, active: dict[str, int]) -> bool:
 def _remove_unreferenced(candidates: list[_Candidate], ctx: Context) -> None:
     if not candidates:
         return
-    # Active jobs first, then references: a job finishing between the two
-    # queries is caught by one or the other (it sets audio_path as it leaves running).
+    # Every job file is named after its job (``<job>.<token>.<format>``, temp files
+    # ``.<that>.<hex>.part``), so the jobs are read by primary key, never by path:
+    # a path lookup scanned the whole jobs table per batch. One statement, so a job
+    # finishing meanwhile is seen either active or with its audio_path (set as it
+    # leaves running), never neither.
     job_ids = {jid for c in candidates if (jid := _job_id_of(c.path.name))}
-    active = {
-        str(i): token
-        for i, token in SynthesisJob.objects.filter(
-            id__in=job_ids, status__in=SynthesisJob.ACTIVE
-        ).values_list("id", "claim_token")
-    }
+    active: dict[str, int] = {}
+    referenced: set[str] = set()
+    for job_id, status, token, audio_path in SynthesisJob.objects.filter(id__in=job_ids).values_list(
+        "id", "status", "claim_token", "audio_path"
+    ):
+        if status in SynthesisJob.ACTIVE:
+            active[str(job_id)] = token
+        if audio_path:
+            referenced.add(audio_path)
     relatives = [c.relative for c in candidates]
-    referenced = set(
-        SynthesisJob.objects.filter(audio_path__in=relatives).values_list("audio_path", flat=True)
-    )
-    for name in voice_path_fields():
+    for name in voice_path_fields():  # few rows: one per voice
         referenced.update(Voice.objects.filter(**{f"{name}__in": relatives}).values_list(name, flat=True))
     for c in candidates:
         if c.relative in referenced or _current_attempt_file(c.path.name, active):
@@ -129,6 +136,59 @@ def _remove_unreferenced(candidates: list[_Candidate], ctx: Context) -> None:
         freed = unlink_file(c.path)
         ctx.add("removed")
         ctx.add("bytes_freed", freed)
+
+
+# Where a run that stopped at its budget left off, so the next one continues
+# there instead of walking the same first files again (with a large media
+# folder a sweep restarting from the root never reached the end). Kept with its
+# MEDIA_ROOT; lost with Redis, the next run simply starts from the root.
+CURSOR_KEY = "tts:housekeeping:cursor:remove_orphan_files"
+
+_WalkKey = tuple[tuple[int, str], ...]
+
+
+def _walk_key(relative: str) -> _WalkKey:
+    """A file's place in the walk's order: a folder's files (sorted) before its subfolders (sorted)."""
+    *folders, name = relative.split("/")
+    return (*((1, f) for f in folders), (0, name))
+
+
+def _load_cursor(client: redis.Redis, root: Path) -> _WalkKey | None:
+    try:
+        raw = client.get(CURSOR_KEY)
+        saved = json.loads(raw) if raw else None
+    except (redis.RedisError, ValueError) as exc:
+        log.warning("housekeeping remove_orphan_files: no cursor (%s), starting from the root", exc)
+        return None
+    if not isinstance(saved, dict) or saved.get("root") != str(root):
+        return None
+    return _walk_key(str(saved["after"]))
+
+
+def _save_cursor(client: redis.Redis, root: Path, after: str | None) -> None:
+    try:
+        if after is None:
+            client.delete(CURSOR_KEY)
+        else:
+            client.set(CURSOR_KEY, json.dumps({"root": str(root), "after": after}))
+    except redis.RedisError as exc:  # the next run starts from the root: more work, nothing wrong
+        log.warning("housekeeping remove_orphan_files: could not keep the cursor: %s", exc)
+
+
+def _files_in_order(root: Path, skip: set[Path], after: _WalkKey | None) -> Iterator[tuple[Path, str]]:
+    """(path, path relative to root) of the files under root, in walk order, those after ``after`` only."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        folder = here.relative_to(root).parts
+        prefix = tuple((1, f) for f in folder)
+        dirnames[:] = sorted(d for d in dirnames if (here / d) not in skip)
+        if after is not None:
+            # A subfolder whose every file comes before the cursor is not entered.
+            dirnames[:] = [d for d in dirnames if (*prefix, (1, d)) >= after[: len(prefix) + 1]]
+        for name in sorted(filenames):
+            relative = "/".join((*folder, name))
+            if after is None or _walk_key(relative) > after:
+                yield here / name, relative
 
 
 @job(
@@ -151,32 +211,32 @@ def remove_orphan_files(ctx: Context) -> None:
     skip = set(temp_dirs()) | {
         Path(p).resolve() for p in (settings.TTS_VOICES_DIR, settings.STATIC_ROOT, settings.LOG_DIR)
     }
+    client = redis_clients.locks()
     batch: list[_Candidate] = []
     scanned = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        dirnames[:] = [d for d in dirnames if (here / d) not in skip]
-        for name in filenames:
-            scanned += 1
-            if scanned % 1000 == 0 and ctx.out_of_time():
-                return  # the candidates gathered so far wait for the next run
-            path = here / name
-            try:
-                st = path.lstat()
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                continue  # links, sockets, ...: not ours to remove
-            if st.st_mtime > (temp_cutoff if is_temp_name(name) else cutoff):
-                ctx.add("too_recent")
-                continue
-            batch.append(_Candidate(str(path.relative_to(root)), path, st.st_size, st.st_mtime))
-            if len(batch) >= ctx.batch:
-                _remove_unreferenced(batch, ctx)
-                batch = []
-                if ctx.out_of_time():
-                    return
+    for path, relative in _files_in_order(root, skip, _load_cursor(client, root)):
+        scanned += 1
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            pass  # gone, or a link, a socket...: not ours to remove
+        elif st.st_mtime > (temp_cutoff if is_temp_name(path.name) else cutoff):
+            ctx.add("too_recent")
+        else:
+            batch.append(_Candidate(relative, path, st.st_size, st.st_mtime))
+        if len(batch) >= ctx.batch:
+            _remove_unreferenced(batch, ctx)
+            batch = []
+        elif scanned % 1000 != 0:
+            continue  # the clock is read after each batch and every 1000 files
+        if ctx.out_of_time():
+            _remove_unreferenced(batch, ctx)
+            _save_cursor(client, root, relative)  # every file up to here is handled
+            return
     _remove_unreferenced(batch, ctx)
+    _save_cursor(client, root, None)  # the walk reached the end: the next starts from the root
 
 
 @job(
