@@ -487,6 +487,15 @@ DEFAULT_FROM_EMAIL = env_str("DJANGO_DEFAULT_FROM_EMAIL", "tts@localhost")
 # local stack (DEBUG); a production site signs people up by invitation only.
 TTS_SIGNUP = env_str("TTS_SIGNUP", "open" if DEBUG else "invite")
 TTS_SIGNUP_PER_IP_HOURLY = env_int("TTS_SIGNUP_PER_IP_HOURLY", 5)
+# Invitations (a pending row until the link is followed) per inviter and per tenant per hour,
+# and how long a link works.
+TTS_INVITATIONS_PER_INVITER_HOURLY = env_int("TTS_INVITATIONS_PER_INVITER_HOURLY", 20)
+TTS_INVITATIONS_PER_TENANT_HOURLY = env_int("TTS_INVITATIONS_PER_TENANT_HOURLY", 50)
+TTS_INVITATION_DAYS = env_int("TTS_INVITATION_DAYS", 7)
+# Account mails (password reset, address confirmation, invitations) per recipient address
+# and per client address per hour.
+TTS_ACCOUNT_MAILS_PER_ADDRESS_HOURLY = env_int("TTS_ACCOUNT_MAILS_PER_ADDRESS_HOURLY", 5)
+TTS_ACCOUNT_MAILS_PER_IP_HOURLY = env_int("TTS_ACCOUNT_MAILS_PER_IP_HOURLY", 20)
 LOGIN_URL = "dashboard:login"
 LOGIN_REDIRECT_URL = "dashboard:synthesize"
 LOGOUT_REDIRECT_URL = "dashboard:home"

@@ -56,9 +56,10 @@ def context(browser: Any) -> Iterator[Any]:
 
 @pytest.fixture
 def stack_ready(web: Any, synth_worker: Any, builtin_voices: list[str], transactional_db: None) -> Any:
-    """Nginx, gunicorn and a worker up, voices in the database, and the sign-up throttle reset."""
+    """Nginx, gunicorn and a worker up, voices in the database, and the hourly budgets (sign-ups,
+    invitations, account mails) reset."""
     r = web.redis_client()
-    for key in r.scan_iter(match="*dashboard:signup:*"):
+    for key in r.scan_iter(match="*hourly:*"):
         r.delete(key)
     return web
 
@@ -195,22 +196,19 @@ def test_an_invited_member_sees_history_but_cannot_manage_keys(
     page.fill("#id_email", "member@example.com")
     page.select_option("#id_role", "member")
     page.click("button:has-text('Invite')")
-    page.wait_for_selector("tr[data-email='member@example.com']")
+    page.wait_for_selector("tr[data-invitation='member@example.com']")
 
-    link = wait_for_link(before, "member@example.com", r"https?://\S+/accounts/password/set/\S+/")
+    # No account until the invited person follows the link and chooses a password there.
+    link = wait_for_link(before, "member@example.com", r"https?://\S+/accounts/invitation/\S+/")
     member_context = browser.new_context(ignore_https_errors=True, base_url=BASE)
     try:
         member = member_context.new_page()
         member.goto(link)
-        member.wait_for_url("**/set-password/")
-        check_page(member, "set-password")
+        check_page(member, "invitation")
         member.fill("#id_new_password1", PASSWORD)
         member.fill("#id_new_password2", PASSWORD)
         member.click("button[type=submit]")
-        member.wait_for_url("**/accounts/password/done/")
-        from django.contrib.auth import get_user_model
-
-        member = log_in(member_context, get_user_model().objects.get(email="member@example.com"))
+        member.wait_for_url("**/app/synthesize/")
         member.goto("/app/history/")
         assert "The owner's job." in member.locator("tbody").inner_text()
         assert member.get_by_role("link", name="API keys").count() == 0
@@ -276,6 +274,7 @@ def test_enrol_totp_then_log_in_with_a_code(stack_ready: Any, context: Any) -> N
     check_page(page, "security")
     secret = page.locator("#totp-secret").inner_text().strip()
     page.fill("#id_code", _totp(secret))
+    page.fill("#id_password", PASSWORD)  # a session alone cannot add a second factor
     page.click("button:has-text('Turn on')")
     assert page.locator("#recovery-codes li").count() == 10
     check_page(page, "security-recovery-codes")

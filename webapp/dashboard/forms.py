@@ -41,16 +41,70 @@ class LoginForm(AuthenticationForm):
         self.fields["username"].widget.attrs["autocomplete"] = "email"
 
 
-class CodeForm(forms.Form):
-    code = forms.CharField(
-        label="Code from your authenticator app (or a recovery code)",
+def _code_field(label: str = "Code from your authenticator app (or a recovery code)") -> forms.CharField:
+    return forms.CharField(
+        label=label,
         max_length=20,
         widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric"}),
     )
 
 
-class EmailChangeForm(forms.Form):
+def _current_password_field() -> forms.CharField:
+    return forms.CharField(
+        label="Your current password",
+        widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
+    )
+
+
+class CodeForm(forms.Form):
+    code = _code_field()
+
+
+class ReauthForm(forms.Form):
+    """The password again, and a current code while two-step sign-in is on: asked before any
+    change to how the account signs in (the view checks them: ``accounts.reauthenticate``)."""
+
+    password = _current_password_field()
+    code = _code_field()
+
+    def __init__(self, *args: Any, with_code: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not with_code:
+            del self.fields["code"]
+
+
+class EmailChangeForm(ReauthForm):
     email = forms.EmailField(label="New e-mail", max_length=150)
+    field_order = ["email", "password", "code"]
+
+
+class EnrolForm(forms.Form):
+    """Turning two-step sign-in on: a code from the new app entry, and the password."""
+
+    code = _code_field("Code the app shows")
+    password = _current_password_field()
+
+
+class JoinForm(forms.Form):
+    """The password an invited person chooses for their new account."""
+
+    new_password1 = forms.CharField(
+        label="Choose a password", widget=forms.PasswordInput(attrs={"autocomplete": "new-password"})
+    )
+    new_password2 = forms.CharField(
+        label="The same password again", widget=forms.PasswordInput(attrs={"autocomplete": "new-password"})
+    )
+
+    def clean_new_password1(self) -> str:
+        password: str = self.cleaned_data["new_password1"]
+        password_validation.validate_password(password)
+        return password
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("new_password1") and data.get("new_password1") != data.get("new_password2"):
+            self.add_error("new_password2", "The two passwords differ.")
+        return data
 
 
 class KeyForm(forms.Form):

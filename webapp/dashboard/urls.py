@@ -1,6 +1,6 @@
 from django.urls import URLPattern, path
 
-from webapp.dashboard.views import account, people, public, speech, voices
+from webapp.dashboard.views import account, invitations, people, public, speech, voices
 
 app_name = "dashboard"
 
@@ -21,6 +21,7 @@ urlpatterns: list[URLPattern] = [
     path("accounts/password/done/", public.password_reset_complete, name="password-reset-complete"),
     path("accounts/verify/<str:token>/", public.verify_email, name="verify-email"),
     path("accounts/email/<str:token>/", public.confirm_email_change, name="confirm-email-change"),
+    path("accounts/invitation/<str:token>/", invitations.invitation, name="invitation"),
     path("app/account/", account.account, name="account"),
     path("app/account/verify/", account.resend_verification, name="resend-verification"),
     path("app/account/organization/", account.switch_organization, name="switch-organization"),
@@ -42,4 +43,9 @@ urlpatterns: list[URLPattern] = [
     path("app/members/", people.members, name="members"),
     path("app/members/<int:pk>/role/", people.member_role, name="member-role"),
     path("app/members/<int:pk>/remove/", people.member_remove, name="member-remove"),
+    path(
+        "app/members/invitations/<uuid:pk>/withdraw/",
+        people.invitation_withdraw,
+        name="invitation-withdraw",
+    ),
 ]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from django.db import connection
 from django.db.models import Count, Sum
-from django.utils import timezone
 
 from webapp import redis_clients
 from webapp.speech.models import SynthesisJob, UsageEvent
@@ -82,13 +82,27 @@ def _add_timings(
         )
 
 
+def database_now() -> dt.datetime:
+    """PostgreSQL's clock: the rows' finish times are written by it, so the windows follow it too."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        row = cursor.fetchone()
+    now: dt.datetime = row[0]
+    return now
+
+
 def advance(now: dt.datetime | None = None) -> bool:
-    """Count the rows up to ``LAG`` ago. False when another caller holds the lock or nothing is due."""
+    """Count the rows up to ``LAG`` ago. False when another caller holds the lock or nothing is due.
+
+    ``now`` defaults to the database clock, not this host's: every web process
+    and the snapshot job move one watermark, and a host whose clock ran ahead
+    would move it past rows not yet written, which no window would then count.
+    """
     client = redis_clients.heartbeats()
     if not client.set(LOCK_KEY, "1", nx=True, ex=60):
         return False
     try:
-        end = (now or timezone.now()) - LAG
+        end = (now or database_now()) - LAG
         raw = client.get(WATERMARK_KEY)
         if raw is None:
             client.set(WATERMARK_KEY, end.isoformat())

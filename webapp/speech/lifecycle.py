@@ -128,7 +128,7 @@ def _end(job_id: Any, allowed: Q, status: JobStatus, **changes: Any) -> Synthesi
         allowed,
         status=status,
         stage=str(status),
-        finished_at=timezone.now(),
+        finished_at=Now(),  # the database clock, as completion's (text retention is judged by it)
         lease_until=None,
         **changes,
     )
@@ -679,7 +679,8 @@ def complete_job(
     canceled instead, nothing charged; False tells the worker its file is not
     the job's audio.
     """
-    now = timezone.now()
+    # The database clock: the expiry is judged by other hosts, whose clocks may differ from ours.
+    now = Now()
     retention = Subquery(
         Organization.objects.filter(id=OuterRef("organization_id")).values("plan__retention_days")
     )
@@ -698,7 +699,7 @@ def complete_job(
             metrics=metrics,
             applied_instructions=applied_instructions,
             expires_at=ExpressionWrapper(
-                Value(now) + ExpressionWrapper(retention * dt.timedelta(days=1), DurationField()),
+                now + ExpressionWrapper(retention * dt.timedelta(days=1), DurationField()),
                 output_field=DateTimeField(),
             ),
         )

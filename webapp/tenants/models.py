@@ -74,6 +74,37 @@ class Membership(models.Model):
         return f"{self.user} in {self.organization} ({self.role})"
 
 
+class Invitation(models.Model):
+    """An address asked to join with a role: a pending row, never an account.
+
+    Nothing is created for the address until the person follows the mailed
+    link (whose secret only the mail holds: the row keeps its HMAC) and either
+    chooses a password or signs in to the account that already has it, so an
+    invitation can neither squat an address nor tell the inviter whether it is
+    registered. Accepting or withdrawing deletes the row; one per address and
+    organisation (inviting again sends a new link and the old one stops working).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="invitations")
+    email = models.CharField(max_length=150)  # lower-cased
+    role = models.CharField(max_length=10, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "email"], name="one_invitation_per_address")
+        ]
+
+    def __str__(self) -> str:
+        return f"invitation of {self.email} to {self.organization} ({self.role})"
+
+
 class ApiKey(models.Model):
     """A key looks like ``tts_<prefix>_<secret>``; only an HMAC of the secret is stored.
 

@@ -95,7 +95,7 @@ def test_sign_up_refuses_an_address_already_in_use(owner: tuple[Any, Any]) -> No
 def test_email_change_happens_only_through_the_link(owner: tuple[Any, Any]) -> None:
     user = owner[0]
     client = client_for(user)
-    client.post("/app/account/", {"email": "renamed@example.com"})
+    client.post("/app/account/", {"email": "renamed@example.com", "password": PASSWORD})
     user.refresh_from_db()
     assert user.email == "owner@example.com"
     assert mail.outbox[-1].to == ["renamed@example.com"]
@@ -124,7 +124,9 @@ def _enrol(client: Client, user: Any) -> str:
 
     client.get("/app/account/security/")
     device = TOTPDevice.objects.get(user=user, confirmed=False)
-    page = client.post("/app/account/security/", {"code": f"{totp(device.bin_key):06d}"})
+    page = client.post(
+        "/app/account/security/", {"code": f"{totp(device.bin_key):06d}", "password": PASSWORD}
+    )
     assert len(page.context["recovery_codes"]) == 10
     return base64.b32encode(device.bin_key).decode()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
@@ -11,10 +13,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 from webapp.dashboard import accounts
 from webapp.dashboard.access import MANAGERS, Tenant, error_text, tenant_page
 from webapp.dashboard.forms import InviteForm, KeyForm, RoleForm
-from webapp.errors import DomainError
+from webapp.errors import DomainError, ErrorCode
 from webapp.problems import Problem
 from webapp.tenants import accounts as people
-from webapp.tenants.models import ApiKey, Membership
+from webapp.tenants.models import ApiKey, Invitation, Membership
 from webapp.tenants.services import create_api_key, revoke_api_key
 
 SERVICE_ERRORS = (DomainError, Problem)
@@ -66,25 +68,71 @@ def revoke_key(request: HttpRequest, tenant: Tenant, key_id: str) -> HttpRespons
     return redirect("dashboard:keys")
 
 
+def _members_page(request: HttpRequest, tenant: Tenant, form: InviteForm, status: int = 200) -> HttpResponse:
+    rows = Membership.objects.filter(organization=tenant.organization).select_related("user")
+    invitations = Invitation.objects.filter(organization=tenant.organization).order_by("created_at")
+    context = {
+        "tenant": tenant,
+        "form": form,
+        "rows": rows.order_by("created_at"),
+        "invitations": invitations if tenant.can_manage else [],
+        "role_form": RoleForm(),
+    }
+    return render(request, "dashboard/members.html", context, status=status)
+
+
 @tenant_page()
 @require_http_methods(["GET", "POST"])
 def members(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """Members, pending invitations, and the invitation form.
+
+    Inviting needs a manager whose own address is confirmed, counts against
+    the inviter's, the tenant's and the address's hourly budgets, and answers
+    the same whether or not the address has an account (no account is made
+    or looked up: an invitation is a pending row until its link is followed).
+    """
     form = InviteForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        try:
-            membership, created = people.invite_member(
-                tenant.organization, form.cleaned_data["email"], form.cleaned_data["role"], by=request.user
-            )
-        except SERVICE_ERRORS as exc:
-            form.add_error(None, error_text(exc))
-        else:
-            if created:
-                accounts.send_invitation(request, membership.user, tenant.organization, request.user)
-            messages.success(request, f"{membership.user.email} is now a {membership.role}.")
-            return redirect("dashboard:members")
-    rows = Membership.objects.filter(organization=tenant.organization).select_related("user")
-    context = {"tenant": tenant, "form": form, "rows": rows.order_by("created_at"), "role_form": RoleForm()}
-    return render(request, "dashboard/members.html", context)
+    if request.method != "POST":
+        return _members_page(request, tenant, form)
+    if not tenant.can_manage:
+        return render(request, "dashboard/forbidden.html", {"tenant": tenant}, status=403)
+    if accounts.needs_verification(request.user):
+        form.add_error(None, "Confirm your own e-mail address before you invite anyone.")
+        return _members_page(request, tenant, form, status=403)
+    if not form.is_valid():
+        return _members_page(request, tenant, form, status=400)
+    email = form.cleaned_data["email"].strip().lower()
+    if not accounts.mail_allowed(request, email):
+        form.add_error(None, accounts.MAIL_REFUSED)
+        return _members_page(request, tenant, form, status=429)
+    try:
+        invitation, raw = people.invite_member(
+            tenant.organization, email, form.cleaned_data["role"], by=request.user
+        )
+    except SERVICE_ERRORS as exc:
+        form.add_error(None, error_text(exc))
+        limited = isinstance(exc, DomainError) and exc.code == ErrorCode.RATE_LIMITED
+        return _members_page(request, tenant, form, status=429 if limited else 400)
+    accounts.send_invitation(request, invitation, raw)
+    messages.success(request, f"We sent an invitation to {email}; they join once they follow its link.")
+    return redirect("dashboard:members")
+
+
+@tenant_page(roles=MANAGERS, verified=True)
+@require_POST
+def invitation_withdraw(request: HttpRequest, tenant: Tenant, pk: uuid.UUID) -> HttpResponse:
+    invitation = Invitation.objects.filter(organization=tenant.organization, pk=pk).first()
+    if invitation is None:
+        raise Http404("No such invitation.")
+    try:
+        people.withdraw_invitation(invitation, by=request.user)
+    except SERVICE_ERRORS as exc:
+        messages.error(request, error_text(exc))
+    else:
+        messages.success(
+            request, f"The invitation of {invitation.email} is withdrawn; its link no longer works."
+        )
+    return redirect("dashboard:members")
 
 
 def _membership(tenant: Tenant, pk: int) -> Membership:
@@ -96,7 +144,7 @@ def _membership(tenant: Tenant, pk: int) -> Membership:
     return membership
 
 
-@tenant_page(roles=MANAGERS)
+@tenant_page(roles=MANAGERS, verified=True)
 @require_POST
 def member_role(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
     membership = _membership(tenant, pk)
@@ -113,7 +161,7 @@ def member_role(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
     return redirect("dashboard:members")
 
 
-@tenant_page(roles=MANAGERS)
+@tenant_page(roles=MANAGERS, verified=True)
 @require_POST
 def member_remove(request: HttpRequest, tenant: Tenant, pk: int) -> HttpResponse:
     membership = _membership(tenant, pk)

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_http_methods
 from django_otp import login as otp_login
 from django_otp import match_token
 
+from webapp.audit import services as audit
 from webapp.dashboard import accounts
 from webapp.dashboard.access import error_text
 from webapp.dashboard.forms import CodeForm, LoginForm, SignUpForm
@@ -75,6 +76,7 @@ def confirm_email_change(request: HttpRequest, token: str) -> HttpResponse:
         user = accounts.confirm_email_change(token)
     except accounts.LinkError as exc:
         return render(request, "dashboard/link_error.html", {"error": str(exc)}, status=400)
+    accounts.end_other_sessions(request, user)
     messages.success(request, f"Your e-mail address is now {user.email}.")
     return redirect("dashboard:account" if request.user.is_authenticated else "dashboard:login")
 
@@ -129,7 +131,32 @@ def _safe_next(request: HttpRequest) -> str:
 
 
 logout = auth_views.LogoutView.as_view()
-password_reset = auth_views.PasswordResetView.as_view(
+
+
+class PublicLinkPasswordResetView(auth_views.PasswordResetView):
+    """Reset mails within the account-mail budgets."""
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        # Counted per address and per client whether or not the address has an account: a
+        # refusal tells nothing about it, and nobody fills a mailbox with reset mails.
+        if not accounts.mail_allowed(self.request, form.cleaned_data["email"]):
+            form.add_error(None, accounts.MAIL_REFUSED)
+            return self.render_to_response(self.get_context_data(form=form), status=429)
+        return super().form_valid(form)
+
+
+class AuditedPasswordResetConfirmView(auth_views.PasswordResetConfirmView):
+    """A new password through a reset link: audited, and every session of the account ends
+    (the new password's hash ends them on their next request anyway; this removes them now)."""
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        response = super().form_valid(form)
+        audit.record("account.password_changed", target=form.user, actor=form.user)
+        accounts.end_other_sessions(self.request, form.user)
+        return response
+
+
+password_reset = PublicLinkPasswordResetView.as_view(
     template_name="dashboard/password_reset.html",
     email_template_name="dashboard/mail/password_reset.txt",
     subject_template_name="dashboard/mail/password_reset_subject.txt",
@@ -138,7 +165,7 @@ password_reset = auth_views.PasswordResetView.as_view(
 password_reset_done = auth_views.PasswordResetDoneView.as_view(
     template_name="dashboard/password_reset_done.html"
 )
-password_reset_confirm = auth_views.PasswordResetConfirmView.as_view(
+password_reset_confirm = AuditedPasswordResetConfirmView.as_view(
     template_name="dashboard/password_reset_confirm.html",
     success_url=reverse_lazy("dashboard:password-reset-complete"),
 )

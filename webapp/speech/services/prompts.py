@@ -22,6 +22,7 @@ from django.conf import settings
 from django.core.files import File
 from django.db import transaction
 from django.db.models import F, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from synth.prompt import UPLOAD_CODES, PromptLimits, PromptRejected, prepare_prompt
@@ -214,14 +215,16 @@ def claim_analysis(voice_pk: Any) -> Voice | None:
     A redelivered message (its worker died) finds the lease expired and takes
     it again; after TTS_ANALYSIS_MAX_ATTEMPTS such deaths the voice is rejected.
     """
-    now = timezone.now()
-    lease = now + dt.timedelta(seconds=settings.TTS_ANALYSIS_TIME_LIMIT_SECONDS + 60)
+    # The lease is set and judged by the database clock: the analysis workers of several hosts share it.
+    lease = Now() + dt.timedelta(seconds=settings.TTS_ANALYSIS_TIME_LIMIT_SECONDS + 60)
     claimable = Q(pk=voice_pk, status=Voice.Status.PROCESSING) & (
-        Q(analysis_lease_until__isnull=True) | Q(analysis_lease_until__lt=now)
+        Q(analysis_lease_until__isnull=True) | Q(analysis_lease_until__lt=Now())
     )
     with transaction.atomic(durable=True):
         claimed = Voice.objects.filter(claimable).update(
-            analysis_lease_until=lease, analysis_attempts=F("analysis_attempts") + 1, updated_at=now
+            analysis_lease_until=lease,
+            analysis_attempts=F("analysis_attempts") + 1,
+            updated_at=timezone.now(),
         )
         voice = Voice.objects.filter(pk=voice_pk).first() if claimed else None
     if voice is not None and voice.analysis_attempts > settings.TTS_ANALYSIS_MAX_ATTEMPTS:
