@@ -30,6 +30,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 JOBS = 300
 MAX_TASKS = 50
 MAX_RSS_MB = 400
+TURN_TASKS = 6  # ceil(6 x (1 - TASK_JITTER)) == 6: children of one node draw the same count
+
+
+def pids(worker: object) -> set[int]:
+    return {p.pid for p in children(worker)}  # type: ignore[arg-type]
 
 
 def test_300_jobs_through_one_worker_with_low_max_tasks_per_child(
@@ -235,16 +240,29 @@ def test_children_of_a_node_that_share_its_jobs_are_replaced_one_at_a_time(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
     """Two children take short jobs in turns and so reach their task limits together; they must
-    still leave one after the other, each once the other's replacement is ready."""
+    still leave one after the other, each once the other's replacement is ready.
+
+    At a limit of 6 a child's count is drawn from [ceil(6 x 0.85), 6] = [6, 6]: no jitter
+    spreads the children, only the node's turn keeps them apart."""
     from webapp.speech.runtime import recycling
 
     flush_queues(stack, "synth.espeak")
-    worker = start_worker(stack, "w-turns", concurrency=2, TTS_WORKER_MAX_TASKS_PER_CHILD="20")
+    worker = start_worker(stack, "w-turns", concurrency=2, TTS_WORKER_MAX_TASKS_PER_CHILD=str(TURN_TASKS))
     try:
+        beats = wait_until(
+            lambda: (
+                len(b := [h for h in stack.heartbeats() if h.get("pid") in pids(worker)]) == 2
+                and all(h.get("state") == "ready" for h in b)
+                and b
+            ),
+            30,
+            "two ready children",
+        )
+        assert [b["max_tasks_per_child"] for b in beats] == [TURN_TASKS, TURN_TASKS]  # no jitter
         org = make_org("turns")
         # Jobs of ~0.1 s: the child that waits serves on alone while the other's replacement
-        # loads (Celery may take up to 5 s to fork it), far from billiard's backstop of 200 tasks.
-        jobs = [submit(org, f"Turn {i}. {SHORT} {SHORT} {SHORT} {SHORT}") for i in range(240)]
+        # loads (Celery may take up to 5 s to fork it), far from billiard's backstop of 60 tasks.
+        jobs = [submit(org, f"Turn {i}. {SHORT} {SHORT} {SHORT} {SHORT}") for i in range(120)]
         rows = wait_status([j.id for j in jobs], timeout=170)
         assert [r.status for r in rows] == ["succeeded"] * len(rows), {r.status for r in rows}
         node = rows[0].metrics["node"]
@@ -262,9 +280,9 @@ def test_children_of_a_node_that_share_its_jobs_are_replaced_one_at_a_time(
         assert worst <= 1, "\n".join(
             f"{e['event']} {e['pid']} {float(e['at']) % 1000:.3f} {e.get('reason', '')}" for e in events
         )
-        assert max(r.metrics["child_task_no"] for r in rows) <= 10 * 20
+        assert max(r.metrics["child_task_no"] for r in rows) <= 10 * TURN_TASKS
         print(
-            f"\n{len(rows)} jobs through 2 children, max_tasks_per_child=20: {len(exits)} exits, "
+            f"\n{len(rows)} jobs through 2 children, max_tasks_per_child={TURN_TASKS}: {len(exits)} exits, "
             f"most tasks in one child {max(r.metrics['child_task_no'] for r in rows)}, "
             f"never both children gone at once"
         )

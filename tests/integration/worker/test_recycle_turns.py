@@ -40,9 +40,14 @@ def test_it_waits_while_a_sibling_leaves_or_loads(stack: Any, node: str, state: 
 
 
 @pytest.mark.parametrize("state", ["backoff", "load_failed"])
-def test_a_sibling_that_cannot_load_does_not_hold_it_back(stack: Any, node: str, state: str) -> None:
+def test_it_waits_while_a_sibling_cannot_load(stack: Any, node: str, state: str) -> None:
+    """The sibling serves nothing: a child leaving now would leave the node empty."""
     r = stack.redis_client()
-    assert take_turn(r, node, "a", [beat(node, "a"), beat(node, "b", state)]) is True
+    beats = [beat(node, "a"), beat(node, "b", state)]
+    assert take_turn(r, node, "a", beats) is False
+    assert not r.exists(recycling.TURN_KEY_PREFIX + node)
+    assert recycling.sibling_cannot_load(node, "a", beats)
+    assert not recycling.sibling_cannot_load(node, "b", beats)  # its own state does not count
 
 
 def test_other_nodes_do_not_count(stack: Any, node: str) -> None:
@@ -98,6 +103,20 @@ def test_a_child_waits_for_its_turn_no_longer_than_the_turn_lasts(child: Any) ->
     child.waiting_since -= recycling.TURN_TTL + 1
     assert worker.after_task(child, None, None, 0) == "max_tasks 4 tasks"
     assert recycling.exit_requested() == "max_tasks 4 tasks"
+
+
+def test_a_child_whose_sibling_cannot_load_serves_on_past_the_turn_wait(child: Any) -> None:
+    """Its sibling backs off: leaving would empty the node, so the reason keeps waiting."""
+    from webapp.speech.runtime import worker
+
+    child.tasks_done = 2
+    assert worker.after_task(child, None, None, 0) is None
+    child.waiting_since -= recycling.TURN_TTL + 1
+    child.sibling_cannot_load = True
+    assert worker.after_task(child, None, None, 0) is None
+    assert recycling.exit_requested() is None and child.state != "recycling"
+    child.sibling_cannot_load = False  # the sibling loaded: the long wait ends the child
+    assert worker.after_task(child, None, None, 0) == "max_tasks 5 tasks"
 
 
 def test_memory_reasons_do_not_wait_for_a_turn(child: Any) -> None:

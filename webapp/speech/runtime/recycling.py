@@ -103,8 +103,11 @@ AGE_JITTER = 0.15
 TASK_JITTER = 0.15
 # Reasons that can wait for the node's turn; memory and out-of-memory cannot.
 CAN_WAIT = ("max_tasks", "age", "rtf_drift")
-# A sibling in one of these is on its way out or not serving yet.
-REPLACING_STATES = ("recycling", "starting", "loading", "warming_up")
+# A sibling in one of these is on its way out or not serving yet. One that cannot load
+# its model (backing off, or failed) is not serving either: a child that left then would
+# leave the node empty, its own replacement failing as the sibling does.
+CANNOT_LOAD_STATES = ("backoff", "load_failed")
+REPLACING_STATES = ("recycling", "starting", "loading", "warming_up", *CANNOT_LOAD_STATES)
 TURN_KEY_PREFIX = "tts:recycle-turn:"
 # Held from a child's leaving until a child of the node reports ready (end_turn);
 # a replacement that never does frees it after this. Also the longest a child
@@ -365,7 +368,7 @@ def take_turn(client: Any, node: str, worker_id: str, beats: list[dict[str, Any]
     that end tasks at the same moment both see the other ready, and only one
     of them sets the key. The turn passes on when a child of the node reports
     ready (:func:`end_turn`). A child waits at most :data:`TURN_TTL` seconds
-    (``worker.after_task``).
+    (``worker.after_task``), unless a sibling cannot load (:func:`sibling_cannot_load`).
     """
     for beat in beats:
         if (
@@ -375,6 +378,16 @@ def take_turn(client: Any, node: str, worker_id: str, beats: list[dict[str, Any]
         ):
             return False
     return bool(client.set(TURN_KEY_PREFIX + node, worker_id, nx=True, ex=TURN_TTL))
+
+
+def sibling_cannot_load(node: str, worker_id: str, beats: list[dict[str, Any]]) -> bool:
+    """Whether another child of ``node`` is backing off or failed to load: this one is all that serves."""
+    return any(
+        beat.get("node") == node
+        and beat.get("worker_id") != worker_id
+        and beat.get("state") in CANNOT_LOAD_STATES
+        for beat in beats
+    )
 
 
 def end_turn(client: Any, node: str) -> None:

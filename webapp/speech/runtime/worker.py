@@ -54,6 +54,7 @@ class WorkerState:
         self.next_retry_at: float | None = None
         self.current_job: str | None = None
         self.waiting_since: float | None = None  # since when a recycle waits for the node's turn
+        self.sibling_cannot_load = False  # seen while waiting: this child is all its node serves with
         # Jobs running on this host, by every worker of this var/ (synth.hostjobs).
         self.host_jobs = HostJobs(settings.VAR_DIR / "run" / "jobs")
         self.health = recycling.ChildHealth(recycling.RecyclePolicy.from_settings(), gpu_reader=_gpu_reader())
@@ -362,6 +363,10 @@ def after_task(
             state.waiting_since = time.monotonic()
         if time.monotonic() - state.waiting_since < recycling.TURN_TTL:
             return None
+        if state.sibling_cannot_load:
+            # Leaving now would leave the node empty (its replacement would fail to load too):
+            # a reason that can wait waits, up to billiard's backstop.
+            return None
         log.warning(
             "worker child %d waited %d s for its node's turn to be replaced; it leaves now (%s)",
             state.pid,
@@ -377,7 +382,9 @@ def _my_turn_to_leave(state: WorkerState) -> bool:
     """Children of a node that share its jobs reach their limits together: they leave in turns."""
     try:
         client = redis_clients.heartbeats()
-        return recycling.take_turn(client, state.node, state.worker_id, heartbeat.live_workers())
+        beats = heartbeat.live_workers()
+        state.sibling_cannot_load = recycling.sibling_cannot_load(state.node, state.worker_id, beats)
+        return recycling.take_turn(client, state.node, state.worker_id, beats)
     except Exception as exc:  # Redis away: leave, as a child always did
         log.warning("could not take the node's recycle turn: %s", exc)
         return True
