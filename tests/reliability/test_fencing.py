@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psutil
 import pytest
 
 from tests.reliability.helpers import (
-    ESPEAK,
     LONG,
     PIPER,
     SHORT,
@@ -56,18 +59,6 @@ def _folder(org: Any) -> str:
     return os.path.join(media_root(), "audio", str(org.id))
 
 
-def _synthesize(synthesizer: Any, claimed: Any, text: str) -> tuple[str, Any]:
-    """Write this attempt's audio to its own file, as the task does. (relative path, result)."""
-    from synth import SynthesisRequest
-    from webapp.speech.services import files, outputs
-
-    relative = outputs.attempt_path(claimed)
-    out = files.media_path(relative)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    result = synthesizer.synthesize(SynthesisRequest(text=text, voice=ESPEAK, format="wav"), out)
-    return relative, result
-
-
 def _complete(claimed: Any, relative: str, result: Any) -> bool:
     from webapp.speech import lifecycle
 
@@ -82,41 +73,154 @@ def _complete(claimed: Any, relative: str, result: Any) -> bool:
     )
 
 
+class _Lost(Exception):
+    """A fenced progress write of this attempt matched no row (as the runtime's AttemptLost)."""
+
+
+def _run_attempt(
+    synthesizer: Any, claimed: Any, text: str, meet: threading.Barrier, seen: list[list[str]]
+) -> Any:
+    """One attempt in its own thread, writing its own file with fenced progress, as the runtime does.
+
+    At its first sentence it waits for the other attempt there too: both are writing at once.
+    """
+    from django.db import connection
+
+    from synth import SynthesisRequest
+    from webapp.speech import lifecycle
+    from webapp.speech.services import files, outputs
+
+    relative = outputs.attempt_path(claimed)
+    out = files.media_path(relative)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+
+    def progress(done: int, total: int) -> None:
+        if done == 1:
+            meet.wait(60)  # both attempts have a sentence in their own partial file now
+            seen.append(sorted(os.listdir(os.path.dirname(out))))
+        if lifecycle.report_progress(claimed.id, claimed.claim_token, done, total) is lifecycle.Verdict.LOST:
+            raise _Lost()
+
+    try:
+        result = synthesizer.synthesize(SynthesisRequest(text=text, voice=PIPER, format="wav"), out, progress)
+    except _Lost:
+        outputs.discard_output(claimed.id, claimed.claim_token, relative)
+        return None
+    finally:
+        connection.close()
+    return relative, result, _complete(claimed, relative, result)
+
+
 def test_two_attempts_racing_leave_one_file_the_right_one_charged_once(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
     from synth import Synthesizer
     from webapp.speech import lifecycle
-    from webapp.speech.services import outputs
 
     org = make_org("race")
-    text = f"{SHORT} Two attempts race for it."
-    j = submit(org, text)
+    text = "Two attempts race for it. " + " ".join(LONG.split(". ")[:2])
+    j = submit(org, text, voice=PIPER)
     stale = lifecycle.claim_job(j.id, "node-a:ns-1:101")
     assert stale is not None and stale.claim_token == 1
     _expire_lease(j.id)  # owner A is alive but paused; the reaper gives the job to another run
     assert lifecycle.requeue_expired_leases()[0] == 1
     live = lifecycle.claim_job(j.id, "node-b:ns-2:202")
     assert live is not None and live.claim_token == 2
-    synthesizer = Synthesizer(engines=["espeak"])
+    synthesizer = Synthesizer(engines=["piper"])
     synthesizer.load()
-    # Both write their audio at the same time; neither touches the other's file.
-    stale_path, stale_result = _synthesize(synthesizer, stale, text)
-    live_path, live_result = _synthesize(synthesizer, live, text)
-    assert stale_path != live_path
-    # The stale attempt learns it lost the job at its first write, and publishes nothing.
-    assert lifecycle.report_progress(j.id, stale.claim_token, 1, 2) == lifecycle.Verdict.LOST
-    assert not _complete(stale, stale_path, stale_result)
-    outputs.discard_output(j.id, stale.claim_token, stale_path)
-    assert lifecycle.report_progress(j.id, live.claim_token, 1, 2) == lifecycle.Verdict.GO
-    assert _complete(live, live_path, live_result)
+    meet, seen = threading.Barrier(2), list[list[str]]()
+    # Both run at the same time, each in its own thread, into its own file.
+    with ThreadPoolExecutor(2) as pool:
+        stale_run = pool.submit(_run_attempt, synthesizer, stale, text, meet, seen)
+        live_run = pool.submit(_run_attempt, synthesizer, live, text, meet, seen)
+        stale_outcome, live_outcome = stale_run.result(120), live_run.result(120)
+    # They overlapped: at the meeting point both partial files were there, side by side.
+    for listing in seen:
+        assert {f.split(".")[2] for f in listing if f.endswith(".part") and "stream" not in f} == {"1", "2"}
+    # The stale attempt learned it lost the job at its first write and published nothing.
+    assert stale_outcome is None
+    live_path, live_result, published = live_outcome
+    assert published
     # Late writes of the stale attempt change nothing.
     assert not lifecycle.fail_job(j.id, JobFailureCode.STORAGE_ERROR, "late failure", token=stale.claim_token)
     assert not lifecycle.requeue_job(j.id, stale.claim_token, reason="late")
     row = job(j.id)
     assert (row.status, row.audio_path, row.attempts) == ("succeeded", live_path, 2)
     assert os.listdir(_folder(org)) == [os.path.basename(live_path)]
-    assert os.path.getsize(os.path.join(media_root(), live_path)) == row.audio_bytes > 0
+    assert os.path.getsize(os.path.join(media_root(), live_path)) == row.audio_bytes == live_result.bytes > 0
+    assert usage_events(j.id) == ["charge", "reserve"]
+
+
+def _dead_owner() -> str:
+    """A worker id of this host whose process has exited: its job's owner is known dead."""
+    from webapp.speech import owners
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return f"{socket.gethostname()}:{owners._pid_namespace()}-0-dead00:{gone.pid}"
+
+
+def test_a_rival_that_claims_a_dead_owners_job_first_keeps_its_files(
+    stack: TestStack, builtin_voices: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deliveries find the job's owner dead; a real worker claims first and writes, the
+    other's claim then fails: it removes the dead owner's files, never the rival's."""
+    from webapp.speech import lifecycle
+    from webapp.speech.runtime import claims, worker
+    from webapp.speech.services import files, outputs
+
+    flush_queues(stack, "synth.piper")
+    org = make_org("rival")
+    j = submit(org, LONG, voice=PIPER)
+    dead = lifecycle.claim_job(j.id, _dead_owner())
+    assert dead is not None and dead.claim_token == 1
+    # What the dead owner left: its audio renamed into place and its stream file.
+    dead_audio = files.media_path(outputs.attempt_path(dead))
+    os.makedirs(os.path.dirname(dead_audio), exist_ok=True)
+    for path in (dead_audio, os.path.join(_folder(org), f".{os.path.basename(dead_audio)}.stream.part")):
+        with open(path, "wb") as fh:
+            fh.write(b"left by the dead owner")
+
+    real_claim = lifecycle.claim_job
+    read_the_row, at_claim, after_claim = threading.Event(), [], []
+
+    def claim_after_the_rival(job_id: Any, *args: Any, **kwargs: Any) -> Any:
+        # This delivery read the row (dead owner, token 1) before the rival claimed; its own
+        # claim comes while the rival's attempt (token 2) is writing.
+        read_the_row.set()
+        wait_until(lambda: job(j.id).claim_token == 2 and job(j.id).progress > 0, 90, "the rival writing")
+        at_claim.extend(partial_files(_folder(org)))
+        return real_claim(job_id, *args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "claim_job", claim_after_the_rival)
+    state: Any = worker.WorkerState()
+
+    def deliver() -> None:
+        from django.db import connection
+
+        try:
+            assert claims._claim(state, str(j.id)) is None  # the rival owns it now
+            after_claim.extend(partial_files(_folder(org)))
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        delivery = pool.submit(deliver)
+        assert read_the_row.wait(30)
+        rival = start_worker(stack, "w-rival", engines="piper")
+        try:
+            delivery.result(120)
+            rival_files = [f for f in at_claim if f".{j.id}.2." in f]
+            assert rival_files, at_claim  # the rival was writing when the failed claim cleaned up
+            assert set(rival_files) <= set(after_claim), (rival_files, after_claim)
+            assert not os.path.exists(dead_audio)  # the dead owner's files are gone
+            assert not [f for f in after_claim if f".{j.id}.1." in f], after_claim
+            (row,) = wait_status([j.id], timeout=120)
+        finally:
+            stack.stop_service(rival)
+    assert row.status == "succeeded", (row.error_code, row.error_message)
+    assert (row.claim_token, row.attempts) == (2, 2)
+    assert os.path.getsize(os.path.join(media_root(), row.audio_path)) == row.audio_bytes > 0
     assert usage_events(j.id) == ["charge", "reserve"]
 
 

@@ -22,14 +22,18 @@ from webapp.speech.services.dispatch import job_time_limits
 from webapp.speech.services.outputs import discard_attempt
 
 
-def _discard_dead_attempt(job_id: Any) -> None:
-    """A claim found the job's owner dead and the job closed: remove that owner's files."""
+def _discard_dead_attempt(job_id: Any, token: int) -> None:
+    """Remove the files of attempt ``token``, whose owner this message saw dead.
+
+    Only that token: a rival that claimed the job first (token + 1) is alive and
+    writing its own files, and a later token never belongs to the dead owner.
+    """
     try:
-        job = SynthesisJob.objects.filter(id=job_id).only("organization_id", "format", "claim_token").first()
+        job = SynthesisJob.objects.filter(id=job_id).only("organization_id", "format").first()
     except DB_ERRORS:
         return  # the orphan sweep removes them
     if job is not None:
-        discard_attempt(job, job.claim_token)
+        discard_attempt(job, token)
 
 
 def _owner_gone(owner: str, me: str) -> tuple[list[str], str]:
@@ -41,9 +45,13 @@ def _owner_gone(owner: str, me: str) -> tuple[list[str], str]:
     return ([owner], "") if local else ([], owner)
 
 
-def _message_job(job_id: str) -> tuple[str, str, str] | None:
-    """(status, owner, engine) of the message's job; None when it was deleted."""
-    return SynthesisJob.objects.filter(id=job_id).values_list("status", "worker", "engine").first()
+def _message_job(job_id: str) -> tuple[str, str, str, int] | None:
+    """(status, owner, engine, token) of the message's job, read together; None when it was deleted."""
+    return (
+        SynthesisJob.objects.filter(id=job_id)
+        .values_list("status", "worker", "engine", "claim_token")
+        .first()
+    )
 
 
 def _claim(state: worker.WorkerState, job_id: str) -> SynthesisJob | None:
@@ -56,15 +64,14 @@ def _claim(state: worker.WorkerState, job_id: str) -> SynthesisJob | None:
     row = db_retry(_message_job, job_id)
     if row is None:
         return None  # deleted meanwhile
-    status, owner, engine = row
+    status, owner, engine, seen_token = row
     dead, suspect = _owner_gone(owner if status == SynthesisJob.Status.RUNNING else "", me)
     if dead or suspect:
         job = db_retry(lifecycle.claim_job, job_id, me, dead, suspect=suspect)
-        if job is not None and dead:
-            # The dead owner ran no cleanup: its files (token - 1) are ours to remove.
-            discard_attempt(job, job.claim_token - 1)
-        elif job is None and dead:
-            _discard_dead_attempt(job_id)
+        if dead:
+            # The dead owner ran no cleanup: the files of the token it held when we read
+            # its row are ours to remove, whoever claimed the job since (never theirs).
+            _discard_dead_attempt(job_id, seen_token)
         if job is not None:
             return job
     job = None
