@@ -31,6 +31,9 @@ os.environ.setdefault("TTS_NGINX_BURST_GENERAL", "400")
 # Worker children of the test stack load the reliability tests' faults (each off unless
 # its TTS_FAULT_* variable names a marker).
 os.environ.setdefault("TTS_WORKER_HOOKS", "tests.faults")
+# A waiter's lease lapses in 4 s (renewed every 1.3 s) where the default is 15: the test of a
+# web process killed mid-wait sees the reaper end its job without waiting long.
+os.environ.setdefault("TTS_WAITER_LEASE_SECONDS", "4")
 
 from webapp.settings import *  # noqa: E402,F403
 

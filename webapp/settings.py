@@ -407,6 +407,9 @@ TTS_HOUSEKEEPING_BATCH = env_int("TTS_HOUSEKEEPING_BATCH", 500)
 # Each housekeeping task stops between batches at 80% of this, Celery interrupts
 # it at 100% and kills it 60 s later; its Redis lock lives 60 s longer still.
 TTS_HOUSEKEEPING_SOFT_TIME_LIMIT = env_int("TTS_HOUSEKEEPING_SOFT_TIME_LIMIT", 300)
+# One beat sends the schedule: it holds a Redis lease of this TTL (renewed every third of it); a
+# second beat waits, and takes over within this long after the first dies (webapp/housekeeping/locks.py).
+TTS_BEAT_LEASE_SECONDS = env_int("TTS_BEAT_LEASE_SECONDS", 30)
 # Folders whose old files purge_temp_files removes (never MEDIA_ROOT or var/ itself).
 TTS_TEMP_DIRS = env_list("TTS_TEMP_DIRS", f"{MEDIA_ROOT / 'tmp'},{TTS_VAR_LAYOUT.tmp_dir}")
 # Seconds between runs of each job (docs/housekeeping.md); TTS_HOUSEKEEPING_EVERY_<JOB> overrides one.

@@ -144,6 +144,13 @@ class SynthesisJob(models.Model):
     # The job's hard limit (dispatch.job_time_limits, from its length), fixed at submit.
     time_limit = models.DurationField(null=True, blank=True)
     progress_at = models.DateTimeField(null=True, blank=True)  # last advance, for the stall timeout
+    # The lease of a client waiting on the job (/v1/audio/speech): renewed while it is
+    # connected; lapsed, the job is abandoned by the reaper (its web process died).
+    waiter_until = models.DateTimeField(null=True, blank=True)
+    # What streams handed to clients of this job (its most, over every stream and attempt):
+    # a cancel, delete or disconnect charges it (docs/api.md, "What is charged").
+    delivered_chars = models.PositiveIntegerField(default=0, db_default=0)
+    delivered_seconds = models.FloatField(default=0.0, db_default=0.0)
     queued_at = models.DateTimeField(null=True, blank=True)  # last entry into the queue
 
     created_at = models.DateTimeField(default=timezone.now)
@@ -185,6 +192,12 @@ class SynthesisJob(models.Model):
                 include=["status", "audio_bytes"],
                 condition=LIVE_JOBS,
                 name="speech_job_org_live_idx",
+            ),
+            # The reaper's look for active jobs whose waiting client's lease lapsed.
+            models.Index(
+                fields=["waiter_until"],
+                condition=models.Q(status__in=["queued", "running"], waiter_until__isnull=False),
+                name="speech_job_waiter_idx",
             ),
         ]
         constraints = [

@@ -78,6 +78,9 @@ def job_request(organization: Organization, data: dict[str, Any], source: str = 
         params=params,
         billable_chars=billable_characters(text),
         source=source,
+        # The OpenAI route answers a client that waits on the job (or its stream): it holds the
+        # job's waiter lease, and its going away abandons the job.
+        waited=source == "openai",
     )
 
 

@@ -91,7 +91,7 @@ def test_every_ending_settles_once_with_its_parts(make_tenant: Any) -> None:
 
     streamed = submit_espeak(t.org, "twenty characters!!!")
     assert lifecycle.claim_job(streamed.id, "node:ns-1:2") is not None
-    lifecycle.abandon_job(streamed, charge_characters=8)  # the client heard 8 characters, then left
+    lifecycle.abandon_job(streamed, delivered_chars=8)  # the client heard 8 characters, then left
 
     failed = submit_espeak(t.org, "fails")
     lifecycle.fail_job(failed.id, JobFailureCode.SYNTHESIS_FAILED, "boom")

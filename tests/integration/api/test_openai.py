@@ -100,6 +100,7 @@ def test_timeout_cancels_releases_and_answers_504(live_tenant: Any, web: Any, se
     )
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "timeout"
+    assert response["x-should-retry"] == "false"  # OpenAI's clients would retry it as long again
     job = SynthesisJob.objects.get(organization=t.org)
     assert job.cancel_requested or job.status == "canceled"
     row = UsagePeriod.objects.get(organization=t.org)

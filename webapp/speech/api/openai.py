@@ -3,7 +3,12 @@
 It runs a normal job (quota, history, limits and rate apply), waits for it up
 to ``TTS_OPENAI_WAIT_SECONDS`` and answers with the audio bytes. On that
 timeout the job is canceled, its characters given back, and the answer is a
-504. Errors use OpenAI's shape ``{"error": {"message","type","param","code"}}``
+504 (``x-should-retry: false``). The request holds the job's waiter lease while
+it waits: a client that disconnects abandons the job at once, and one whose web
+process died is abandoned by the reaper once the lease lapses. ``Idempotency-Key``
+is honoured as on ``POST /api/v1/speech``: a retry gets the same job.
+
+Errors use OpenAI's shape ``{"error": {"message","type","param","code"}}``
 (rendered by ``webapp.problems``, which picks the shape by path) so OpenAI's
 clients show them; unknown body fields are ignored because OpenAI's newer
 clients send more over time.
@@ -30,7 +35,7 @@ from webapp.speech import lifecycle
 from webapp.speech.api.serializers import OpenAISpeechSerializer
 from webapp.speech.api.streaming import STREAMABLE, JobStream, JobStreamResponse, wants_stream
 from webapp.speech.api.views import TenantAPIView, submit
-from webapp.speech.api.waiting import Wait, WaitingAPIView, WaitSlot, wait_view
+from webapp.speech.api.waiting import Wait, WaiterLease, WaitingAPIView, WaitSlot, wait_view
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services.files import media_path
 from webapp.tenants.models import Organization
@@ -108,8 +113,19 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
         except BaseException:
             slot.give_back()  # refused, or broken: nothing waits
             raise
-        # openai_speech waits for the job to finish, then answer_after_wait delivers it.
-        return Wait(job.pk, wait, lambda now: now[0] in SynthesisJob.FINISHED, slot=slot)
+        # openai_speech waits for the job to finish, then answer_after_wait delivers it; the request
+        # holds the job's waiter lease meanwhile, and its client going away abandons the job.
+        lease = WaiterLease(
+            renew=lifecycle.renew_waiter, leave=_leave, every=settings.TTS_WAITER_LEASE_SECONDS / 3
+        )
+        return Wait(job.pk, wait, lambda now: now[0] in SynthesisJob.FINISHED, slot=slot, lease=lease)
+
+
+def _leave(job_id: Any) -> None:
+    """The waiting client disconnected before its answer was sent: the job ends, nothing charged."""
+    job = SynthesisJob.objects.filter(pk=job_id).first()
+    if job is not None and not job.is_finished:
+        lifecycle.abandon_job(job)
 
 
 def _submit(request: Request, organization: Organization, data: dict[str, Any]) -> SynthesisJob:
@@ -181,7 +197,11 @@ def _not_delivered(job: SynthesisJob) -> DomainError:
         return DomainError(
             ErrorCode.JOB_FAILED, job.error_message or "The job failed.", extra={"job_error": job.error_code}
         )
-    return DomainError(ErrorCode.JOB_CANCELED, f"The job ended {job.status}.")
+    return DomainError(
+        ErrorCode.JOB_CANCELED,
+        f"The job ended {job.status} (a client waiting for it went away, or it was canceled); "
+        "send the request again with a new Idempotency-Key.",
+    )
 
 
 def answer_after_wait(request: HttpRequest, wait: Wait) -> HttpResponseBase:
@@ -190,6 +210,10 @@ def answer_after_wait(request: HttpRequest, wait: Wait) -> HttpResponseBase:
         response = deliver(wait.job_id)
     except DomainError as error:
         response = render(request, error)
+        if error.code == ErrorCode.TIMEOUT:
+            # The job was canceled: OpenAI's clients retry a 504 unless told not to, and each
+            # retry would wait as long again for a job as long.
+            response["x-should-retry"] = "false"
     for key, value in wait.headers.items():
         response[key] = value
     return response

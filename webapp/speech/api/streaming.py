@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, BinaryIO, cast
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
@@ -125,7 +126,12 @@ class JobStream:
         self.reader: StreamReader | None = None
         self.stored: BinaryIO | None = None
         self.encoder: LiveEncoder | None = None
-        self.delivered = 0  # PCM bytes of the attempt handed to the client (or its encoder)
+        self.read_pcm = 0  # PCM bytes of the attempt read from its stream file
+        self.unhanded = 0  # of those, not yet taken by the server (in the last chunk, or the encoder)
+        self.delivered = 0  # PCM bytes of the attempt the server took from this stream
+        self.recorded: tuple[int, float] = (0, 0.0)  # the delivery last written to the job's row
+        self.text_chars = 0  # the job's billable characters (its row's, read when the attempt opens)
+        self.next_lease_renewal = 0.0
         self.next_row_check = 0.0
         self.row_check_seconds = POLL_ROW_CHECK_SECONDS  # the iterator sets it from its wake-ups
 
@@ -134,6 +140,7 @@ class JobStream:
 
     def step(self, row_changed: bool = False) -> bytes:
         """What can be sent now; ``row_changed``: the job's state changed, re-read the row."""
+        self._record()
         if self.stored is not None:
             return self._stored_block()
         if self.reader is None:
@@ -166,6 +173,7 @@ class JobStream:
             return  # not written yet, or the attempt just finished: the next step reads the row again
         self.reader, self.token = StreamReader(handle), int(row["claim_token"])
         self.next_row_check = time.monotonic() + self.row_check_seconds
+        self.text_chars = int(row["text_chars"])
 
     def _stored_block(self) -> bytes:
         assert self.stored is not None
@@ -179,7 +187,7 @@ class JobStream:
         """The new PCM in the response's format (the WAV header first, the encoder's output)."""
         assert self.reader is not None
         out = b""
-        if self.delivered == 0 and pcm and self.format == "wav":
+        if self.read_pcm == 0 and pcm and self.format == "wav":
             out = wav_stream_header(self.reader.sample_rate)
         if self.format in LIVE_CODECS and self.reader.sample_rate:
             if self.encoder is None:
@@ -187,8 +195,44 @@ class JobStream:
             out += self.encoder.feed(pcm)
         else:
             out += pcm
-        self.delivered += len(pcm)
+        self.read_pcm += len(pcm)
+        self.unhanded += len(pcm)
         return out
+
+    def handed(self) -> None:
+        """The server took what the last step returned: its audio counts as delivered."""
+        self.delivered += self.unhanded
+        self.unhanded = 0
+
+    def delivery(self) -> tuple[int, float]:
+        """(billable characters, audio seconds) of the sentences handed to the client so far.
+
+        A sentence counts once all of its audio was taken by the server; its
+        characters are the job's billable ones in the sentence's share of the text.
+        """
+        if self.reader is None or not self.reader.total_chars:
+            return 0, 0.0
+        heard = self.reader.characters_heard(self.delivered)
+        text_chars = self.text_chars or self.reader.total_chars
+        chars = min(text_chars, math.ceil(text_chars * heard / self.reader.total_chars))
+        seconds = self.delivered / 2 / self.reader.sample_rate if self.reader.sample_rate else 0.0
+        return chars, seconds
+
+    def _record(self, final: bool = False) -> None:
+        """Write what this stream delivered to the job's row once a sentence more was handed out
+        (a cancel, delete or disconnect charges it), and renew the waiter's lease when due."""
+        if self.reader is None and not self.abandon_on_close:
+            return
+        now = time.monotonic()
+        renew = self.abandon_on_close and now >= self.next_lease_renewal
+        delivered = self.delivery()
+        if delivered[0] <= self.recorded[0] and not renew and not final:
+            return
+        if renew:
+            self.next_lease_renewal = now + settings.TTS_WAITER_LEASE_SECONDS / 3
+        if delivered != self.recorded or renew:
+            lifecycle.record_delivery(self.job_id, *delivered, hold_waiter=renew)
+            self.recorded = delivered
 
     def _check_attempt(self) -> bytes:
         """Is the attempt being streamed still the job's? Ends the stream once its file is the job's audio."""
@@ -213,18 +257,18 @@ class JobStream:
                 handle.close()
 
     def give_up(self) -> None:
-        """The response ended early (client gone or attempt lost): on the OpenAI route the job ends too,
-        charged for the sentences the client received."""
+        """The response ended early (client gone or attempt lost): what it delivered is written to
+        the job (a later cancel or delete charges it); on the OpenAI route the job ends too, charged
+        for the sentences the client received."""
         self.close()
         if not self.abandon_on_close:
+            if self.reader is not None:
+                self._record(final=True)
             return
         job = SynthesisJob.objects.filter(pk=self.job_id).first()
         if job is None or job.is_finished:
             return
-        heard = self.reader.characters_heard(self.delivered) if self.reader else 0
-        total = self.reader.total_chars if self.reader else 0
-        charge = min(job.text_chars, math.ceil(job.text_chars * heard / total)) if total else 0
-        lifecycle.abandon_job(job, charge_characters=charge)
+        lifecycle.abandon_job(job, *self.delivery())
 
     # -- the two ways a server iterates a response ------------------------------------------------
     # Each subscribes before its first step: what is published after that waits in the subscription.
@@ -236,6 +280,7 @@ class JobStream:
                 chunk = self.step(wakeups.take_row_changed())
                 if chunk:
                     yield chunk
+                    self.handed()  # the server asked for more: it took that chunk
                 elif not self.done:
                     wakeups.wait()
         finally:
@@ -251,6 +296,7 @@ class JobStream:
                 chunk = await sync_to_async(self.step)(wakeups.take_row_changed())
                 if chunk:
                     yield chunk
+                    self.handed()  # the server sent it and asked for more
                 elif not self.done:
                     await wakeups.wait()
         finally:

@@ -147,7 +147,8 @@ def submit(request: Request, organization: Organization, data: Any, source: str)
         body=data,
         api_key=auth,
         user=auth.user if auth else None,
-        idempotency_key=_idempotency_key(request) if source == "api" else None,
+        # Both APIs honour the client's key; none is derived when it sends none.
+        idempotency_key=_idempotency_key(request) if source in ("api", "openai") else None,
     )
 
 

@@ -107,6 +107,18 @@ class Wait:
     seen: Any = None
     # The view ran inside a transaction (a test's): the wait reads the row on that connection.
     in_transaction: bool = False
+    # The request is the job's waiter (/v1/audio/speech): ``lease.renew`` while it waits, and
+    # ``lease.leave`` at once if it goes away before its answer is built (the client disconnected).
+    lease: WaiterLease | None = None
+
+
+@dataclass(frozen=True)
+class WaiterLease:
+    """What a waiting request that holds its job's waiter lease does (sync, each run in a pool thread)."""
+
+    renew: Callable[[Any], Any]  # job id: the client is still here
+    leave: Callable[[Any], Any]  # job id: the client went away (abandon the job)
+    every: float  # seconds between renewals
 
 
 Prepare = Callable[..., HttpResponseBase | Wait]
@@ -257,11 +269,20 @@ def wait_view(prepare: Prepare, answer: Answer) -> Callable[..., Coroutine[Any, 
             prepared = await _prepared(prepare, request, *args, **kwargs)
         if not isinstance(prepared, Wait):
             return prepared  # an error, a finished job, a stream: nothing to wait for here
+        renewing = _renewing(prepared)
         try:
             gate.release(request)  # a waiting request holds none of its key's turns
             state = await await_job(prepared.job_id, prepared.seconds, prepared.done, prepared.in_transaction)
             return await _answer(answer, request, prepared, state)
+        except asyncio.CancelledError:
+            # The client went away (Django cancels the view on its disconnect): a job kept only
+            # for this answer is abandoned now, not run to its end and charged.
+            if prepared.lease is not None:
+                await asyncio.shield(_in_pool_thread(prepared.lease.leave, prepared.job_id))
+            raise
         finally:
+            if renewing is not None:
+                renewing.cancel()
             if prepared.slot is not None:
                 await sync_to_async(prepared.slot.give_back, thread_sensitive=False)()
 
@@ -270,6 +291,36 @@ def wait_view(prepare: Prepare, answer: Answer) -> Callable[..., Coroutine[Any, 
         if hasattr(prepare, name):
             setattr(view, name, getattr(prepare, name))
     return csrf_exempt(view)
+
+
+def _renewing(wait: Wait) -> asyncio.Task[None] | None:
+    """The task that renews the request's waiter lease while it waits (None: it holds none)."""
+    lease = wait.lease
+    if lease is None:
+        return None
+
+    async def renew() -> None:
+        while True:
+            try:
+                await _in_pool_thread(lease.renew, wait.job_id)
+            except (InterfaceError, OperationalError) as exc:
+                # The next renewal tries again; a lease that lapses meanwhile ends the job.
+                log.warning("could not renew the waiter lease of job %s: %s", wait.job_id, exc)
+            await asyncio.sleep(lease.every)
+
+    return asyncio.ensure_future(renew())
+
+
+def _call_then_release_connection(call: Callable[[Any], Any], job_id: Any) -> None:
+    try:
+        call(job_id)
+    finally:
+        if connection.pool is not None:  # type: ignore[attr-defined]
+            connection.close()  # back to the pool (ASGI), not kept by this pool thread
+
+
+async def _in_pool_thread(call: Callable[[Any], Any], job_id: Any) -> None:
+    await sync_to_async(_call_then_release_connection, thread_sensitive=False)(call, job_id)
 
 
 def _read_row(job_id: Any) -> JobState | None:

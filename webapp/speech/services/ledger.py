@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -208,6 +209,9 @@ class PartKind(StrEnum):
 
     FRESH = "fresh"  # synthesised for this job and delivered whole
     DELIVERED = "delivered"  # handed to a client before a cancel or disconnect
+    # Audio past TTS_AUDIO_SECONDS_PER_CHAR per character of the parts above, charged by its
+    # seconds (speed 0.25, long pauses): the one part not capped by the reservation.
+    AUDIO_SECONDS = "audio_seconds"
 
 
 @dataclass(frozen=True)
@@ -218,13 +222,29 @@ class Part:
     characters: int | None = None
 
 
+def audio_seconds_part(characters: int, audio_seconds: float) -> Part:
+    """What ``audio_seconds`` of audio for ``characters`` cost beyond those characters.
+
+    Cheap characters can ask for much compute (speed 0.25, long pauses): each
+    character pays for at most TTS_AUDIO_SECONDS_PER_CHAR seconds of audio, and
+    audio past that is charged one character per that many seconds.
+    """
+    per_char = settings.TTS_AUDIO_SECONDS_PER_CHAR
+    if per_char <= 0 or audio_seconds <= 0:
+        return Part(PartKind.AUDIO_SECONDS, 0)
+    by_seconds = math.floor(audio_seconds / per_char)
+    return Part(PartKind.AUDIO_SECONDS, max(0, by_seconds - characters))
+
+
 def settle(job_id: Any, parts: Iterable[Part] = ()) -> bool:
     """Settle the job's reservation exactly once: charge ``parts``, give the rest back.
 
     The one settlement of a job, whichever way it ended (the lifecycle calls it
     inside the transition's transaction). No parts, or none with characters:
     a release. The event records the parts; what they add up to is capped by the
-    reservation. Returns False if the job was settled already (or never reserved).
+    reservation, except an ``AUDIO_SECONDS`` part (audio past the bound per
+    character), which may take the tenant past its monthly quota: its next
+    submit is then refused. Returns False if the job was settled already (or never reserved).
     """
     # The job's ledger in one read: its reservation (tenant, characters, period), and whether
     # it is settled already. The job row is not needed: a settlement works from its ledger.
@@ -237,13 +257,17 @@ def settle(job_id: Any, parts: Iterable[Part] = ()) -> bool:
     if reserve is None or any(e[0] != UsageEvent.Kind.RESERVE for e in events):
         return False
     organization_id, reserved, period = reserve
-    recorded, room = [], reserved
+    recorded, room, beyond = [], reserved, 0
     for part in parts:
-        take = room if part.characters is None else max(0, min(part.characters, room))
+        if part.kind == PartKind.AUDIO_SECONDS:
+            take = max(0, part.characters or 0)
+            beyond += take
+        else:
+            take = room if part.characters is None else max(0, min(part.characters, room))
+            room -= take
         if take:
             recorded.append({"kind": str(part.kind), "characters": take})
-            room -= take
-    charged = reserved - room
+    charged = reserved - room + beyond
     kind = UsageEvent.Kind.CHARGE if charged else UsageEvent.Kind.RELEASE
     with connection.cursor() as cursor:
         # The tenant row before the usage row, as every other transaction locks them; only

@@ -1,0 +1,361 @@
+"""Charge only what was delivered, never twice (issues 31 and 32).
+
+Through Nginx (TLS), gunicorn and a real worker: a client of /v1/audio/speech
+that goes away, or whose web process is killed, leaves no job running to be
+charged; the same Idempotency-Key twice is one job and one charge; a native
+stream followed by a cancel, a delete or a reconnect charges the sentences the
+streams handed out, once; audio far longer than its characters (speed 0.25) is
+charged by its seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import psutil
+import pytest
+import requests
+
+from tests.integration.api.conftest import base_url
+
+# Sentences of similar length: a job that takes many seconds, streamed sentence by sentence.
+LONG_TEXT = " ".join(
+    f"This is sentence number {n} of a text that keeps the worker busy." for n in range(1, 25)
+)
+PCM_RATE = 22050  # the streamed PCM of the test voice (16-bit mono)
+
+
+def _post_openai(web: Any, key: str, body: dict[str, Any], **kwargs: Any) -> requests.Response:
+    headers = {"Authorization": f"Bearer {key}", **kwargs.pop("headers", {})}
+    return requests.post(
+        f"{base_url(web)}/v1/audio/speech", json=body, headers=headers, verify=False, **kwargs
+    )
+
+
+def _wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _settlement(job_id: Any) -> Any:
+    from webapp.speech.models import UsageEvent
+
+    return UsageEvent.objects.exclude(kind=UsageEvent.Kind.RESERVE).filter(job_key=job_id).first()
+
+
+def _job_of(org: Any) -> Any:
+    from webapp.speech.models import SynthesisJob
+
+    _wait_until(lambda: SynthesisJob.objects.filter(organization=org).exists(), 30, "the job")
+    return SynthesisJob.objects.get(organization=org)
+
+
+def _running(job: Any) -> bool:
+    job.refresh_from_db()
+    return bool(job.status == "running")
+
+
+# --------------------------------------------------------------------- /v1/audio/speech
+
+
+def test_openai_client_that_leaves_its_wait_ends_the_job_and_pays_nothing(live_tenant: Any, web: Any) -> None:
+    t = live_tenant()
+    body = {"model": "tts-1", "voice": "alloy", "input": LONG_TEXT, "response_format": "wav"}
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        _post_openai(web, t.raw_key, body, timeout=(10, 1.5))  # gives up after 1.5 s, closing
+    job = _job_of(t.org)
+    # The disconnect abandons the job at once: it is settled within seconds, long before the
+    # worker could have finished the text (which then would have been charged whole).
+    _wait_until(lambda: _settlement(job.id) is not None, 10, "the job's settlement")
+    event = _settlement(job.id)
+    assert (event.kind, event.characters) == ("release", 0)
+    _wait_until(lambda: job.refresh_from_db() or job.is_finished, 60, "the job to end")
+    assert job.status == "canceled"
+
+
+def _gunicorn_workers(web: Any) -> list[psutil.Process]:
+    """The web processes of the test stack's gunicorn (the master's children)."""
+    var_dir = str(web.cfg.var_dir)
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        try:
+            if "gunicorn" in cmdline and proc.environ().get("TTS_TEST_VAR_DIR") == var_dir:
+                parent = proc.parent()
+                if parent is not None and "gunicorn" not in " ".join(parent.cmdline()):
+                    return list(proc.children())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise AssertionError("no gunicorn master found")
+
+
+def test_a_waiter_killed_outright_leaves_a_lapsing_lease_the_reaper_ends(live_tenant: Any, web: Any) -> None:
+    """The web process is SIGKILLed mid-wait (as after gunicorn's graceful_timeout): no code of
+    it runs, its lease is no longer renewed, and the reaper abandons the job once it lapses."""
+    from django.conf import settings
+
+    from webapp.speech import lifecycle
+
+    t = live_tenant()
+    body = {"model": "tts-1", "voice": "alloy", "input": LONG_TEXT * 2, "response_format": "wav"}
+    answers: list[int] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(_post_openai(web, t.raw_key, body, timeout=60).status_code)
+    )
+    waiting.start()
+    job = _job_of(t.org)
+    _wait_until(lambda: _running(job), 30, "the job to run")
+    time.sleep(settings.TTS_WAITER_LEASE_SECONDS + 1)  # past the lease: only renewals keep it
+    assert lifecycle.abandon_lapsed_waiters() == 0, "a connected waiter's lease lapsed"
+    for worker in _gunicorn_workers(web):
+        os.kill(worker.pid, signal.SIGKILL)  # every web process: whichever one held the wait
+    waiting.join(30)
+    assert answers and answers[0] == 502  # Nginx: the upstream went away
+    job.refresh_from_db()
+    assert job.status == "running" and not job.cancel_requested  # nothing ran at the kill
+    _wait_until(lambda: lifecycle.reap_running()["abandoned"] == 1, 15, "the lease to lapse")
+    event = _settlement(job.id)
+    assert (event.kind, event.characters) == ("release", 0)
+    job.refresh_from_db()
+    assert job.cancel_requested or job.status == "canceled"
+    # gunicorn's master has started new web processes: the site serves again.
+    _wait_until(lambda: _healthy(web), 30, "the web tier to be back")
+
+
+def _healthy(web: Any) -> bool:
+    try:
+        return requests.get(f"{base_url(web)}/healthz", verify=False, timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_a_queued_job_whose_waiter_died_is_abandoned_once_its_lease_lapses(
+    make_tenant: Any, builtin_voices: list[str]
+) -> None:
+    """A job still queued (its message lost, or no worker free) when its waiter died."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from webapp.speech import lifecycle
+    from webapp.speech.models import SynthesisJob, Voice
+
+    t = make_tenant()  # no worker, and no message sent: the jobs stay queued
+
+    def submit(text: str, waited: bool) -> Any:
+        voice = Voice.objects.get(voice_id="espeak-en-us", organization__isnull=True)
+        request = lifecycle.JobRequest(
+            text=text,
+            voice=voice,
+            format="wav",
+            sample_rate=None,
+            params={},
+            billable_chars=len(text),
+            waited=waited,
+        )
+        return lifecycle.submit_job(t.org, request)[0]
+
+    waited, plain = submit("a waited job", True), submit("a plain job", False)
+    assert waited.waiter_until is not None and plain.waiter_until is None
+    assert lifecycle.abandon_lapsed_waiters() == 0  # the lease taken at submit holds
+    past = timezone.now() - dt.timedelta(seconds=1)
+    SynthesisJob.objects.filter(id=waited.id).update(waiter_until=past)  # never renewed since
+    assert lifecycle.abandon_lapsed_waiters() == 1
+    waited.refresh_from_db()
+    assert waited.status == "canceled"
+    event = _settlement(waited.id)
+    assert (event.kind, event.characters) == ("release", 0)
+    plain.refresh_from_db()
+    assert plain.status == "queued"  # no waiter, no lease: never abandoned
+    assert lifecycle.abandon_lapsed_waiters() == 0
+
+
+def test_the_same_idempotency_key_twice_is_one_job_and_one_charge(live_tenant: Any, web: Any) -> None:
+    from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
+
+    t = live_tenant()
+    body = {
+        "model": "tts-1",
+        "voice": "alloy",
+        "input": "Said once, asked for twice.",
+        "response_format": "wav",
+    }
+    key = {"Idempotency-Key": "retry-after-a-lost-answer"}
+    first = _post_openai(web, t.raw_key, body, headers=key, timeout=60)
+    again = _post_openai(web, t.raw_key, body, headers=key, timeout=60)
+    assert first.status_code == again.status_code == 200
+    assert first.content == again.content
+    job = SynthesisJob.objects.get(organization=t.org)
+    charges = UsageEvent.objects.filter(job_key=job.id, kind="charge")
+    assert [c.characters for c in charges] == [job.text_chars]
+    assert UsagePeriod.objects.get(organization=t.org).characters_used == job.text_chars
+    other = _post_openai(web, t.raw_key, {**body, "input": "Something else."}, headers=key, timeout=60)
+    assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency_key_reused"
+    # No key, no replay: the route derives none by itself.
+    assert _post_openai(web, t.raw_key, body, timeout=60).status_code == 200
+    assert SynthesisJob.objects.filter(organization=t.org).count() == 2
+
+
+def test_a_failing_dispatch_after_commit_is_not_a_500(
+    live_tenant: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Injected fault: the after-commit dispatch raises (not a broker error it already catches)."""
+    from webapp.speech.models import SynthesisJob
+    from webapp.speech.services import dispatch
+
+    def broken(*args: Any, **kwargs: Any) -> bool:
+        raise RuntimeError("injected: dispatch broke after the commit")
+
+    monkeypatch.setattr(dispatch, "_send", broken)
+    t = live_tenant()
+    t.client.client.raise_request_exception = False
+    response = t.client.post("/api/v1/speech", {"text": "Committed all the same.", "voice": "espeak-en-us"})
+    assert response.status_code == 202, response.content
+    job = SynthesisJob.objects.get(organization=t.org)
+    assert job.status == "queued" and job.dispatched_at is None  # beat's redispatch sends it
+
+
+# --------------------------------------------------------------------- /api/v1/speech/{id}/stream
+
+
+def _native_job(web: Any, key: str, text: str = LONG_TEXT) -> str:
+    r = requests.post(
+        f"{base_url(web)}/api/v1/speech",
+        json={"text": text, "voice": "en_US-joe-medium", "format": "pcm"},
+        headers={"Authorization": f"Bearer {key}"},
+        verify=False,
+        timeout=30,
+    )
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def _open_stream(web: Any, key: str, job_id: str) -> requests.Response:
+    r = requests.get(
+        f"{base_url(web)}/api/v1/speech/{job_id}/stream",
+        headers={"Authorization": f"Bearer {key}"},
+        verify=False,
+        stream=True,
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _read(response: requests.Response, at_least: int) -> int:
+    got = 0
+    for chunk in response.iter_content(chunk_size=None):
+        got += len(chunk)
+        if got >= at_least:
+            break
+    return got
+
+
+def _api(web: Any, key: str, method: str, path: str) -> requests.Response:
+    return requests.request(
+        method,
+        f"{base_url(web)}/api/v1/speech/{path}",
+        headers={"Authorization": f"Bearer {key}"},
+        verify=False,
+        timeout=30,
+    )
+
+
+def _delivered_settles(job_id: str, steady_for: float = 1.0) -> int:
+    """The job's delivered mark once it stopped moving for ``steady_for`` seconds.
+
+    A stream whose client closed goes on handing audio to the connection until
+    Nginx's next write to the client fails: a sentence or so later.
+    """
+    from webapp.speech.models import SynthesisJob
+
+    def mark() -> int:
+        return int(SynthesisJob.objects.values_list("delivered_chars", flat=True).get(id=job_id))
+
+    _wait_until(lambda: mark() > 0, 10, "the stream's delivery to be recorded")
+    seen, steady = mark(), time.monotonic()
+    deadline = time.monotonic() + 60
+    while time.monotonic() - steady < steady_for and time.monotonic() < deadline:
+        time.sleep(0.2)
+        if mark() != seen:
+            seen, steady = mark(), time.monotonic()
+    return seen
+
+
+def test_stream_then_cancel_charges_the_sentences_delivered(live_tenant: Any, web: Any) -> None:
+    from webapp.speech.models import SynthesisJob, UsagePeriod
+
+    t = live_tenant()
+    job_id = _native_job(web, t.raw_key)
+    stream = _open_stream(web, t.raw_key, job_id)
+    _read(stream, PCM_RATE * 2 * 3)  # about three sentences heard, the stream still open
+    assert _api(web, t.raw_key, "POST", f"{job_id}/cancel").status_code in (200, 202)
+    _delivered_settles(job_id)
+    stream.close()
+    job = SynthesisJob.objects.get(id=job_id)
+    _wait_until(lambda: job.refresh_from_db() or job.is_finished, 60, "the job to end")
+    assert job.status == "canceled"
+    event = _settlement(job_id)
+    assert event.kind == "charge" and 0 < event.characters < job.text_chars
+    assert event.characters <= job.delivered_chars  # no more than the stream handed out
+    assert event.parts[0] == {"kind": "delivered", "characters": event.characters}
+    row = UsagePeriod.objects.get(organization=t.org)
+    assert row.characters_reserved == 0 and row.characters_used == event.characters
+
+
+def test_disconnect_reconnect_then_delete_charges_the_sentences_once(live_tenant: Any, web: Any) -> None:
+    import math
+
+    from webapp.speech.models import SynthesisJob, UsagePeriod
+
+    t = live_tenant()
+    job_id = _native_job(web, t.raw_key)
+    first = _open_stream(web, t.raw_key, job_id)
+    _read(first, PCM_RATE * 2 * 8)  # two sentences or more
+    first.close()  # the client went away: the job goes on, what it was handed is on the row
+    heard_once = _delivered_settles(job_id, steady_for=5.0)  # longer than a sentence takes
+    assert SynthesisJob.objects.get(id=job_id).status == "running"
+    again = _open_stream(web, t.raw_key, job_id)  # the same attempt, from its start
+    _read(again, PCM_RATE * 2 * 2)  # handed everything made so far, the first stream's sentences too
+    again.close()
+    time.sleep(1.5)
+    job = SynthesisJob.objects.get(id=job_id)
+    sentences = LONG_TEXT.count(".")
+    made = round(job.progress * sentences) + 1  # (the one being written may be streamed already)
+    assert _api(web, t.raw_key, "DELETE", job_id).status_code == 204
+    event = _settlement(job_id)
+    # The second stream was handed sentences the first had been: they count once (the most
+    # one stream delivered); added up they would be more than the worker had made.
+    assert event.kind == "charge" and heard_once <= event.characters < job.text_chars
+    assert event.characters <= math.ceil(job.text_chars * made / sentences), (heard_once, made)
+    assert UsagePeriod.objects.get(organization=t.org).characters_used == event.characters
+
+
+def test_audio_far_longer_than_its_characters_is_charged_by_its_seconds(live_tenant: Any) -> None:
+    from django.conf import settings
+
+    from tests.integration.api.conftest import wait_finished
+
+    t = live_tenant()
+    text = "Slowly, please."
+    r = t.client.post("/api/v1/speech", {"text": text, "voice": "espeak-en-us", "speed": 0.25})
+    assert r.status_code == 202, r.content
+    job = wait_finished(t.client, r.json()["id"])
+    assert job["status"] == "succeeded", job
+    event = _settlement(job["id"])
+    by_seconds = int(job["duration_seconds"] / settings.TTS_AUDIO_SECONDS_PER_CHAR)
+    assert by_seconds > len(text)  # the speed really made the audio long for its text
+    assert event.characters == by_seconds
+    assert event.parts == [
+        {"kind": "fresh", "characters": len(text)},
+        {"kind": "audio_seconds", "characters": by_seconds - len(text)},
+    ]
+    # At the usual speed, the same text costs its characters.
+    r = t.client.post("/api/v1/speech", {"text": text, "voice": "espeak-en-us"})
+    plain = wait_finished(t.client, r.json()["id"])
+    assert _settlement(plain["id"]).characters == len(text)
