@@ -380,6 +380,12 @@ TTS_WORKER_HOOKS = env_str("TTS_WORKER_HOOKS", "")
 # API behaviour.
 TTS_LONG_POLL_MAX_SECONDS = env_int("TTS_LONG_POLL_MAX_SECONDS", 30)
 TTS_OPENAI_WAIT_SECONDS = env_int("TTS_OPENAI_WAIT_SECONDS", 120)
+# A client waiting on /v1/audio/speech holds a lease on its job, renewed every third of it while
+# connected; a lease lapsed (the web process was killed) lets the reaper abandon the job.
+TTS_WAITER_LEASE_SECONDS = env_int("TTS_WAITER_LEASE_SECONDS", 15)
+# Audio seconds one billable character pays for; audio longer than characters x this (speed 0.25,
+# long pauses) is charged by its seconds instead (docs/api.md, "What is charged").
+TTS_AUDIO_SECONDS_PER_CHAR = env_float("TTS_AUDIO_SECONDS_PER_CHAR", 0.15)
 TTS_OPENAI_VOICE_MAP = env_map(
     "TTS_OPENAI_VOICE_MAP",
     "alloy=en_US-joe-medium,echo=en_US-joe-medium,fable=en_US-joe-medium,onyx=en_US-joe-medium,"
