@@ -36,10 +36,12 @@ class OperationsSnapshot(models.Model):
     """The operations page's figures at one minute (webapp/speech/operations.py), for its 24-hour charts.
 
     Written by the ``snapshot_operations`` job every minute; ``prune_records``
-    deletes rows older than TTS_OPERATIONS_SNAPSHOT_HOURS.
+    deletes rows older than TTS_OPERATIONS_SNAPSHOT_HOURS. ``at`` is the
+    minute (seconds zero) and unique: however many runs a minute sees (two
+    beats, a run by hand), the first one's row is the minute's.
     """
 
-    at = models.DateTimeField(default=timezone.now, db_index=True)
+    at = models.DateTimeField(default=timezone.now, unique=True)
     data = models.JSONField(default=dict)
 
     def __str__(self) -> str:

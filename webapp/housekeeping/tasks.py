@@ -10,10 +10,14 @@ by the next beat tick, instead of being redelivered on top of it.
 
 from __future__ import annotations
 
+import atexit
+import os
 from typing import Any
 
-from celery import shared_task
+from celery import shared_task, signals
+from django.conf import settings
 
+from webapp.housekeeping import locks
 from webapp.housekeeping.catalog import JOBS, run_job
 from webapp.housekeeping.jobs import hard_time_limit, soft_time_limit
 
@@ -42,3 +46,18 @@ def _make_task(job: str) -> Any:
 
 
 TASKS: dict[str, Any] = {job: _make_task(job) for job in JOBS}
+
+
+@signals.beat_init.connect
+def _take_beat_lease(**_: Any) -> None:
+    """Beat sends nothing before it holds the lease: a second beat waits here (docs/housekeeping.md).
+
+    Sent by beat's service before its first tick, in every beat process (this
+    module is imported as beat loads the tasks), never in a worker.
+    """
+    lease = locks.BeatLease(settings.TTS_BEAT_LEASE_SECONDS)
+    lease.wait_and_take()
+    atexit.register(lease.release)
+    # Lost: another beat may be sending now. Exit non-zero at once (no clean exit, which
+    # systemd's Restart=on-failure would not restart); restarted, this beat waits.
+    lease.keep(on_lost=lambda: os._exit(1))
