@@ -138,6 +138,12 @@ class ApiKey(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The key that created this one through the API (None: a person or the operator did).
+    # A key never outlives, outranks or outscopes its parent, and revoking the parent
+    # revokes it (services.revoke_api_key), so the per-request lookup never looks up the tree.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
     # A rate of its own, below the plan's (None: only the tenant's rate applies).
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)

@@ -16,6 +16,7 @@ import secrets
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
@@ -87,14 +88,26 @@ def create_api_key(
     for the same user; only the operator may issue a key for another member
     (``user``) or for the tenant as a whole (no user). Without ``scopes`` the
     key gets read and speech, never key management.
+
+    A key created by a key (its ``parent``) is bounded by it: no scope the
+    parent lacks, no later expiry, no higher rate; left out, the expiry and the
+    rate are the parent's, and the default scopes are those of the default the
+    parent carries. Revoking the parent revokes it (:func:`revoke_api_key`).
+    A person's key is bounded by the person's role only.
     """
     _require_key_manager(created_by, organization)
     holder, holder_role = _holder(created_by, organization, user)
+    parent = created_by if isinstance(created_by, ApiKey) else None
+    if parent is not None and scopes is None:
+        scopes = _default_scopes_within(parent)
     granted = _granted_scopes(scopes, holder_role)
     if requests_per_minute is not None and requests_per_minute < 1:
         raise DomainError(
             ErrorCode.INVALID_REQUEST, "requests_per_minute must be at least 1.", field="requests_per_minute"
         )
+    if parent is not None:
+        _lock_unrevoked(parent)
+        expires_at, requests_per_minute = _bounded_by_parent(parent, granted, expires_at, requests_per_minute)
     prefix = _unused_prefix()
     secret = secrets.token_urlsafe(32)
     key = ApiKey.objects.create(
@@ -105,21 +118,45 @@ def create_api_key(
         scopes=granted,
         user=holder,
         created_by=_user_of(created_by),
+        parent=parent,
         expires_at=expires_at,
         requests_per_minute=requests_per_minute,
     )
-    audit.record(
-        "key.created", target=key, organization=organization, actor=created_by, details={"scopes": granted}
-    )
+    details: dict[str, Any] = {"scopes": granted}
+    if parent is not None:
+        details["parent"] = str(parent.pk)
+    audit.record("key.created", target=key, organization=organization, actor=created_by, details=details)
     return key, f"tts_{prefix}_{secret}"
 
 
 @transaction.atomic
 def revoke_api_key(key: ApiKey, *, by: Any) -> None:
-    """Revoke a key; ``by`` must be an owner or admin of the key's tenant (or :data:`OPERATOR`)."""
+    """Revoke a key and the keys it created, and theirs; ``by`` must be an owner or admin (or OPERATOR).
+
+    The tree is revoked here, once, so that the lookup every request makes
+    (:func:`_key_by_prefix`) reads one row and never walks up to the parents.
+    The key's row is updated first: a child being created at the same moment
+    (which locks its parent, :func:`_lock_unrevoked`) is either refused or
+    committed before the children are looked for.
+    """
     _require_key_manager(by, key.organization)
-    if ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()):
+    now = timezone.now()
+    if ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=now):
         audit.record("key.revoked", target=key, organization=key.organization_id, actor=by)
+    generation = [key.pk]
+    while generation:  # a key's parent is always an older key: the tree has no cycles and this ends
+        children = list(
+            ApiKey.objects.filter(parent_id__in=generation).only("pk", "name", "prefix", "revoked_at")
+        )
+        for child in children:
+            if child.revoked_at is None and ApiKey.objects.filter(
+                pk=child.pk, revoked_at__isnull=True
+            ).update(revoked_at=now):
+                details = {"with_parent": str(key.pk)}
+                audit.record(
+                    "key.revoked", target=child, organization=key.organization_id, actor=by, details=details
+                )
+        generation = [child.pk for child in children]
 
 
 def find_api_key(raw: str) -> ApiKey | None:
@@ -127,7 +164,8 @@ def find_api_key(raw: str) -> ApiKey | None:
 
     The key comes with its tenant and plan, and with ``holder_role``: its user's
     current role in the tenant (None when that user is no longer a member,
-    which makes the key unusable).
+    which makes the key unusable). A key acts for its user: one whose user is
+    inactive (``is_active`` off) is unusable too.
     """
     match = KEY_RE.match(raw)
     if not match:
@@ -138,26 +176,30 @@ def find_api_key(raw: str) -> ApiKey | None:
     valid = hmac.compare_digest(expected, hash_secret(secret))
     if key is None or not valid or not key.is_usable() or not key.organization.is_active:
         return None
-    if key.user_id is not None and key.holder_role is None:  # type: ignore[attr-defined]
+    if key.user_id is not None and (key.holder_role is None or not key.holder_active):  # type: ignore[attr-defined]
         return None
     return key
 
 
 def _key_by_prefix(prefix: str) -> ApiKey | None:
-    """The key with this prefix, with its tenant, plan and ``holder_role``, in one query written once.
+    """The key with this prefix, with its tenant, plan, ``holder_role`` and ``holder_active``, in one query.
 
     ``holder_role`` is the key's user's role in the tenant as it is now (None
-    for a tenant key, or when that user is no longer a member). Every
+    for a tenant key, or when that user is no longer a member);
+    ``holder_active`` the user's ``is_active`` (None for a tenant key). Every
     authenticated request runs it: as a queryset (two select_related joins and
     a subquery) it cost 2.2 ms more CPU per call than this statement
     (tests/bench/bench_queries.py), which a request pays once or more.
     """
     k, o, p = columns(ApiKey, "k"), columns(Organization, "o"), columns(Plan, "p")
+    users = get_user_model()._meta.db_table
     row = fetch_one(
         f"""SELECT {k.sql}, {o.sql}, {p.sql},
             (SELECT m.role FROM {Membership._meta.db_table} m
-             WHERE m.user_id = k.user_id AND m.organization_id = k.organization_id LIMIT 1)
+             WHERE m.user_id = k.user_id AND m.organization_id = k.organization_id LIMIT 1),
+            u.is_active
         FROM {k.table} JOIN {o.table} ON o.id = k.organization_id JOIN {p.table} ON p.id = o.plan_id
+        LEFT JOIN {users} u ON u.id = k.user_id
         WHERE k.prefix = %s""",
         [prefix],
     )
@@ -166,7 +208,8 @@ def _key_by_prefix(prefix: str) -> ApiKey | None:
     key: ApiKey = k.build(row)
     key.organization = o.build(row, len(k))
     key.organization.plan = p.build(row, len(k) + len(o))
-    key.holder_role = row[-1]  # type: ignore[attr-defined]
+    key.holder_role = row[-2]  # type: ignore[attr-defined]
+    key.holder_active = row[-1]  # type: ignore[attr-defined]
     return key
 
 
@@ -253,6 +296,64 @@ def _granted_scopes(asked: list[str] | None, holder_role: str) -> list[str]:
             field="scopes",
         )
     return scopes
+
+
+def _lock_unrevoked(parent: ApiKey) -> None:
+    """Lock the creating key's row until the new key is committed; refuse if it was revoked meanwhile.
+
+    :func:`revoke_api_key` updates that row before it looks for children, so the
+    new key is either refused here or found (and revoked) there.
+    """
+    if not ApiKey.objects.select_for_update().filter(pk=parent.pk, revoked_at__isnull=True).exists():
+        raise DomainError(ErrorCode.PERMISSION_DENIED, "The key creating this one has just been revoked.")
+
+
+def _default_scopes_within(parent: ApiKey) -> list[str]:
+    """The default scopes, less those the creating key lacks; refused when that leaves none."""
+    scopes = [scope for scope in ApiKey.DEFAULT_SCOPES if scope in (parent.scopes or [])]
+    if not scopes:
+        raise DomainError(
+            ErrorCode.INVALID_SCOPE,
+            f"The key creating this one carries none of the default scopes ({', '.join(ApiKey.DEFAULT_SCOPES)}); "
+            "name the scopes, among those it carries.",
+            field="scopes",
+        )
+    return scopes
+
+
+def _bounded_by_parent(
+    parent: ApiKey, scopes: list[str], expires_at: dt.datetime | None, requests_per_minute: int | None
+) -> tuple[dt.datetime | None, int | None]:
+    """The new key's expiry and rate within the creating key's; refuse scopes, expiry or rate beyond it."""
+    beyond = sorted(set(scopes) - set(parent.scopes or []))
+    if beyond:
+        raise DomainError(
+            ErrorCode.INVALID_SCOPE,
+            f"The key creating this one does not carry {', '.join(beyond)}; "
+            "a key never carries scopes beyond the key that creates it.",
+            field="scopes",
+        )
+    if parent.expires_at is not None:
+        if expires_at is None:
+            expires_at = parent.expires_at
+        elif expires_at > parent.expires_at:
+            raise DomainError(
+                ErrorCode.INVALID_REQUEST,
+                f"expires_at may be at most {parent.expires_at.isoformat()}, "
+                "when the key creating this one expires.",
+                field="expires_at",
+            )
+    if parent.requests_per_minute is not None:
+        if requests_per_minute is None:
+            requests_per_minute = parent.requests_per_minute
+        elif requests_per_minute > parent.requests_per_minute:
+            raise DomainError(
+                ErrorCode.INVALID_REQUEST,
+                f"requests_per_minute may be at most {parent.requests_per_minute}, "
+                "the rate of the key creating this one.",
+                field="requests_per_minute",
+            )
+    return expires_at, requests_per_minute
 
 
 def _unused_prefix() -> str:

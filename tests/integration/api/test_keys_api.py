@@ -15,7 +15,7 @@ from tests.integration.api.people import key_for, member
 
 pytestmark = pytest.mark.usefixtures("builtin_voices")
 
-MANAGE = ["speech:read", "keys:manage"]
+MANAGE = ["speech:read", "speech:write", "keys:manage"]
 KEY_RE = re.compile(r"^tts_[A-Za-z0-9]{8}_[A-Za-z0-9_-]{20,128}$")
 
 

@@ -43,6 +43,11 @@ class KeySerializer(serializers.ModelSerializer):
     user: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True
     )
+    parent_id = serializers.UUIDField(
+        read_only=True,
+        allow_null=True,
+        help_text="The key that created this one (null: a person or the operator).",
+    )
 
     class Meta:
         model = ApiKey
@@ -52,6 +57,7 @@ class KeySerializer(serializers.ModelSerializer):
             "prefix",
             "scopes",
             "user",
+            "parent_id",
             "requests_per_minute",
             "created_at",
             "expires_at",
