@@ -5,7 +5,8 @@ in INSTALLED_APPS replaces ``django.contrib.admin``), so ``admin.site`` and ``@a
 refer to it. When ``TTS_ADMIN_REQUIRE_OTP`` is on, only staff verified by a
 TOTP device (django-otp) get in, and the login form asks for the code; staff
 enrol with ``manage.py enroll_totp <username>``. Failed logins are counted by
-django-axes, which locks the client out after ``TTS_LOGIN_FAILURE_LIMIT``.
+django-axes, which locks the (user name, address) pair out after
+``TTS_LOGIN_FAILURE_LIMIT``, and slowed down per user name (``webapp.login_guard``).
 
 Apps add pages that are not models (the Workers page) with :meth:`add_page`
 instead of patching the site.
@@ -18,12 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from axes.backends import AxesStandaloneBackend
+from axes.exceptions import AxesBackendPermissionDenied
 from django.conf import settings
 from django.contrib.admin import AdminSite
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver, path, reverse
 from django_otp.admin import OTPAdminAuthenticationForm
+
+from webapp import login_guard
 
 View = Callable[..., HttpResponse]
 
@@ -122,10 +126,13 @@ def default_site() -> OperatorAdminSite:
 
 
 class LockoutBackend(AxesStandaloneBackend):
-    """django-axes' check, for logins that come with a request (every web login form passes one).
+    """django-axes' check, then the user name's slow-down, for logins that come with a request
+    (every web login form passes one; webapp/login_guard.py says the rules).
 
     Without a request (the test client's ``login()``, a shell) there is no
-    client to count or lock out; django-axes would raise instead.
+    client to count or lock out; django-axes would raise instead. A slowed-down
+    attempt is refused as django-axes refuses a locked-out one (its middleware
+    answers with ``login_guard.lockout_response``), and, like it, not counted.
     """
 
     def authenticate(
@@ -138,4 +145,9 @@ class LockoutBackend(AxesStandaloneBackend):
         if request is None:
             return None
         super().authenticate(request, username, password, **kwargs)
+        wait = login_guard.slowdown_wait(request, username)
+        if wait is not None:
+            request.login_retry_after = wait  # type: ignore[attr-defined]
+            request.axes_locked_out = True  # type: ignore[attr-defined]
+            raise AxesBackendPermissionDenied("AxesBackend: this user name is slowed down from this address")
         return None

@@ -221,16 +221,24 @@ X_FRAME_OPTIONS = "DENY"
 # or the real_ip result behind a load balancer), never from what a client sent.
 TTS_CLIENT_IP_HEADER = env_str("TTS_CLIENT_IP_HEADER", "HTTP_X_REAL_IP")
 
-# Operator login (webapp/admin_site.py). django-axes counts failed logins per
-# client address and per user name; past the limit both are locked out for the
-# cool-off time (`manage.py axes_reset` lifts it early).
+# Log-ins (admin and dashboard; webapp/admin_site.py, webapp/login_guard.py). django-axes
+# counts failed log-ins per (user name, client address) pair; past the limit that pair is
+# locked out for the cool-off time (`manage.py axes_reset` lifts it early), so nobody can
+# lock another person out. Guessing one user name from many addresses meets a slow-down
+# instead: a delay that doubles per failure, for addresses that failed for it.
 AUTHENTICATION_BACKENDS = [
     "webapp.admin_site.LockoutBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = env_int("TTS_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = env_int("TTS_LOGIN_LOCKOUT_MINUTES", 15) / 60  # hours
-AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_LOCKOUT_CALLABLE = "webapp.login_guard.lockout_response"
+# A refused attempt (locked out, or slowed down) is not counted and does not restart the cool-off:
+# the lockout ends a fixed time after the last password that was checked.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+TTS_LOGIN_SLOWDOWN_AFTER = env_int("TTS_LOGIN_SLOWDOWN_AFTER", 5)
+TTS_LOGIN_SLOWDOWN_MAX_SECONDS = env_int("TTS_LOGIN_SLOWDOWN_MAX_SECONDS", 300)
 AXES_RESET_ON_SUCCESS = True
 AXES_CLIENT_IP_CALLABLE = "webapp.client_ip.client_ip"
 AXES_HTTP_RESPONSE_CODE = 429
