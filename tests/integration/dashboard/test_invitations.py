@@ -171,3 +171,20 @@ def test_role_changes_and_removals_are_audited(owner: tuple[Any, Any]) -> None:
     events = {e.action: e for e in AuditEvent.objects.filter(organization_id=org.pk)}
     assert events["member.role_changed"].details == {"from": "member", "to": "viewer"}
     assert events["member.removed"].actor_id == user.pk
+
+
+def test_an_expired_invitation_link_is_refused_and_listed_as_expired(owner: tuple[Any, Any]) -> None:
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from webapp.tenants.models import Invitation
+
+    client = client_for(owner[0])
+    _invite(client, "slow@example.com")
+    Invitation.objects.update(expires_at=timezone.now() - dt.timedelta(seconds=1))
+    link = _link()
+    assert Client().get(link).status_code == 400
+    assert Client().post(link, {"new_password1": PASSWORD, "new_password2": PASSWORD}).status_code == 400
+    assert not get_user_model().objects.filter(email="slow@example.com").exists()
+    assert "expired" in client.get("/app/members/").content.decode()

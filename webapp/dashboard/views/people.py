@@ -8,6 +8,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard import accounts
@@ -76,6 +77,7 @@ def _members_page(request: HttpRequest, tenant: Tenant, form: InviteForm, status
         "form": form,
         "rows": rows.order_by("created_at"),
         "invitations": invitations if tenant.can_manage else [],
+        "now": timezone.now(),
         "role_form": RoleForm(),
     }
     return render(request, "dashboard/members.html", context, status=status)
