@@ -3,18 +3,22 @@
 Test workers run with ``TTS_WORKER_HOOKS=tests.faults``; each fault is off unless
 its ``TTS_FAULT_*`` environment variable names a marker.
 
-A job whose text contains the marker kills its child, runs out of memory,
-hangs, or stops (SIGSTOP) or dies between its file's rename and its commit;
+A job whose text contains the marker kills its child mid-write (after its
+first sentence), runs out of memory, hangs (in Python, or in native code where
+no alarm reaches it), or stops (SIGSTOP) or dies between its file's rename and its commit;
 on a batching child, a sentence containing its marker fails in its batch.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import time
 from typing import Any
+
+from django.conf import settings
 
 from synth.errors import SynthError
 from webapp.speech.models import SynthesisJob
@@ -24,10 +28,6 @@ log = logging.getLogger(__name__)
 
 def before_synthesis(job: SynthesisJob) -> None:
     """Before synthesis, on every attempt: kill the child, run out of memory, or hang."""
-    crash = os.environ.get("TTS_FAULT_CRASH_MARKER", "")
-    if crash and crash in job.text:
-        log.error("fault injection: job %s kills its worker child", job.id)
-        os._exit(70)
     oom = os.environ.get("TTS_FAULT_OOM_MARKER", "")
     if oom and oom in job.text:
         raise MemoryError("fault injection: simulated out-of-memory")
@@ -36,6 +36,33 @@ def before_synthesis(job: SynthesisJob) -> None:
         log.error("fault injection: job %s hangs", job.id)
         while True:  # only the hard limit ends this
             time.sleep(1)
+    native = os.environ.get("TTS_FAULT_NATIVE_HANG_MARKER", "")
+    if native and native in job.text:
+        hang_in_native_code(job)
+
+
+def hang_in_native_code(job: SynthesisJob) -> None:
+    """Stuck in C with SIGALRM blocked, as a runtime that ignores the alarm: no Python runs here again."""
+    log.error("fault injection: job %s hangs in native code (libc pause, SIGALRM blocked)", job.id)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    libc = ctypes.CDLL(None)
+    while True:  # pause() returns only for a signal with a handler: it pauses again
+        libc.pause()
+
+
+def after_progress(job: SynthesisJob, done: int, total: int) -> None:
+    """The child dies with a sentence in its partial and stream files (first claim and every retry)."""
+    crash = os.environ.get("TTS_FAULT_CRASH_MARKER", "")
+    if crash and crash in job.text and done >= 1:
+        record = os.environ.get("TTS_FAULT_CRASH_RECORD", "")
+        if record:
+            # What the test asserts the death overlapped: this attempt's own files, being written.
+            folder = os.path.join(str(settings.MEDIA_ROOT), "audio", str(job.organization_id))
+            mine = [f for f in os.listdir(folder) if f.startswith(f".{job.id}.{job.claim_token}.")]
+            with open(record, "a") as fh:
+                fh.write(f"{job.id} {job.claim_token} {len(mine)}\n")
+        log.error("fault injection: job %s kills its worker child mid-write", job.id)
+        os._exit(70)
 
 
 def before_commit(job: SynthesisJob) -> None:

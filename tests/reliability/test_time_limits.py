@@ -1,5 +1,5 @@
-"""Time limits follow the row and progress: a hung job ends `timeout` after one attempt, a stalled
-one too; a job slowed by a busy host but advancing is not stopped (its soft limit is CPU time)."""
+"""Time limits follow the row and progress: a job hung in native code ends `timeout` after one
+attempt and its child is replaced, a stalled one ends `timeout` too; a job slowed by a busy host but advancing is not stopped (its soft limit is CPU time)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tests.reliability.helpers import (
     LONG,
     PIPER,
     SHORT,
+    children,
     flush_queues,
     job,
     make_org,
@@ -27,14 +28,19 @@ from tests.stack import TestStack
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_job_that_sleeps_past_the_hard_limit_ends_timeout_after_one_attempt(
+def test_a_job_stuck_in_native_code_past_its_hard_limit_ends_timeout_and_its_child_is_replaced(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
+    """Stuck in C with SIGALRM blocked (libc pause): the child's alarm never fires. The reaper
+    ends the job ``timeout``; the child's watchdog then ends the child, which would otherwise
+    keep the message and say "ready" until Celery's own limit."""
     from webapp.housekeeping.catalog import run_job
 
     flush_queues(stack, "synth.espeak")
-    marker = "#hang#"
-    worker = start_worker(stack, "w-hang", TTS_FAULT_HANG_MARKER=marker)
+    marker = "#native-hang#"
+    worker = start_worker(
+        stack, "w-hang", TTS_FAULT_NATIVE_HANG_MARKER=marker, TTS_JOB_HARD_GRACE_SECONDS="2"
+    )
     try:
         org = make_org("hang")
         # Soft 1 s of CPU, hard 4 s (3 x soft + 1): sent with the message, the deadline on the row.
@@ -42,22 +48,29 @@ def test_a_job_that_sleeps_past_the_hard_limit_ends_timeout_after_one_attempt(
             TTS_JOB_BASE_SECONDS=1.0, TTS_JOB_SECONDS_PER_CHAR=0.0, TTS_JOB_HARD_GRACE_SECONDS=1
         ):
             hung = submit(org, f"This text {marker} never finishes.")
-        wait_until(lambda: job(hung.id).status == "running", 30, "the job to start")
-        assert job(hung.id).deadline is not None
+        row = wait_until(lambda: (r := job(hung.id)).status == "running" and r, 30, "the job to start")
+        assert row.deadline is not None
+        pid = int(row.worker.rpartition(":")[2])
+        assert pid in {p.pid for p in children(worker)}
 
         def reaped() -> Any:
             run_job("reap_stuck_jobs")  # what beat runs every few seconds
             row = job(hung.id)
             return row if row.status != "running" else None
 
-        row = wait_until(reaped, 30, "the reaper to end the job", interval=0.5)
+        row = wait_until(reaped, 60, "the reaper to end the job", interval=0.5)
         assert (row.status, row.error_code, row.attempts) == ("failed", "timeout", 1), row.error_message
         assert usage_events(hung.id) == ["release", "reserve"]
-        # The worker serves on.
+        # The reaper ended it, not the child's alarm (which says "hard time limit of 4 s"): the
+        # task was still stuck in native code when its job ended.
+        assert row.error_message == "The job ran past its time limit and was stopped."
+        # The watchdog ends the stuck child; its heartbeat goes, a fresh child serves.
+        wait_until(lambda: pid not in {p.pid for p in children(worker)}, 60, "the stuck child to end")
+        assert not [b for b in stack.heartbeats() if b.get("pid") == pid]
         ok = submit(org, SHORT)
-        (done,) = wait_status([ok.id], timeout=60)
-        assert done.status == "succeeded"
-        assert job(hung.id).attempts == 1  # the killed run's message did not come back
+        (done,) = wait_status([ok.id], timeout=90)
+        assert done.status == "succeeded" and done.metrics["pid"] != pid
+        assert job(hung.id).attempts == 1  # the ended child's message came back to an ended job
     finally:
         stack.stop_service(worker)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,20 +103,33 @@ def test_kill_9_whole_worker_then_a_new_worker_completes_once(
 
 
 def test_job_that_kills_its_worker_every_time_fails_worker_lost(
-    stack: TestStack, builtin_voices: list[str]
+    stack: TestStack, builtin_voices: list[str], tmp_path: Path
 ) -> None:
     flush_queues(stack, "synth.espeak")
     marker = "#crash-me#"
-    worker = start_worker(stack, "w-crash", TTS_FAULT_CRASH_MARKER=marker, TTS_JOB_MAX_ATTEMPTS="3")
+    record = tmp_path / "crashes"
+    worker = start_worker(
+        stack,
+        "w-crash",
+        TTS_FAULT_CRASH_MARKER=marker,
+        TTS_FAULT_CRASH_RECORD=str(record),
+        TTS_JOB_MAX_ATTEMPTS="3",
+    )
     try:
         org = make_org("crash")
-        bad = submit(org, f"This text {marker} kills the worker.")
+        bad = submit(org, f"This text {marker} kills the worker. It dies in the middle of writing.")
         good = [submit(org, f"{SHORT} Number {i}.") for i in range(3)]
         rows = wait_status([bad.id, *(g.id for g in good)], timeout=90)
         assert rows[0].status == "failed" and rows[0].error_code == "worker_lost", rows[0].error_message
         assert rows[0].attempts == 3
         assert usage_events(bad.id) == ["release", "reserve"]
         assert [r.status for r in rows[1:]] == ["succeeded"] * 3
+        # Each attempt died mid-write, its partial and stream files on disk ...
+        deaths = [line.split() for line in record.read_text().splitlines()]
+        assert [(d[0], d[1]) for d in deaths] == [(str(bad.id), str(n)) for n in (1, 2, 3)], deaths
+        assert all(int(d[2]) >= 2 for d in deaths), deaths
+        # ... and none is left: each claim that found the owner dead removed what it wrote.
+        assert not partial_files(os.path.join(media_root(), "audio", str(org.id)))
         # The same worker is still there and serving.
         assert worker.process is not None and worker.process.poll() is None
         after = submit(org, SHORT)

@@ -170,6 +170,13 @@ def run_claimed(state: worker.WorkerState, job: SynthesisJob, limits: tuple[floa
     )
     state.current_job = str(job.id)
     rss_before = round(state.health.last_rss_mb or recycling.read_rss_mb(), 1)
+    with state.watching(str(job.id), attempt.token):  # the watchdog ends a child stuck past its job's end
+        return _run(state, attempt, rss_before)
+
+
+def _run(state: worker.WorkerState, attempt: Attempt, rss_before: float) -> Outcome:
+    """The attempt itself: synthesise under the hard limit, publish through the lifecycle, clean up."""
+    job, relative, hard = attempt.job, attempt.relative, attempt.hard
     try:
         with _hard_limit(attempt):
             hooks.before_synthesis(job)
@@ -251,6 +258,7 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
         if verdict is Verdict.LOST:
             raise AttemptLost()
         cancel["requested"] = verdict is Verdict.CANCEL
+        hooks.after_progress(job, done, total)
         if done < total and attempt.cpu_seconds > attempt.cpu_budget:
             raise SoftLimitReached()
 

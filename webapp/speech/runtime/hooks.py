@@ -48,6 +48,11 @@ def before_synthesis(job: Any) -> None:
     _call("before_synthesis", job)
 
 
+def after_progress(job: Any, done: int, total: int) -> None:
+    """An attempt wrote sentence ``done`` of ``total`` to its partial file and recorded it."""
+    _call("after_progress", job, done, total)
+
+
 def before_commit(job: Any) -> None:
     """An attempt's file is in place; its completion is about to be written."""
     _call("before_commit", job)

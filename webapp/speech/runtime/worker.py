@@ -19,18 +19,20 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
 from celery import current_app
 from celery.signals import worker_process_init, worker_process_shutdown, worker_shutting_down
 from django.conf import settings
+from django.db import connections
 
 from synth import Synthesizer
 from synth.hostjobs import HostJobs
 from webapp import redis_clients
 from webapp.speech import heartbeat, lifecycle, owners, voices
-from webapp.speech.models import Voice
+from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.runtime import hooks, recycling, rolling
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,10 @@ class WorkerState:
         # Jobs running on this host, by every worker of this var/ (synth.hostjobs).
         self.host_jobs = HostJobs(settings.VAR_DIR / "run" / "jobs")
         self.health = recycling.ChildHealth(recycling.RecyclePolicy.from_settings(), gpu_reader=_gpu_reader())
+        # The attempts running in this child (job id -> token): the watchdog's to check.
+        self.attempts: dict[str, int] = {}
+        self._ended_since: dict[tuple[str, int], float] = {}
+        self._last_watch = 0.0
         self._stop = threading.Event()
 
     @property
@@ -108,6 +114,15 @@ class WorkerState:
     def publish(self, ttl: int | None = None) -> None:
         heartbeat.publish(self.worker_id, self.snapshot(), ttl=ttl)
 
+    @contextlib.contextmanager
+    def watching(self, job_id: str, token: int) -> Iterator[None]:
+        """While attempt ``token`` of ``job_id`` runs in this child, the watchdog checks its job."""
+        self.attempts[job_id] = token
+        try:
+            yield
+        finally:
+            self.attempts.pop(job_id, None)
+
     def beat_forever(self) -> None:
         while not self._stop.is_set():
             try:
@@ -116,10 +131,82 @@ class WorkerState:
                     rolling.leave(self, rolling.reason(plan))
             except Exception as exc:  # Redis down: keep trying, never kill the child
                 log.warning("heartbeat failed: %s", exc)
+            try:
+                self.watch_attempts()
+            except Exception as exc:  # the database away: no verdict, the reaper is the backstop
+                log.warning("watchdog check failed: %s", exc)
+                connections.close_all()  # this thread's own: a broken one is not reused
             self._stop.wait(settings.TTS_HEARTBEAT_INTERVAL)
+
+    def watch_attempts(self, now: float | None = None) -> None:
+        """End this child when a job ended (reaped, failed, taken over) while its attempt still runs here.
+
+        The attempt notices an ended job at its next fenced write and its hard
+        limit by an alarm; neither reaches a task stuck in native code (which
+        ignores SIGALRM) or a batching thread (which gets no signal). Such a
+        child would keep its message and say "ready" in its heartbeat until
+        Celery's own limit, far above every job's. The attempt gets
+        ``TTS_JOB_HARD_GRACE_SECONDS`` to stop by itself; then the child leaves:
+        its heartbeat goes, the parent forks a fresh child, and the message comes
+        back to find its job ended.
+        """
+        now = time.monotonic() if now is None else now
+        running = dict(self.attempts)
+        if not running:
+            self._ended_since.clear()
+            return
+        if now - self._last_watch < WATCHDOG_INTERVAL:
+            return
+        self._last_watch = now
+        owned = set(
+            SynthesisJob.objects.filter(
+                id__in=list(running), status=SynthesisJob.Status.RUNNING, worker=self.worker_id
+            ).values_list("id", "claim_token")
+        )
+        owned_keys = {(str(job_id), int(token)) for job_id, token in owned}
+        ended = {key for key in running.items() if key not in owned_keys}
+        self._ended_since = {key: self._ended_since.get(key, now) for key in ended}
+        stuck = [
+            key
+            for key, since in self._ended_since.items()
+            if now - since > settings.TTS_JOB_HARD_GRACE_SECONDS
+        ]
+        if stuck:
+            self._end_stuck(stuck)
+
+    def _end_stuck(self, stuck: list[tuple[str, int]]) -> None:
+        jobs = ", ".join(f"{job_id} (attempt {token})" for job_id, token in stuck)
+        log.error(
+            "worker child %d: job %s ended %d s ago while its task still runs (stuck where no "
+            "signal reaches it); the child leaves and a fresh one replaces it",
+            self.pid,
+            jobs,
+            settings.TTS_JOB_HARD_GRACE_SECONDS,
+        )
+        with contextlib.suppress(Exception):
+            client = redis_clients.heartbeats()
+            recycling.record_event(
+                client,
+                self.node,
+                {
+                    "event": "exit",
+                    "pid": self.pid,
+                    "at": time.time(),
+                    "tasks": self.tasks_done,
+                    "reason": f"stuck {jobs}",
+                },
+            )
+            heartbeat.remove(self.worker_id)
+        os._exit(STUCK_EXIT_CODE)
 
     def stop(self) -> None:
         self._stop.set()
+
+
+# How often the watchdog reads the rows of the attempts running in this child (one query).
+WATCHDOG_INTERVAL = 2.0
+# The exit status of a child the watchdog ended (EX_SOFTWARE): the parent logs it.
+STUCK_EXIT_CODE = 70
 
 
 def _round(value: float | None) -> float | None:
