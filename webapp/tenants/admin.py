@@ -68,6 +68,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "scopes",
         "user",
         "created_by",
+        "parent",  # set once, by the key service: its bounds and revocation follow it
         "created_at",
         "last_used_at",
         "revoked_at",
