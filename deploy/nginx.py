@@ -52,9 +52,17 @@ DEFAULTS: dict[str, str] = {
     "REAL_IP_FROM": "",
     "REAL_IP_HEADER": "X-Forwarded-For",
     "LISTEN": "",
-    # Templates and the API docs page keep to this: no inline script, no CDN.
-    "CSP": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; script-src 'self'; "
+    # Templates keep to this: no inline script or style, no CDN.
+    "CSP": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
     "media-src 'self' blob:; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+    # The API reference (/api/docs) only: Redoc builds its styles at run time, so inline
+    # styles there; still no inline script and nothing from elsewhere.
+    "DOCS_CSP": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+    "script-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+    # Between two reads of a request's headers or body, and two writes of its answer.
+    "CLIENT_HEADER_TIMEOUT": "10s",
+    "CLIENT_BODY_TIMEOUT": "30s",
+    "SEND_TIMEOUT": "30s",
 }
 # Beyond the file itself a multipart upload carries boundaries, part headers and
 # the other form fields. Django enforces the exact file limit with a clear
@@ -202,9 +210,14 @@ def _checked_settings(env: Mapping[str, str]) -> dict[str, str]:
     if raw["WORKER_PROCESSES"] != "auto":
         _check("WORKER_PROCESSES", raw["WORKER_PROCESSES"], re.compile(r"^[1-9][0-9]*$"), "auto or a number")
     _check("REAL_IP_HEADER", raw["REAL_IP_HEADER"], _HEADER_RE, "a header name")
-    # It lands inside "..." of add_header, where $ would be read as a variable.
-    if re.search(r'["\\$\n{}]', raw["CSP"]) or not raw["CSP"].strip():
-        raise NginxConfigError("TTS_NGINX_CSP must be a policy without quotes, backslashes, $ or braces")
+    for key in ("CLIENT_HEADER_TIMEOUT", "CLIENT_BODY_TIMEOUT", "SEND_TIMEOUT"):
+        _check(key, raw[key], _TIME_RE, "a duration like 10s")
+    for key in ("CSP", "DOCS_CSP"):
+        # It lands inside "..." of a map value, where $ would be read as a variable.
+        if re.search(r'["\\$\n{}]', raw[key]) or not raw[key].strip():
+            raise NginxConfigError(
+                f"TTS_NGINX_{key} must be a policy without quotes, backslashes, $ or braces"
+            )
     return raw
 
 
@@ -256,7 +269,19 @@ def nginx_values(
     if listen and not listen.endswith(":"):
         listen += ":"  # "127.0.0.1" -> "127.0.0.1:" in front of the port
     out_dir = cfg.path(name)
-    limits = {key: raw[key] for key in ("CONN_PER_IP", "CONN_PER_KEYED_IP", "CSP", "WORKER_PROCESSES")}
+    limits = {
+        key: raw[key]
+        for key in (
+            "CONN_PER_IP",
+            "CONN_PER_KEYED_IP",
+            "CSP",
+            "DOCS_CSP",
+            "WORKER_PROCESSES",
+            "CLIENT_HEADER_TIMEOUT",
+            "CLIENT_BODY_TIMEOUT",
+            "SEND_TIMEOUT",
+        )
+    }
     for zone in ("GENERAL", "KEYED_GENERAL", "WRITE", "KEYED_WRITE", "LOGIN"):
         limits[f"RATE_{zone}"] = raw[f"RATE_{zone}"]
         limits[f"BURST_{zone}"] = raw[f"BURST_{zone}"]

@@ -167,6 +167,8 @@ class StackConfig:
                 "DJANGO_CSRF_TRUSTED_ORIGINS",
                 f"https://localhost:{self.https_port},https://127.0.0.1:{self.https_port}",
             ),
+            # Links in e-mails start with it (never with the request's Host).
+            "TTS_PUBLIC_ORIGIN": os.environ.get("TTS_PUBLIC_ORIGIN", f"https://localhost:{self.https_port}"),
         }
 
 

@@ -28,6 +28,12 @@ os.environ.setdefault("TTS_NGINX_RATE_WRITE", "100r/s")
 os.environ.setdefault("TTS_NGINX_BURST_WRITE", "200")
 os.environ.setdefault("TTS_NGINX_RATE_GENERAL", "200r/s")
 os.environ.setdefault("TTS_NGINX_BURST_GENERAL", "400")
+# Tests send bad keys from 127.0.0.1 all session long: the per-address budget of failed
+# authentications is off, except in the tests of it (tests/e2e/test_nginx_credentials.py).
+os.environ.setdefault("TTS_AUTH_FAILURES_PER_IP", "0")
+# The browser tests open the site at https://127.0.0.1:<port> (tests/e2e/dashboard_browser.py);
+# the links in their mails must name the same host, or the browser's session cookie stays behind.
+os.environ["TTS_PUBLIC_ORIGIN"] = f"https://127.0.0.1:{TEST_STACK.https_port}"
 # Worker children of the test stack load the reliability tests' faults (each off unless
 # its TTS_FAULT_* variable names a marker).
 os.environ.setdefault("TTS_WORKER_HOOKS", "tests.faults")

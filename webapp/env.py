@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -79,6 +80,19 @@ def env_map(name: str, default: str, environ: Mapping[str, str] | None = None) -
             raise EnvError(f"{name}: {item!r} is not like name=value")
         result[key.strip()] = value.strip()
     return result
+
+
+def env_origin(name: str, default: str, environ: Mapping[str, str] | None = None) -> str:
+    """An origin like ``https://tts.example.com`` or ``https://localhost:8443``: scheme and host only."""
+    value = env_str(name, default, environ).strip().rstrip("/")
+    parts = urlsplit(value)
+    try:
+        _ = parts.port  # raises ValueError for a port that is not a number
+    except ValueError:
+        raise EnvError(f"{name}={value!r} has a port that is not a number") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query:
+        raise EnvError(f"{name}={value!r} is not an origin like https://tts.example.com (no path)")
+    return value
 
 
 def write_private(path: Path, text: str) -> None:

@@ -63,6 +63,7 @@ class ErrorCode(StrEnum):
     CONCURRENCY_LIMIT = "concurrency_limit"
     STORAGE_LIMIT = "storage_limit"
     TOO_MANY_WAITS = "too_many_waits"
+    TOO_MANY_AUTH_FAILURES = "too_many_auth_failures"
     # 5xx
     SERVER_ERROR = "server_error"
     JOB_FAILED = "job_failed"

@@ -24,6 +24,7 @@ from webapp.env import (
     env_int,
     env_list,
     env_map,
+    env_origin,
     env_str,
     worker_queues,
 )
@@ -54,6 +55,9 @@ API_KEY_HMAC_SECRET = TTS_VAR_LAYOUT.api_key_secret.value()
 
 # Nginx serves the same names and answers any other Host with 421 (deploy/nginx.py).
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ALLOWED_HOSTS_DEFAULT)
+# Where people reach the site: the links in e-mails (reset, invitation, confirmation) start
+# with it, never with the request's Host (webapp/public_urls.py).
+TTS_PUBLIC_ORIGIN = env_origin("TTS_PUBLIC_ORIGIN", "https://localhost:8443")
 CSRF_TRUSTED_ORIGINS = env_list(
     "DJANGO_CSRF_TRUSTED_ORIGINS", "https://localhost:8443,https://127.0.0.1:8443"
 )
@@ -411,6 +415,11 @@ TTS_ANALYSIS_TIME_LIMIT_SECONDS = env_int("TTS_ANALYSIS_TIME_LIMIT_SECONDS", 300
 TTS_ANALYSIS_MAX_ATTEMPTS = env_int("TTS_ANALYSIS_MAX_ATTEMPTS", 3)
 TTS_IDEMPOTENCY_TTL_HOURS = env_int("TTS_IDEMPOTENCY_TTL_HOURS", 24)
 TTS_RATELIMIT_ENABLED = env_bool("TTS_RATELIMIT_ENABLED", True)
+# Failed API-key authentications one client address may make per window before every request
+# it sends with credentials is answered 429 until the window ends (0: not counted);
+# webapp/tenants/auth_failures.py.
+TTS_AUTH_FAILURES_PER_IP = env_int("TTS_AUTH_FAILURES_PER_IP", 20)
+TTS_AUTH_FAILURE_WINDOW_SECONDS = env_int("TTS_AUTH_FAILURE_WINDOW_SECONDS", 600)
 
 # Housekeeping.
 TTS_ORPHAN_GRACE_SECONDS = env_int("TTS_ORPHAN_GRACE_SECONDS", 3600)

@@ -140,3 +140,12 @@ def test_real_ip_mode_trusts_the_balancer_only(behind_balancer: NginxInstance) -
     assert direct.json()["x-real-ip"] == "127.0.0.1"
     logged = wait_for_log(behind_balancer, lambda e: e["uri"] == "/api/v1/voices", count=2)
     assert {e["remote_addr"] for e in logged} == {"203.0.113.7", "127.0.0.1"}
+
+
+@pytest.mark.parametrize("sent", ["localhost:x", "localhost:1", "LOCALHOST", "localhost"])
+def test_the_host_goes_on_with_this_servers_own_port(edge: NginxInstance, sent: str) -> None:
+    """A served name with any port (or none) reaches Django as that name on Nginx's HTTPS port:
+    "localhost:x" used to pass Nginx and fail in Django (with DEBUG, its page listed the settings)."""
+    response = client("127.0.0.1").get(edge.url("/api/v1/voices"), headers={"Host": sent}, timeout=20)
+    assert response.status_code == 200
+    assert response.json()["host"] == f"localhost:{edge.cfg.https_port}"

@@ -82,3 +82,26 @@ def test_security_headers_on_proxied_pages_and_errors() -> None:
         assert response.headers["Referrer-Policy"] == "same-origin"
         assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
         assert "Server" not in response.headers or response.headers["Server"] == "nginx"
+
+
+def _directives(policy: str) -> dict[str, list[str]]:
+    parts = [item.split() for item in policy.split(";") if item.strip()]
+    return {part[0]: part[1:] for part in parts}
+
+
+def test_no_page_but_the_api_reference_allows_inline_styles_or_scripts() -> None:
+    """Templates keep their styles in static CSS: 'unsafe-inline' only where Redoc needs it."""
+    session = client()
+    base = f"https://127.0.0.1:{CFG.https_port}"
+    for path in ("/", "/accounts/login/", "/accounts/signup/", "/app/account/", "/api/v1/voices", "/nope/"):
+        response = session.get(base + path, timeout=20, allow_redirects=False)
+        policy = _directives(response.headers["Content-Security-Policy"])
+        assert policy["style-src"] == ["'self'"], (path, policy)
+        assert policy["script-src"] == ["'self'"], (path, policy)
+        assert "'unsafe-inline'" not in response.headers["Content-Security-Policy"], path
+    docs = session.get(base + "/api/docs", timeout=20)
+    assert docs.status_code == 200
+    policy = _directives(docs.headers["Content-Security-Policy"])
+    # Redoc (styled-components) writes its styles at run time; still no inline script.
+    assert policy["style-src"] == ["'self'", "'unsafe-inline'"]
+    assert policy["script-src"] == ["'self'"]

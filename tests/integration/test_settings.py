@@ -78,3 +78,21 @@ def test_debug_pages_are_shown_to_loopback_clients_only(settings: Any) -> None:
     page = remote.content.decode()
     assert "URLconf" not in page and "admin/" not in page and "redis" not in page.lower()
     assert "404 Not found" in page
+
+
+def test_plain_text_debug_pages_are_replaced_for_remote_clients_too(settings: Any) -> None:
+    """Django answers a client that does not take HTML with a plain-text debug page: settings included."""
+    from django.test import Client
+
+    settings.DEBUG = True
+    for address, shown in (("127.0.0.1", True), ("203.0.113.7", False)):
+        # A port that is not a number: DisallowedHost, Django's 400 debug page (as text).
+        response = Client(REMOTE_ADDR=address).get(
+            "/healthz", HTTP_HOST="localhost:x", HTTP_ACCEPT="text/plain"
+        )
+        assert response.status_code == 400
+        body = response.content.decode()
+        assert ("DisallowedHost" in body) is shown, body[:300]
+        if not shown:
+            assert "REDIS_URL" not in body and "SECRET_KEY" not in body and "Request Method" not in body
+            assert "400" in body and response["Content-Type"].startswith("text/html")

@@ -24,7 +24,6 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.http import HttpRequest
 from django.template.loader import render_to_string
-from django.urls import reverse
 from django.utils import timezone
 from django_otp import match_token
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
@@ -34,6 +33,7 @@ from redis.exceptions import RedisError
 from webapp import redis_clients
 from webapp.audit import services as audit
 from webapp.dashboard.models import Account
+from webapp.public_urls import public_url_for
 from webapp.tenants import hourly
 from webapp.tenants.accounts import find_user_by_email
 from webapp.tenants.models import Invitation
@@ -82,7 +82,8 @@ def _mail(to: str, subject: str, template: str, context: dict[str, Any]) -> None
 
 
 def _link(request: HttpRequest, name: str, token: str) -> str:
-    return request.build_absolute_uri(reverse(name, args=[token]))
+    # From TTS_PUBLIC_ORIGIN, never the request's Host: the mail must point at the site.
+    return public_url_for(name, token)
 
 
 def needs_verification(user: Any) -> bool:

@@ -8,6 +8,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from webapp.client_ip import client_ip
+from webapp.tenants import auth_failures
 from webapp.tenants.models import ApiKey
 from webapp.tenants.services import find_api_key, key_role, touch_api_key
 
@@ -37,13 +39,19 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         header = request.META.get("HTTP_AUTHORIZATION", "")
         if not header:
             return None
+        # Nginx lets credentials past its anonymous zones: an address whose credentials keep
+        # failing gets a small budget of failures, then 429 (webapp/tenants/auth_failures.py).
+        address = client_ip(request)
+        auth_failures.refuse_if_spent(address)
         parts = header.split()
         if len(parts) != 2 or parts[0].lower() != "bearer":
+            auth_failures.record_failure(address)
             raise exceptions.AuthenticationFailed(
                 "Malformed Authorization header; expected 'Bearer <api key>'."
             )
         key = find_api_key(parts[1])
         if key is None:
+            auth_failures.record_failure(address)
             raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")
         touch_api_key(key)
         return ApiKeyUser(key), key

@@ -21,6 +21,7 @@ from webapp.dashboard import accounts
 from webapp.dashboard.access import error_text
 from webapp.dashboard.forms import CodeForm, LoginForm, SignUpForm
 from webapp.errors import DomainError
+from webapp.public_urls import public_origin
 from webapp.tenants.accounts import sign_up
 
 PENDING_USER = "dashboard_pending_user"
@@ -134,7 +135,7 @@ logout = auth_views.LogoutView.as_view()
 
 
 class PublicLinkPasswordResetView(auth_views.PasswordResetView):
-    """Reset mails within the account-mail budgets."""
+    """Reset mails within the account-mail budgets, their link from TTS_PUBLIC_ORIGIN (never the Host)."""
 
     def form_valid(self, form: Any) -> HttpResponse:
         # Counted per address and per client whether or not the address has an account: a
@@ -142,6 +143,7 @@ class PublicLinkPasswordResetView(auth_views.PasswordResetView):
         if not accounts.mail_allowed(self.request, form.cleaned_data["email"]):
             form.add_error(None, accounts.MAIL_REFUSED)
             return self.render_to_response(self.get_context_data(form=form), status=429)
+        self.extra_email_context = {**(self.extra_email_context or {}), "origin": public_origin()}
         return super().form_valid(form)
 
 
