@@ -53,3 +53,24 @@ def test_docs_page_serves_redoc_from_our_static_files_without_external_assets(db
     assert (
         Path(settings.STATIC_ROOT) / scripts[0].removeprefix(settings.STATIC_URL)
     ).stat().st_size > 100_000
+
+
+def test_the_schema_is_built_once_per_process_whatever_the_query(db: None) -> None:
+    """A public page that walks every view: a stranger asking in a loop must not cost a build each time."""
+    from unittest import mock
+
+    from drf_spectacular.generators import SchemaGenerator
+
+    first = Client().get("/api/v1/schema", {"format": "json"})
+    assert first.status_code == 200
+    # A spy on the real generator (it still builds): counts the builds after the first answer.
+    with mock.patch.object(
+        SchemaGenerator, "get_schema", autospec=True, side_effect=SchemaGenerator.get_schema
+    ) as spy:
+        answers = [
+            Client().get("/api/v1/schema", query)
+            for query in ({"format": "json"}, {}, {"version": "v9", "format": "json"}, {"lang": "de"})
+        ]
+    assert [a.status_code for a in answers] == [200] * 4
+    assert spy.call_count == 0
+    assert answers[0].json() == first.json() == answers[2].json()

@@ -271,3 +271,28 @@ def test_an_upload_over_the_json_body_limit_but_within_the_upload_limit_is_accep
     assert big.stat().st_size > 2 * settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     response = upload(make_tenant(), big)
     assert response.status_code == 202, response.content
+
+
+def test_only_keys_that_may_manage_voices_see_a_voices_speaker_embedding(
+    make_tenant: Callable[..., Tenant], builtin_voices: list[str]
+) -> None:
+    """An embedding is biometric data: a viewer (or a read-only key) sees the voice, not its embedding."""
+    from tests.dashboard_data import member_of
+    from tests.integration.api.conftest import ApiClient
+    from webapp.tenants.services import OPERATOR, create_api_key
+
+    tenant = make_tenant()
+    voice = _ready_voice(tenant)
+    assert len(tenant.client.get(f"{URL}/{voice.voice_id}").json()["embedding"]) == 256  # voices:write
+    readers = []
+    for role, scopes in (("viewer", ["speech:read"]), ("member", ["speech:read", "speech:write"])):
+        person = member_of(tenant.org, f"{role}@example.com", role)
+        readers.append(create_api_key(tenant.org, role, created_by=OPERATOR, user=person, scopes=scopes)[1])
+    readers.append(create_api_key(tenant.org, "read-only", created_by=OPERATOR, scopes=["speech:read"])[1])
+    for raw in readers:
+        client = ApiClient(raw)
+        one = client.get(f"{URL}/{voice.voice_id}").json()
+        listed = next(v for v in client.get(URL).json()["results"] if v["id"] == voice.voice_id)
+        for body in (one, listed):
+            assert body["status"] == "ready" and body["pitch"] is not None
+            assert "embedding" not in body, raw[:12]

@@ -33,7 +33,7 @@ from webapp.errors import DomainError
 from webapp.problems import Problem
 from webapp.speech import lifecycle, submission
 from webapp.speech.api.serializers import SpeechRequestSerializer
-from webapp.speech.api.waiting import Prepare, SharedAnswer, Wait, wait_view
+from webapp.speech.api.waiting import Prepare, SharedAnswer, Wait, WaitSlot, wait_view
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import eta, queries
 from webapp.speech.submission import FORMATS
@@ -97,7 +97,10 @@ def _error(status: int, message: str, field: str | None = None, **extra: Any) ->
 
 def _service_error(exc: DomainError | Problem) -> JsonResponse:
     problem = Problem.of(exc)
-    return _error(problem.status, problem.message, problem.field, **problem.extra)
+    response = _error(problem.status, problem.message, problem.field, **problem.extra)
+    if problem.retry_after is not None:
+        response["Retry-After"] = str(problem.retry_after)
+    return response
 
 
 def _validation_error(exc: ValidationError) -> JsonResponse:
@@ -149,13 +152,30 @@ def _may_change(request: HttpRequest, tenant: Tenant, job: SynthesisJob) -> bool
 def _job_status_or_wait(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> JsonResponse | Wait:
     """The job as it is; with ``?wait=N`` (up to 10 s) a wait for it to change first."""
     job = _job(tenant, job_id)
-    raw = request.GET.get("wait", "")
-    wait = min(WAIT_SECONDS, int(raw)) if raw.isascii() and raw.isdigit() else 0
+    wait = _wait_seconds(request.GET.get("wait", ""))
     if not wait or job.is_finished:
         return JsonResponse(job_json(job))
     seen = (str(job.status), float(job.progress))
+    # The tenant's cap on concurrent waits, as for the API's long-polls (429 too_many_waits).
+    try:
+        slot = WaitSlot.take(tenant.organization, wait)
+    except DomainError as exc:
+        return _service_error(exc)
     # The job as it was is the answer if it is deleted meanwhile.
-    return Wait(job.pk, wait, lambda state: state != seen, seen=job_json(job))
+    return Wait(job.pk, wait, lambda state: state != seen, slot=slot, seen=job_json(job))
+
+
+def _wait_seconds(raw: str) -> int:
+    """``?wait=``'s seconds, at most WAIT_SECONDS; 0 for anything but plain digits.
+
+    More digits than WAIT_SECONDS has is WAIT_SECONDS without int(): Python refuses to
+    convert more than 4,300 digits (ValueError), which was a 500.
+    """
+    if not (raw.isascii() and raw.isdigit()):
+        return 0
+    if len(raw.lstrip("0")) > len(str(WAIT_SECONDS)):
+        return WAIT_SECONDS
+    return min(WAIT_SECONDS, int(raw))
 
 
 def _job_status_data(request: HttpRequest, job_id: Any) -> dict[str, Any] | None:

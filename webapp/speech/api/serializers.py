@@ -189,7 +189,8 @@ class VoiceSerializer(serializers.Serializer):
             "status": voice.status,
             "capabilities": voice.capabilities or {},
             "created_at": _iso(voice.created_at),
-            **uploaded_voice_fields(voice),
+            # The view says whether the caller may see embeddings (voice_fields.may_see_embeddings).
+            **uploaded_voice_fields(voice, with_embedding=bool(self.context.get("with_embedding"))),
         }
 
 

@@ -37,6 +37,7 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.speech import lifecycle
 from webapp.speech.api.stream_wakeups import POLL_ROW_CHECK_SECONDS, AsyncWakeups, SyncWakeups
 from webapp.speech.api.views import TenantAPIView
+from webapp.speech.api.waiting import WaitSlot
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services.files import media_path
 from webapp.speech.services.outputs import attempt_path
@@ -345,4 +346,16 @@ class SpeechStreamView(TenantAPIView):
             )
         if job.status in (SynthesisJob.Status.FAILED, SynthesisJob.Status.CANCELED):
             raise DomainError(ErrorCode.AUDIO_NOT_READY, f"The job is {job.status}; it has no audio.")
-        return JobStreamResponse(JobStream(job.pk, job.format))
+        if job.is_finished:  # its stored file, sent at once: no wait
+            return JobStreamResponse(JobStream(job.pk, job.format))
+        # A stream of a job still being made waits on it like a long-poll: one of the tenant's
+        # wait slots (429 too_many_waits), held until the response closes. It lasts as long as
+        # the job may run; a stream still open after that ages out of the count.
+        slot = WaitSlot.take(self.organization, _stream_slot_seconds(job))
+        return slot.given_back_on_close(JobStreamResponse(JobStream(job.pk, job.format)))
+
+
+def _stream_slot_seconds(job: SynthesisJob) -> float:
+    if job.time_limit is not None:
+        return max(job.time_limit.total_seconds(), float(settings.TTS_LONG_POLL_MAX_SECONDS))
+    return float(settings.TTS_LONG_POLL_MAX_SECONDS)

@@ -6,6 +6,7 @@ job or voice is a 404 on every endpoint, never a 403 and never the object.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 from urllib.parse import quote
 
@@ -33,6 +34,7 @@ from webapp.speech.api.serializers import (
     UsageSerializer,
     VoiceSerializer,
 )
+from webapp.speech.api.voice_fields import may_see_embeddings
 from webapp.speech.api.waiting import SharedAnswer, Wait, WaitingAPIView, WaitSlot, wait_view
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import queries
@@ -77,7 +79,8 @@ class VoiceListView(TenantAPIView):
     @extend_schema(responses=VoiceSerializer(many=True), summary="Voices this tenant may use")
     def get(self, request: Request) -> Response:
         voices = visible_voices(self.organization).order_by("organization_id", "engine", "voice_id")
-        return Response({"results": VoiceSerializer(voices, many=True).data})
+        context = {"with_embedding": may_see_embeddings(request)}
+        return Response({"results": VoiceSerializer(voices, many=True, context=context).data})
 
 
 class VoiceDetailView(TenantAPIView):
@@ -101,7 +104,8 @@ class VoiceDetailView(TenantAPIView):
 
     @extend_schema(responses=VoiceSerializer, summary="One voice")
     def get(self, request: Request, voice_id: str) -> Response:
-        return Response(VoiceSerializer(self.get_voice(voice_id)).data)
+        context = {"with_embedding": may_see_embeddings(request)}
+        return Response(VoiceSerializer(self.get_voice(voice_id), context=context).data)
 
     @extend_schema(responses={204: None}, summary="Delete one of this tenant's own voices")
     def delete(self, request: Request, voice_id: str) -> Response:
@@ -289,10 +293,28 @@ class UsageView(TenantAPIView):
 
 
 class PublicSchemaView(SpectacularAPIView):
-    """The schema is public: it describes the API, holds no tenant data."""
+    """The schema is public: it describes the API, holds no tenant data.
+
+    Built once per process: generating it walks every view and serializer (tens of
+    milliseconds of CPU), and anyone may ask for it. One version and one language:
+    ``?version=`` and ``?lang=`` cannot ask for another variant to be built.
+    """
 
     authentication_classes: list[type] = []
     permission_classes: list[type] = []
+
+    def _get_schema_response(self, request: Request) -> Response:
+        with _schema_lock:
+            if not _schema:
+                generator = self.generator_class(urlconf=self.urlconf, patterns=self.patterns)
+                _schema.append(generator.get_schema(request=request, public=self.serve_public))
+        filename = self._get_filename(request, None)
+        return Response(data=_schema[0], headers={"Content-Disposition": f'inline; filename="{filename}"'})
+
+
+# The process's schema (PublicSchemaView), built by the first request that asks.
+_schema: list[dict[str, Any]] = []
+_schema_lock = threading.Lock()
 
 
 class DocsView(SpectacularRedocView):
