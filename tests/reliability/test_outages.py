@@ -1,11 +1,22 @@
-"""Redis and PostgreSQL go away and come back: nothing queued is lost, the API says 503 meanwhile."""
+"""Redis and PostgreSQL go away and come back: nothing queued is lost, the API says 503 meanwhile.
+
+Each outage overlaps work: jobs waiting in the broker, or a job mid-synthesis
+(its attempt began before the outage and ended after it). Redis is stopped
+both ways: SIGTERM (it writes its AOF out, nothing is lost) and SIGKILL with
+the last writes gone from the AOF, as a host crash leaves it under
+``appendfsync everysec``: there the messages are really lost and the
+lost-delivery sweep must bring them back.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -39,6 +50,29 @@ def _service(stack: TestStack, name: str) -> Service:
 def redis_down(stack: TestStack) -> Iterator[None]:
     # SIGTERM: Redis writes its AOF out and exits, as on a normal restart.
     stack.stop_service(_service(stack, "redis"))
+    try:
+        yield
+    finally:
+        stack.start_service(Service("redis", deploy_stack.redis_command(CFG), ready_port=CFG.redis_port))
+
+
+def _incr_aof() -> Path:
+    """Redis 7's current incremental AOF file (appendonlydir/<name>.<seq>.incr.aof)."""
+    files = CFG.path("redis", "appendonlydir").glob("*.incr.aof")
+    return max(files, key=lambda p: int(p.name.split(".")[-3]))
+
+
+@contextlib.contextmanager
+def redis_killed(stack: TestStack, aof: Path, keep_bytes: int) -> Iterator[None]:
+    """SIGKILL (no shutdown, no last AOF write), and the AOF cut back to ``keep_bytes``.
+
+    On one host a killed Redis keeps what it had written (the kernel has it);
+    a crash of the host loses up to the last second that ``everysec`` had not
+    synced yet. Cutting the file is that crash, chosen to lose exactly the
+    writes the test names.
+    """
+    stack.stop_service(_service(stack, "redis"), sig=signal.SIGKILL)
+    os.truncate(aof, keep_bytes)
     try:
         yield
     finally:
@@ -136,6 +170,36 @@ def test_redis_stopped_with_jobs_queued_then_started(stack: TestStack, builtin_v
         stack.stop_service(worker)
 
 
+def test_redis_killed_loses_its_last_writes_and_every_job_still_runs(
+    stack: TestStack, builtin_voices: list[str], settings: Any
+) -> None:
+    from webapp.speech import lifecycle
+
+    flush_queues(stack, "synth.piper")
+    org = make_org("redis-kill")
+    aof = _incr_aof()
+    keep = aof.stat().st_size
+    # No worker yet: the three messages wait in Redis, written to its AOF, then lost with it.
+    queued = [submit(org, f"{SHORT} Lost {i}.", voice=PIPER) for i in range(3)]
+    assert stack.redis_client().llen("synth.piper") == 3 and aof.stat().st_size > keep
+    with redis_killed(stack, aof, keep):
+        pass
+    # The loss is real: the broker has no message, the rows still say queued and dispatched.
+    assert stack.redis_client().llen("synth.piper") == 0
+    assert all(job(j.id).status == "queued" and job(j.id).dispatched_at is not None for j in queued)
+    # The lost-delivery sweep (beat's, called here at once) sends what the queue lacks.
+    settings.TTS_JOB_REDELIVER_SECONDS = 0
+    assert lifecycle.resend_lost_deliveries() == (3, 0)
+    assert stack.redis_client().llen("synth.piper") == 3
+    worker = start_worker(stack, "w-redis-kill", engines="piper")
+    try:
+        rows = wait_status([j.id for j in queued], timeout=60)
+        assert [r.status for r in rows] == ["succeeded"] * 3
+        assert all(r.attempts == 1 and usage_events(r.id) == ["charge", "reserve"] for r in rows)
+    finally:
+        stack.stop_service(worker)
+
+
 def test_postgres_stopped_worker_retries_and_nothing_is_lost(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
@@ -145,14 +209,17 @@ def test_postgres_stopped_worker_retries_and_nothing_is_lost(
         org = make_org("pg-out")
         key = _api_key(org)
         jobs = [
-            submit(org, LONG, voice=PIPER),
+            # 20 sentences: still running when PostgreSQL stops, just after the second began.
+            submit(org, " ".join([LONG] * 2), voice=PIPER),
             submit(org, SHORT, voice=PIPER),
             submit(org, SHORT, voice=PIPER),
         ]
         wait_until(
             lambda: job(jobs[0].id).stage.startswith("synthesising 2/"), 60, "the first job mid-synthesis"
         )
+        before = job(jobs[0].id)
         client = Client()
+        outage_began = timezone.now()
         with postgres_down(stack):
             time.sleep(3)  # the worker hits the outage mid-job and keeps retrying
             health = client.get("/healthz")
@@ -160,8 +227,14 @@ def test_postgres_stopped_worker_retries_and_nothing_is_lost(
             status, content_type, retry_after = _submit_problem(client, key)
             assert status == 503 and content_type.startswith("application/problem+json") and retry_after
             assert worker.process is not None and worker.process.poll() is None
-        rows = wait_status([j.id for j in jobs], timeout=90)
+        outage_ended = timezone.now()
+        rows = wait_status([j.id for j in jobs], timeout=180)
         assert [r.status for r in rows] == ["succeeded"] * 3, [(r.status, r.error_code) for r in rows]
         assert all(usage_events(r.id) == ["charge", "reserve"] for r in rows)
+        # The outage overlapped the first job: one attempt, begun before it, ended after it.
+        assert before.status == "running" and before.progress < 1.0, (before.status, before.progress)
+        first = rows[0]
+        assert first.started_at < outage_began and first.finished_at > outage_ended
+        assert (first.attempts, first.claim_token) == (1, 1)
     finally:
         stack.stop_service(worker)
