@@ -79,12 +79,42 @@ def before_commit(job: SynthesisJob) -> None:
         os._exit(70)
 
 
+def _lose_claim_replies(marker: str) -> None:
+    """A claim of a marked job commits, and its reply is lost once (the connection drops after COMMIT)."""
+    from django.db import OperationalError
+
+    from webapp.speech import lifecycle
+
+    lost: set[str] = set()
+
+    def losing(real: Any) -> Any:
+        def claim(*args: Any, **kwargs: Any) -> Any:
+            job = real(*args, **kwargs)  # committed: the row names this child as owner now
+            if job is not None and marker in job.text and str(job.id) not in lost:
+                lost.add(str(job.id))
+                record = os.environ.get("TTS_FAULT_LOST_CLAIM_REPLY_RECORD", "")
+                if record:
+                    with open(record, "a") as fh:
+                        fh.write(f"{job.id} {job.claim_token} {job.worker}\n")
+                log.error("fault injection: the reply to job %s's claim is lost after its COMMIT", job.id)
+                raise OperationalError("server closed the connection unexpectedly (fault injection)")
+            return job
+
+        return claim
+
+    lifecycle.claim_job = losing(lifecycle.claim_job)  # type: ignore[assignment]
+    lifecycle.claim_next = losing(lifecycle.claim_next)  # type: ignore[assignment]
+
+
 def after_load(synthesizer: Any) -> None:
-    """On a batching child: a sentence containing the marker fails in its batched call, alone.
+    """Claims whose replies are lost; on a batching child a sentence that fails in its batched call, alone.
 
     The batch runs as it would; then the marked sentence's audio is replaced by
     the error the engine gives a sentence that fails on its own.
     """
+    lost_reply = os.environ.get("TTS_FAULT_LOST_CLAIM_REPLY_MARKER", "")
+    if lost_reply:
+        _lose_claim_replies(lost_reply)
     marker = os.environ.get("TTS_FAULT_SENTENCE_MARKER", "")
     if not marker or "piper" not in synthesizer.engine_names:
         return

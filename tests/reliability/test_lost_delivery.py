@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -68,3 +69,37 @@ def test_a_job_queued_past_the_maximum_age_ends_queue_timeout(
     assert (row.status, row.error_code) == ("failed", "queue_timeout")
     assert usage_events(j.id) == ["release", "reserve"]
     flush_queues(stack, "synth.espeak")
+
+
+@pytest.mark.parametrize("queued_before", [False, True], ids=["submitted-to-a-ready-worker", "queued-before"])
+def test_a_claim_whose_commit_reply_is_lost_runs_its_job_at_once(
+    stack: TestStack, builtin_voices: list[str], tmp_path: Path, queued_before: bool
+) -> None:
+    """The claim commits and its reply never comes (the connection drops): the retried claim
+    finds the job it already owns instead of leaving it "running" under a live owner, idle
+    until its lease (60 s) runs out."""
+    flush_queues(stack, "synth.espeak")
+    marker = "#lost-reply#"
+    record = tmp_path / "lost"
+    org = make_org("lost-reply")
+    # Queued before the worker starts (its message waits in the queue) or submitted to a ready one.
+    early = submit(org, f"{SHORT} {marker}") if queued_before else None
+    worker = start_worker(
+        stack,
+        "w-lost-reply",
+        TTS_FAULT_LOST_CLAIM_REPLY_MARKER=marker,
+        TTS_FAULT_LOST_CLAIM_REPLY_RECORD=str(record),
+    )
+    try:
+        j = early or submit(org, f"{SHORT} {marker}")
+        (row,) = wait_status([j.id], timeout=30)  # far below the 60 s lease
+        assert row.status == "succeeded", (row.error_code, row.error_message)
+        # The fault fired: the first claim committed (token 1, this worker's child) and its reply was lost.
+        (lost,) = [line.split() for line in record.read_text().splitlines()]
+        assert lost[:2] == [str(j.id), "1"]
+        # That claim is the one that ran: no second claim, no second attempt.
+        assert (row.claim_token, row.attempts) == (1, 1)
+        assert row.metrics["worker"] == lost[2]
+        assert usage_events(j.id) == ["charge", "reserve"]
+    finally:
+        stack.stop_service(worker)

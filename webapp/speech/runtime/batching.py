@@ -26,10 +26,9 @@ from celery.exceptions import Reject
 from django.conf import settings
 from django.db import connections
 
-from webapp.speech import lifecycle
 from webapp.speech.models import SynthesisJob
 from webapp.speech.runtime import claims, recycling, worker
-from webapp.speech.runtime.attempt import SKIPPED, JobLost, Outcome, db_retry, run_claimed
+from webapp.speech.runtime.attempt import SKIPPED, JobLost, Outcome, run_claimed
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +42,17 @@ def run_group(state: worker.WorkerState, job_id: str, limits: list[float] | None
     try:
         first = claims.claim_for_message(state, job_id, limits)
     except JobLost as exc:
+        state.attempts.clear()
         log.error("job %s: %s; message handed back", job_id, exc)
         raise Reject(str(exc), requeue=True) from exc
     if first is None:
         worker.after_task(state, None, None, 0)
         return SKIPPED.name
     group = _Group(state, first[0].engine)
-    names = group.run(first)
+    try:
+        names = group.run(first)
+    finally:
+        state.attempts.clear()  # a job claimed and never run (the database went away) is not watched
     if group.lost:
         # The database stayed away: the jobs it could not settle wait for their owner to be seen gone.
         raise Reject("database unreachable", requeue=True)
@@ -98,7 +101,7 @@ class _Group:
         if not self._may_claim():
             return None
         try:
-            job = db_retry(lifecycle.claim_next, self.engine, self.state.worker_id)
+            job = claims.claim_next(self.state, self.engine)
         except JobLost:
             self.lost = True
             return None

@@ -10,6 +10,9 @@ may claim (spent, canceled) is closed so it never stays open.
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +23,8 @@ from webapp.speech.runtime import worker
 from webapp.speech.runtime.attempt import DB_ERRORS, db_retry
 from webapp.speech.services.dispatch import job_time_limits
 from webapp.speech.services.outputs import discard_attempt
+
+log = logging.getLogger(__name__)
 
 
 def _discard_dead_attempt(job_id: Any, token: int) -> None:
@@ -34,6 +39,45 @@ def _discard_dead_attempt(job_id: Any, token: int) -> None:
         return  # the orphan sweep removes them
     if job is not None:
         discard_attempt(job, token)
+
+
+def _unreported_claim(state: worker.WorkerState) -> SynthesisJob | None:
+    """A job this child claimed whose reply never came (the COMMIT went through, its answer was lost).
+
+    The row names this child as owner, and no attempt of this child runs it:
+    the claim just retried made it. Without this the job sat "running" under a
+    live owner, with no one working on it, until its lease ran out (60-90 s).
+    """
+    return (
+        SynthesisJob.objects.filter(status=SynthesisJob.Status.RUNNING, worker=state.worker_id)
+        .exclude(id__in=list(state.attempts))
+        .order_by("-claim_token")
+        .first()
+    )
+
+
+def _claimed(
+    state: worker.WorkerState, claim: Callable[..., SynthesisJob | None], *args: Any
+) -> SynthesisJob | None:
+    """``claim(*args)`` through ``db_retry``; a retry takes the claim a lost reply made first.
+
+    The job claimed is registered with the child's attempts at once, so that a
+    later claim's retry (a batching child claims several) never takes it again.
+    """
+    tries = [0]
+
+    def once() -> SynthesisJob | None:
+        tries[0] += 1
+        job = _unreported_claim(state) if tries[0] > 1 else None
+        if job is not None:
+            log.warning("job %s: its claim's reply was lost; the claim stands", job.id)
+        else:
+            job = claim(*args)
+        if job is not None:
+            state.attempts[str(job.id)] = int(job.claim_token)
+        return job
+
+    return db_retry(once)
 
 
 def _owner_gone(owner: str, me: str) -> tuple[list[str], str]:
@@ -67,7 +111,7 @@ def _claim(state: worker.WorkerState, job_id: str) -> SynthesisJob | None:
     status, owner, engine, seen_token = row
     dead, suspect = _owner_gone(owner if status == SynthesisJob.Status.RUNNING else "", me)
     if dead or suspect:
-        job = db_retry(lifecycle.claim_job, job_id, me, dead, suspect=suspect)
+        job = _claimed(state, functools.partial(lifecycle.claim_job, suspect=suspect), job_id, me, dead)
         if dead:
             # The dead owner ran no cleanup: the files of the token it held when we read
             # its row are ours to remove, whoever claimed the job since (never theirs).
@@ -76,13 +120,13 @@ def _claim(state: worker.WorkerState, job_id: str) -> SynthesisJob | None:
             return job
     job = None
     if engine in settings.TTS_WORKER_ENGINES:
-        job = db_retry(lifecycle.claim_next, engine, me)
+        job = _claimed(state, lifecycle.claim_next, engine, me)
         if job is None and status == SynthesisJob.Status.QUEUED:
             # SKIP LOCKED passes over a row locked for a moment, such as this very job's
             # dispatch marking it sent just after publishing this message. With nothing
             # else queued, dropping the message would leave the job without one until
             # the lost-delivery sweep: wait for that lock and take the job instead.
-            job = db_retry(lifecycle.claim_job, job_id, me)
+            job = _claimed(state, lifecycle.claim_job, job_id, me)
     if job is None or str(job.id) != str(job_id):
         # The message's job may be one no one can claim (spent, canceled): it must not stay open.
         db_retry(lifecycle.close_unclaimable, job_id)
@@ -100,6 +144,11 @@ def claim_for_message(
     if job is None:
         return None
     return job, limits_of(job, limits if str(job.id) == str(job_id) else None)
+
+
+def claim_next(state: worker.WorkerState, engine: str) -> SynthesisJob | None:
+    """The fairest queued job of ``engine`` for this child (a batching child's further claims)."""
+    return _claimed(state, lifecycle.claim_next, engine, state.worker_id)
 
 
 def limits_of(job: SynthesisJob, sent: list[float] | None = None) -> tuple[float, float]:

@@ -38,6 +38,7 @@ def deliver(job_id: str, limits: list[float] | None) -> str:
         raise Reject(str(exc), requeue=True) from exc
     finally:
         state.current_job = None
+        state.attempts.clear()  # a job claimed and never run (the database went away) is not watched
         worker.after_task(
             state, outcome.engine, outcome.cpu_seconds, outcome.characters, oom=outcome.out_of_memory
         )
