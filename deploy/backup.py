@@ -8,7 +8,10 @@
   stack may keep running);
 - ``media/``: the media folder (job audio, voice prompts), copied after the
   dump: a file the dump names exists unless retention removed it meanwhile,
-  and a file written after the dump is an orphan the sweep removes;
+  and a file written after the dump is an orphan the sweep removes. Files
+  being written (temp names: ``.<name>.<hex>.part`` and the like) are left
+  out, and a file that vanishes while the folder is walked is skipped: the
+  stack keeps running while it is backed up;
 - ``secrets/``: the API key HMAC secret and Django's secret key: without the
   first, no restored API key would ever verify. Keep the archive private.
 
@@ -18,6 +21,11 @@ database or media): secrets first, then a new PostgreSQL cluster (with a new
 password of its own) into which the dump is restored, then the media.
 ``make run`` then starts on the restored data (migrations newer than the
 backup are applied as usual).
+
+The archive is written to a hidden ``.<name>.part`` next to it, flushed to
+disk and renamed into place: a backup that fails leaves no archive, nor any
+partial one. The archive is produced by one writer (:func:`_write_archive`),
+so another layer (compression, encryption) wraps that one stream.
 """
 
 from __future__ import annotations
@@ -25,15 +33,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import errno
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from deploy import provision
@@ -42,6 +52,19 @@ from webapp.env import write_private
 
 SECRETS = ("api_key_secret", "django_secret_key")
 FORMAT_VERSION = 1
+
+# The names of files some writer is still producing: the synth library writes
+# ``.<name>.<hex>.part`` (and ``.part.f32``) and renames it into place. The same
+# rule as the orphan sweep's (webapp/housekeeping/disk.py ``is_temp_name``,
+# which deploy/ cannot import: it needs Django; tests/unit/test_backup_archive.py
+# checks the two agree).
+TEMP_SUFFIXES = (".part", ".partial", ".tmp", ".temp", ".f32")
+
+
+def is_temp_name(name: str) -> bool:
+    if name.startswith((".", "~")):
+        return True
+    return any(name.endswith(s) or f"{s}." in name for s in TEMP_SUFFIXES)
 
 
 def _pg_env(cfg: StackConfig) -> dict[str, str]:
@@ -84,12 +107,77 @@ def _media_dir(cfg: StackConfig) -> Path:
     return cfg.path("media")
 
 
+def add_media(archive: tarfile.TarFile, media: Path, arcname: str = "media") -> int:
+    """Add the media folder's folders and finished files; returns how many vanished meanwhile.
+
+    Each file is opened before its entry is made, and the entry is made from
+    the open file: a file removed after the folder was listed (retention, a
+    deleted job, a writer's temp file) is skipped, never half-added. Finished
+    files are renamed into place whole and never written again, so an open one
+    reads whole even if it is unlinked meanwhile.
+    """
+    vanished = 0
+    for dirpath, dirnames, filenames in os.walk(media):
+        here = Path(dirpath)
+        dirnames.sort()
+        relative = here.relative_to(media)
+        try:
+            archive.addfile(archive.gettarinfo(here, str(Path(arcname, relative))))
+        except FileNotFoundError:
+            dirnames.clear()  # the folder itself went: nothing under it to add
+            vanished += 1
+            continue
+        for name in sorted(filenames):
+            if is_temp_name(name):
+                continue
+            try:
+                handle = open(here / name, "rb", opener=_open_no_follow)
+            except FileNotFoundError:
+                vanished += 1
+                continue
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    continue  # a symlink: no file of ours (and a restore refuses links)
+                raise
+            with handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    continue
+                info = archive.gettarinfo(arcname=str(Path(arcname, relative, name)), fileobj=handle)
+                archive.addfile(info, handle)
+    return vanished
+
+
+def _open_no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
+
+
+def _write_archive(out: Path, write: Callable[[tarfile.TarFile], None]) -> None:
+    """Write a gzipped tar to ``out`` atomically (mode 0600): all of it, or nothing at all."""
+    partial = out.with_name(f".{out.name}.part")
+    try:
+        with provision.private_umask(), open(partial, "wb") as raw:
+            with tarfile.open(fileobj=raw, mode="w:gz") as archive:
+                write(archive)
+            raw.flush()
+            os.fsync(raw.fileno())
+        partial.chmod(0o600)
+        partial.replace(out)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    folder = os.open(out.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)  # the rename on disk too
+    finally:
+        os.close(folder)
+
+
 def backup(cfg: StackConfig, out: Path | None = None) -> Path:
     """Write the archive; returns its path."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     out = out or cfg.path("backups", f"tts-backup-{stamp}.tar.gz")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".backup-") as tmp:
         dump = Path(tmp) / "database.dump"
         with postgres_running(cfg):
             subprocess.run(
@@ -106,17 +194,17 @@ def backup(cfg: StackConfig, out: Path | None = None) -> Path:
             )
         manifest = {"format": FORMAT_VERSION, "created_at": dt.datetime.now(dt.UTC).isoformat()}
         (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
-        partial = out.with_name(out.name + ".part")
-        with provision.private_umask(), tarfile.open(partial, "w:gz") as archive:
+
+        def write(archive: tarfile.TarFile) -> None:
             archive.add(Path(tmp) / "manifest.json", "manifest.json")
             archive.add(dump, "database.dump")
             for name in SECRETS:
                 if cfg.path("secrets", name).exists():
                     archive.add(cfg.path("secrets", name), f"secrets/{name}")
             if _media_dir(cfg).is_dir():
-                archive.add(_media_dir(cfg), "media")
-        partial.chmod(0o600)
-        partial.replace(out)
+                add_media(archive, _media_dir(cfg))
+
+        _write_archive(out, write)
     return out
 
 
