@@ -48,3 +48,11 @@ def when_ready(server: object) -> None:
     for listener in getattr(server, "LISTENERS", []):
         if listener.FAMILY == socket.AF_UNIX:
             os.chmod(listener.cfg_addr, 0o660)
+
+
+def post_worker_init(worker: object) -> None:
+    """Each worker finds, as the user it runs as, what confines its voice-upload decode children:
+    the log says which sandbox runs, and one the host cannot give stops the start."""
+    from webapp.speech.services import prompts
+
+    prompts.decode_sandbox()

@@ -303,14 +303,35 @@ def loudness_of(audio: np.ndarray, rate: int) -> float:
 # --------------------------------------------------------------------------- decoding uploads
 
 
-def decode_upload(path: str, max_seconds: float, max_bytes: int, min_rate: int = 0) -> tuple[np.ndarray, int]:
+# The FFmpeg demuxer for each type synth.prompt sniffs: a file is never probed, so a
+# playlist or a concat script behind an audio tag never reaches the demuxer that follows it.
+# "mpeg" (a bare frame sync) is MP3 or ADTS AAC.
+_DEMUXERS: dict[str, tuple[str, ...]] = {
+    "wav": ("wav",),
+    "flac": ("flac",),
+    "ogg": ("ogg",),
+    "mp3": ("mp3",),
+    "mpeg": ("mp3", "aac"),
+    "aiff": ("aiff",),
+    "mp4": ("mov",),
+    "webm": ("matroska",),
+}
+# Only local files: no http, no data, no concat or subfile protocol.
+_AV_OPTIONS = {"protocol_whitelist": "file"}
+
+
+def decode_upload(
+    path: str, max_seconds: float, max_bytes: int, min_rate: int = 0, container: str | None = None
+) -> tuple[np.ndarray, int]:
     """Decode an uploaded audio file to mono float32, refusing oversize input.
 
     The file size is checked first, then the duration the header declares
     (so a tiny file that would decode to hours is refused without decoding),
     then the decoded length while reading (headers can lie). Each refusal
     carries its own code (synth.prompt lists them) so the API can answer
-    413/415/400 without reading messages.
+    413/415/400 without reading messages. ``container`` (what synth.prompt
+    sniffed) names the FFmpeg demuxers that may open it; without one FFmpeg
+    probes the file, as for the engines' own audio.
     """
     import numpy as np
 
@@ -327,7 +348,7 @@ def decode_upload(path: str, max_seconds: float, max_bytes: int, min_rate: int =
     try:
         handle = sf.SoundFile(path)
     except Exception:
-        return _decode_with_av(path, max_seconds, min_rate)
+        return _decode_with_av(path, max_seconds, min_rate, container)
     with handle:
         sr = _checked_rate(int(handle.samplerate), min_rate)
         cap = int(max_seconds * sr)
@@ -365,12 +386,28 @@ def _checked_rate(rate: int, min_rate: int) -> int:
     return rate
 
 
-def _decode_with_av(path: str, max_seconds: float, min_rate: int = 0) -> tuple[np.ndarray, int]:
+def _open_av(path: str, sniffed: str | None) -> Any:
+    import av
+
+    if sniffed is None:
+        return av.open(path, options=dict(_AV_OPTIONS))
+    error: Exception | None = None
+    for demuxer in _DEMUXERS.get(sniffed, ()):
+        try:
+            return av.open(path, format=demuxer, options=dict(_AV_OPTIONS))
+        except Exception as exc:
+            error = exc
+    raise error or ValueError(f"no demuxer for {sniffed!r}")
+
+
+def _decode_with_av(
+    path: str, max_seconds: float, min_rate: int = 0, sniffed: str | None = None
+) -> tuple[np.ndarray, int]:
     import av
     import numpy as np
 
     try:
-        container = av.open(path)
+        container = _open_av(path, sniffed)
     except Exception as exc:
         raise _rejected(f"not a readable audio file: {exc}", "unsupported_media_type") from exc
     with container:

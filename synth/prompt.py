@@ -10,19 +10,32 @@ and writes the canonical form: mono, :data:`CANONICAL_RATE`, leading and
 trailing silence trimmed, speech level normalised. What needs a model (voice
 activity, speaker embedding, pitch) is synth.speaker's, on the analysis worker.
 
+The child is also kept from everything else the service holds (:func:`sandbox_mode`):
+it always starts with an empty environment (no ``DATABASE_URL`` or ``REDIS_URL``), no
+inherited descriptors and Python's isolated mode, and it opens the upload with the
+FFmpeg demuxer the sniffed type names, on the ``file`` protocol alone. Where the kernel
+offers Landlock it then restricts itself to the Python install, the upload and the
+folder it writes (the secrets and the database are out of its reach) and to no TCP;
+where bubblewrap can make namespaces it runs in its own (no network, a private
+``/tmp``, only those paths mounted).
+
 Module import is light (no numpy), so the web tier can import it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from synth import landlock
 from synth.errors import AudioRejected
 
 if TYPE_CHECKING:
@@ -76,6 +89,7 @@ class PromptLimits:
     min_rate: int = MIN_SAMPLE_RATE
     timeout_seconds: float = 20.0
     memory_mb: int = 1024
+    sandbox: str = "limits"  # one of SANDBOX_MODES less "auto": what sandbox_mode() resolved
 
 
 @dataclass(frozen=True)
@@ -118,11 +132,8 @@ def prepare_prompt(src: str, dst: str, limits: PromptLimits) -> PromptStats:
 
     Raises :class:`PromptRejected` with the refusal's code; ``dst`` exists only on success.
     """
-    args = [sys.executable, "-m", "synth.prompt", src, dst, json.dumps(asdict(limits))]
-    # One BLAS thread: the address-space limit would otherwise go on per-thread arenas.
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     try:
-        done = subprocess.run(args, capture_output=True, timeout=limits.timeout_seconds, env=env, check=False)
+        done = run_child(["-m", "synth.prompt", src, dst, json.dumps(asdict(limits))], src, dst, limits)
     except subprocess.TimeoutExpired:
         _remove(dst)
         raise PromptRejected(
@@ -139,6 +150,130 @@ def prepare_prompt(src: str, dst: str, limits: PromptLimits) -> PromptStats:
         _remove(dst)
         raise PromptRejected(str(reply["message"]), str(reply["error"]))
     return PromptStats(**reply["stats"])
+
+
+# --------------------------------------------------------------------------- the sandbox
+
+SANDBOX_MODES = ("auto", "bubblewrap", "landlock", "limits")
+# One BLAS thread: the address-space limit would otherwise go on per-thread arenas. This is
+# the child's whole environment.
+_CHILD_ENV = {
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "LC_ALL": "C.UTF-8",
+}
+# System folders the interpreter and the decoders' libraries are read from (bubblewrap mounts
+# them read-only; Landlock lets them be read), and what of the kernel's views they read.
+_SYSTEM_READ = (
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/bin",
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/sys/devices/system/cpu",
+)
+_KERNEL_READ = ("/proc", "/dev/null", "/dev/urandom")
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox asked for (``TTS_PROMPT_SANDBOX``) cannot run on this host."""
+
+
+def sandbox_mode(wanted: str = "auto") -> str:
+    """What confines the decode child here: ``bubblewrap`` (own namespaces, and Landlock inside
+    where the kernel has it), ``landlock``, or ``limits`` (resource limits and an empty
+    environment only). ``auto`` takes the first this host allows; a named mode it does not
+    allow raises :class:`SandboxUnavailable`.
+    """
+    if wanted not in SANDBOX_MODES:
+        raise SandboxUnavailable(f"unknown sandbox {wanted!r}; one of {', '.join(SANDBOX_MODES)}")
+    usable = {"bubblewrap": _bubblewrap_usable(), "landlock": landlock.abi_version() >= 1, "limits": True}
+    if wanted == "auto":
+        return next(mode for mode, ok in usable.items() if ok)
+    if not usable[wanted]:
+        why = {
+            "bubblewrap": "bwrap is not installed or this host refuses it user namespaces",
+            "landlock": "this kernel does not offer Landlock",
+        }
+        raise SandboxUnavailable(f"sandbox {wanted!r} is not available here: {why[wanted]}")
+    return wanted
+
+
+@functools.cache
+def _bubblewrap_usable() -> bool:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False
+    try:
+        done = subprocess.run(
+            [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def python_paths() -> list[Path]:
+    """What this interpreter reads to run ``python -I -m synth...``: its installs and synth
+    itself (never the checkout as a whole, which holds var/)."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, *(p for p in sys.path if os.path.isabs(p))}
+    return sorted({Path(p) for p in roots} | {Path(__file__).resolve().parent})
+
+
+def run_child(
+    entry: list[str],
+    src: str,
+    dst: str,
+    limits: PromptLimits,
+    extra_read: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[bytes]:
+    """``python -I ENTRY...`` under ``limits.sandbox``, reading ``src`` and writing beside ``dst``.
+
+    ``entry`` is ``["-m", module, args...]`` or a script and its arguments; under bubblewrap only
+    the paths the child needs are mounted (``extra_read`` adds some, read-only).
+    """
+    argv = [sys.executable, "-I", *entry]
+    if limits.sandbox == "bubblewrap":
+        argv = _bubblewrap_argv(src, dst, extra_read) + argv
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=limits.timeout_seconds,
+        env=dict(_CHILD_ENV),
+        cwd="/",
+        close_fds=True,
+        check=False,
+    )
+
+
+def _bubblewrap_argv(src: str, dst: str, extra_read: tuple[str, ...]) -> list[str]:
+    bwrap = shutil.which("bwrap") or "bwrap"
+    out_dir = os.path.dirname(os.path.abspath(dst))
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
+    for name, value in _CHILD_ENV.items():
+        argv += ["--setenv", name, value]
+    for path in [*_SYSTEM_READ, *map(str, python_paths()), *extra_read]:
+        argv += ["--ro-bind-try", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    argv += ["--ro-bind", src, src, "--bind", out_dir, out_dir]
+    return [*argv, "--chdir", "/", "--"]
+
+
+def confine(src: str, dst: str, limits: PromptLimits) -> str:
+    """In the child, before any decoder is imported: resource limits, then Landlock where the
+    mode has it. Returns what was applied, for the log."""
+    _limit_self(limits)
+    if limits.sandbox in ("landlock", "bubblewrap") and landlock.abi_version() >= 1:
+        read = [*python_paths(), *map(Path, _SYSTEM_READ + _KERNEL_READ), Path(src)]
+        abi = landlock.restrict_self(read, [Path(os.path.dirname(os.path.abspath(dst)))])
+        return f"{limits.sandbox}, landlock abi {abi}"
+    return limits.sandbox
 
 
 def _last_json_line(out: bytes) -> dict[str, Any] | None:
@@ -173,7 +308,9 @@ def _child(src: str, dst: str, limits: PromptLimits) -> PromptStats:
         container = sniff_container(fh.read(16))
     from synth.audio import decode_upload
 
-    audio, rate = decode_upload(src, limits.max_seconds, limits.max_bytes, min_rate=limits.min_rate)
+    audio, rate = decode_upload(
+        src, limits.max_seconds, limits.max_bytes, min_rate=limits.min_rate, container=container
+    )
     return canonicalise_to(audio, rate, container, dst, limits)
 
 
@@ -277,7 +414,7 @@ def normalise_level(audio: np.ndarray, level_dbfs: float) -> np.ndarray:
 def main(argv: list[str]) -> int:
     src, dst, raw = argv
     limits = PromptLimits(**json.loads(raw))
-    _limit_self(limits)
+    confine(src, dst, limits)
     try:
         stats = _child(src, dst, limits)
     except AudioRejected as exc:
@@ -301,6 +438,11 @@ __all__ = [
     "PromptLimits",
     "PromptRejected",
     "PromptStats",
+    "SANDBOX_MODES",
+    "SandboxUnavailable",
+    "confine",
     "prepare_prompt",
+    "run_child",
+    "sandbox_mode",
     "sniff_container",
 ]

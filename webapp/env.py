@@ -67,6 +67,17 @@ def env_bool(name: str, default: bool, environ: Mapping[str, str] | None = None)
     raise EnvError(f"{name}={raw!r} is not a boolean (use one of: 1/0, true/false, yes/no, on/off)")
 
 
+def env_choice(
+    name: str, default: str, choices: tuple[str, ...], environ: Mapping[str, str] | None = None
+) -> str:
+    value = _raw(name, environ)
+    if value is None:
+        return default
+    if value not in choices:
+        raise EnvError(f"{name} must be one of {', '.join(choices)} (got {value!r})")
+    return value
+
+
 def env_list(name: str, default: str, environ: Mapping[str, str] | None = None) -> list[str]:
     return [item.strip() for item in env_str(name, default, environ).split(",") if item.strip()]
 

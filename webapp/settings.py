@@ -20,6 +20,7 @@ from webapp.env import (
     WORKER_CONCURRENCY_DEFAULT,
     WORKER_ENGINES_DEFAULT,
     env_bool,
+    env_choice,
     env_float,
     env_int,
     env_list,
@@ -409,6 +410,9 @@ TTS_DEFAULT_VOICE = env_str("TTS_DEFAULT_VOICE", "en_US-joe-medium")
 # child process with these limits; the analysis runs on the `analysis` queue.
 TTS_PROMPT_DECODE_TIMEOUT_SECONDS = env_float("TTS_PROMPT_DECODE_TIMEOUT_SECONDS", 20.0)
 TTS_PROMPT_DECODE_MEMORY_MB = env_int("TTS_PROMPT_DECODE_MEMORY_MB", 1024)
+# What confines that child beyond its limits (synth.prompt.sandbox_mode): auto takes
+# bubblewrap, else Landlock, else limits only; a named mode the host lacks stops the start.
+TTS_PROMPT_SANDBOX = env_choice("TTS_PROMPT_SANDBOX", "auto", ("auto", "bubblewrap", "landlock", "limits"))
 TTS_KEEP_VOICE_ORIGINALS = env_bool("TTS_KEEP_VOICE_ORIGINALS", False)
 TTS_VOICE_RETENTION_DAYS = env_int("TTS_VOICE_RETENTION_DAYS", 180)  # unused this long: listed in the admin
 TTS_ANALYSIS_TIME_LIMIT_SECONDS = env_int("TTS_ANALYSIS_TIME_LIMIT_SECONDS", 300)

@@ -11,6 +11,7 @@ at once (docs/voices.md).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import os
 import tempfile
@@ -25,7 +26,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from synth.prompt import UPLOAD_CODES, PromptLimits, PromptRejected, prepare_prompt
+from synth.prompt import UPLOAD_CODES, PromptLimits, PromptRejected, prepare_prompt, sandbox_mode
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import Voice
 from webapp.speech.services import dispatch, files, ledger
@@ -50,6 +51,24 @@ class VoiceUpload:
     cloning_mode: str | None  # None: the best mode the installed engines offer
     consent_by: Any  # the user, or None for a key without one
     consent_label: str  # who confirmed consent, in words that outlive the user row
+
+
+@functools.cache
+def decode_sandbox() -> str:
+    """What confines this process's decode children (``TTS_PROMPT_SANDBOX``), found once.
+
+    gunicorn's workers call it as they start (deploy/gunicorn.conf.py), so the log says which
+    mode runs and a mode the host cannot give stops the start instead of each upload.
+    """
+    mode = sandbox_mode(settings.TTS_PROMPT_SANDBOX)
+    if mode == "limits":
+        log.warning(
+            "voice uploads decode under resource limits only: this host offers neither Landlock "
+            "nor bubblewrap, so the decode child can read what the web user can (docs/voices.md)"
+        )
+    else:
+        log.info("voice uploads decode in a sandbox: %s", mode)
+    return mode
 
 
 def cloning_modes() -> dict[str, bool]:
@@ -139,6 +158,7 @@ def create_voice(organization: Organization, upload_path: str, upload: VoiceUplo
         max_bytes=upload_limit(organization),
         timeout_seconds=settings.TTS_PROMPT_DECODE_TIMEOUT_SECONDS,
         memory_mb=settings.TTS_PROMPT_DECODE_MEMORY_MB,
+        sandbox=decode_sandbox(),
     )
     try:
         stats = prepare_prompt(upload_path, target, limits)
