@@ -223,3 +223,44 @@ def test_a_tenant_deletion_and_a_completion_of_its_job_do_not_deadlock(
     assert not Organization.objects.filter(pk=tenant.org.pk).exists()
     assert not SynthesisJob.objects.filter(pk=running.id).exists()
     assert not UsageEvent.objects.filter(job_key=running.id).exists()
+
+
+def test_a_tenant_deletion_starts_over_when_a_job_arrives_while_it_takes_its_locks(
+    tenant: Tenant,
+    blocker: psycopg.Connection[Any],
+    observer: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job that appears between the deletion's job locks and its tenant lock goes too, in a second pass."""
+    from webapp.speech import operator
+    from webapp.speech.models import SynthesisJob
+
+    passes: list[int] = []
+    lock_in_order = operator._lock_in_order
+
+    def counted(org_id: Any) -> Any:
+        passes.append(1)
+        return lock_in_order(org_id)
+
+    monkeypatch.setattr(operator, "_lock_in_order", counted)
+    submit_espeak(tenant.org)
+    results: dict[str, Any] = {}
+    # Holding the tenant row as a submit does: the deletion locks the one job, then waits here.
+    blocker.execute("SELECT 1 FROM tenants_organization WHERE id = %s FOR NO KEY UPDATE", [tenant.org.pk])
+    delete = _in_thread(lambda: operator.delete_tenant(tenant.org), results, "delete")
+    _wait_until_blocked(observer, results, "delete")
+    # The job "that submit" inserts (committed, unlocked), before it lets the tenant row go.
+    late = SynthesisJob.objects.create(
+        organization=tenant.org,
+        voice_name="espeak-en-us",
+        engine="espeak",
+        text="late",
+        text_chars=4,
+        format="wav",
+    )
+    blocker.rollback()
+    delete.join(30)
+    assert not isinstance(results["delete"], Exception), results["delete"]
+    assert results["delete"]["synthesisjob"] == 2
+    assert len(passes) == 2
+    assert not SynthesisJob.objects.filter(pk=late.pk).exists()
