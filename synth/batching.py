@@ -162,6 +162,13 @@ class SentenceBatcher(Generic[P, R]):
             if len(results) != len(batch):
                 raise RuntimeError(f"batched call gave {len(results)} results for {len(batch)} sentences")
         except BaseException as exc:  # the call failed as a whole: every caller in it gets the error
+            if len(batch) > 1 and _out_of_memory(exc):
+                # The batch, not a sentence, may be what did not fit: each is tried alone before
+                # its job is given the error (a job retries an out-of-memory error only once).
+                log.warning("batched call of %d sentences ran out of memory; each is tried alone", len(batch))
+                for item in batch:
+                    self._execute([item])
+                return
             log.exception("batched call of %d sentences failed", len(batch))
             results = [exc] * len(batch)
         share = (time.thread_time() - cpu) / len(batch)
@@ -172,6 +179,11 @@ class SentenceBatcher(Generic[P, R]):
             else:
                 item.result = result
             item.done.set()
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Host MemoryError or torch's (CUDA) OutOfMemoryError, by name: torch is not imported here."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
 
 
 __all__ = ["BatchRecord", "SentenceBatcher", "recording", "thread_cpu_time"]

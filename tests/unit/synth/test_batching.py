@@ -88,6 +88,44 @@ def test_a_failed_call_fails_every_sentence_in_it_and_the_batcher_keeps_serving(
     assert batcher.submit(3) == 3
 
 
+class OutOfMemoryError(RuntimeError):
+    """Named as torch.cuda's is: the batcher recognises it by name, torch is not imported there."""
+
+
+def test_a_batch_that_runs_out_of_memory_tries_each_sentence_alone_first() -> None:
+    calls: list[list[int]] = []
+
+    def run(items: list[int]) -> tuple[list[Any], float | None]:
+        calls.append(list(items))
+        if len(items) > 1:
+            raise OutOfMemoryError("CUDA out of memory")
+        if items == [9]:
+            raise OutOfMemoryError("CUDA out of memory")  # too big even alone
+        return [i * 2 for i in items], None
+
+    batcher: SentenceBatcher[int, int] = SentenceBatcher(run, max_items=4, wait_s=5.0)
+    outcomes = _as_members_raising(batcher, [1, 2, 9])
+    assert sorted(len(c) for c in calls) == [1, 1, 1, 3], calls  # one batch of 3, then each alone
+    results = dict(zip([1, 2, 9], outcomes, strict=True))
+    assert results[1] == (2, [1]) and results[2] == (4, [1])
+    assert isinstance(results[9], OutOfMemoryError)  # only the sentence that fails alone gets it
+
+
+def _as_members_raising(batcher: SentenceBatcher[int, int], items: list[int]) -> list[Any]:
+    ready = threading.Barrier(len(items))
+
+    def one(item: int) -> Any:
+        with batcher.member(), recording() as record:
+            ready.wait()
+            try:
+                return batcher.submit(item), record.sizes
+            except OutOfMemoryError as exc:
+                return exc
+
+    with ThreadPoolExecutor(len(items)) as pool:
+        return list(pool.map(one, items))
+
+
 @pytest.fixture(scope="module")
 def unbatched() -> Synthesizer:
     synth = Synthesizer(threads=1, engines=["piper"], piper_runtime="torch")
