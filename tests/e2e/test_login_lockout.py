@@ -44,9 +44,12 @@ def user(transactional_db: None, django_user_model: Any, request: pytest.Fixture
     return name
 
 
+_sessions: dict[tuple[str, str], requests.Session] = {}
+
+
 def _form(edge: NginxInstance, source: str) -> tuple[requests.Session, str]:
-    """A client at ``source`` holding the log-in form's CSRF token."""
-    session = client(source)
+    """A client at ``source`` (one connection per address, kept) holding the log-in form's CSRF token."""
+    session = _sessions.setdefault((edge.base, source), client(source))
     page = session.get(edge.url("/accounts/login/"), timeout=30)
     assert page.status_code == 200
     token = CSRF_RE.search(page.text)

@@ -16,8 +16,6 @@ from django.utils import timezone
 from tests.integration.api.conftest import ApiClient, problem
 from tests.integration.api.people import member
 
-pytestmark = pytest.mark.usefixtures("builtin_voices")
-
 MANAGE = ["speech:read", "speech:write", "keys:manage"]
 
 
