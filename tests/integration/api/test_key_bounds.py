@@ -102,6 +102,7 @@ def test_revoking_a_key_revokes_the_keys_it_made_and_theirs(manager: Any) -> Non
     for client in (child, grandchild, sibling_tenant_key):
         assert client.get("/api/v1/voices").status_code == 200
     assert sibling_tenant_key.delete(f"/api/v1/keys/{manager.parent.pk}").status_code == 403  # no keys:manage
+    from webapp.audit.models import AuditEvent
     from webapp.tenants.services import OPERATOR, revoke_api_key
 
     revoke_api_key(manager.parent, by=OPERATOR)
@@ -109,6 +110,8 @@ def test_revoking_a_key_revokes_the_keys_it_made_and_theirs(manager: Any) -> Non
     assert child.get("/api/v1/voices").status_code == 401
     assert grandchild.get("/api/v1/voices").status_code == 401
     assert sibling_tenant_key.get("/api/v1/voices").status_code == 200
+    cascaded = AuditEvent.objects.filter(action="key.revoked", details__with_parent=str(manager.parent.pk))
+    assert cascaded.count() == 2  # the child and the grandchild, each on the record
 
 
 def test_revoking_through_the_api_cascades_too(manager: Any) -> None:
