@@ -56,9 +56,11 @@ DEFAULTS: dict[str, str] = {
     "CSP": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
     "media-src 'self' blob:; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
     # The API reference (/api/docs) only: Redoc builds its styles at run time, so inline
-    # styles there; still no inline script and nothing from elsewhere.
+    # styles there, and runs its search index in a worker made from a blob; still no inline
+    # script and nothing from elsewhere.
     "DOCS_CSP": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
-    "script-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+    "script-src 'self'; worker-src 'self' blob:; object-src 'none'; base-uri 'self'; form-action 'self'; "
+    "frame-ancestors 'none'",
     # Between two reads of a request's headers or body, and two writes of its answer.
     "CLIENT_HEADER_TIMEOUT": "10s",
     "CLIENT_BODY_TIMEOUT": "30s",

@@ -44,12 +44,37 @@ def axe_problems(page: Any) -> list[str]:
     return lines
 
 
+# Before any script of each page (an init script runs through the DevTools protocol, outside
+# the page's CSP): every Content-Security-Policy violation the page causes is kept.
+CSP_WATCH = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => window.__cspViolations.push(
+  `${e.effectiveDirective} blocked ${e.blockedURI || "inline"} (${e.sourceFile || "?"}:${e.lineNumber})`));
+"""
+
+
+def new_context(browser: Any, **options: Any) -> Any:
+    """A browser context whose pages record CSP violations (:func:`csp_violations`)."""
+    ctx = browser.new_context(ignore_https_errors=True, base_url=BASE, **options)
+    ctx.add_init_script(CSP_WATCH)
+    ctx.set_default_timeout(20_000)
+    return ctx
+
+
+def csp_violations(page: Any) -> list[str]:
+    """What the page's CSP refused so far (an empty list also when the page was not watched)."""
+    return list(page.evaluate("() => window.__cspViolations || []"))
+
+
 def check_page(page: Any, name: str) -> None:
-    """Screenshot the page (a test artifact) and fail on serious or critical accessibility violations."""
+    """Screenshot the page (a test artifact) and fail on serious or critical accessibility violations,
+    and on anything its Content-Security-Policy refused (an inline style or script, say)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
     problems = axe_problems(page)
     assert not problems, f"{name}: " + "; ".join(problems)
+    refused = csp_violations(page)
+    assert not refused, f"{name}: the CSP refused " + "; ".join(refused)
 
 
 def mail_files() -> set[Path]:
