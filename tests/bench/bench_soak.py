@@ -3,10 +3,14 @@
 Starts ``python -m deploy.stack run`` on its own folder and ports, submits jobs
 through Nginx and the API, and meanwhile SIGKILLs a random worker child every
 ``kill_every`` finished jobs, Redis once (at a third) and PostgreSQL once (at
-two thirds); the stack's supervisor brings them back. Then it checks the books:
-no job lost, none charged twice, none left queued or running, every succeeded
-job's file present with the duration its row records; worker RSS after all
-jobs against after 100; the longest gap between two finished jobs.
+two thirds); the stack's supervisor brings them back. Meanwhile OpenAI clients
+(``/v1/audio/speech``, one per ``LEAVER_EVERY`` jobs, streamed or whole-file)
+disconnect at a random moment, each counting the sentences its connection
+received. Then it checks the books: no job lost, none charged twice, none left
+queued or running, every succeeded job's file present with the duration its
+row records, no OpenAI job charged more than the sentences its client
+received; worker RSS after all jobs against after 100; the longest gap
+between two finished jobs.
 
 ``make bench`` runs 10,000 jobs (``--quick``: 500); the test suite runs 500
 (tests/e2e/test_soak.py).
@@ -15,12 +19,14 @@ jobs against after 100; the longest gap between two finished jobs.
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import os
 import random
 import re
 import shutil
 import signal
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +80,10 @@ class SoakResult:
     longest_gap_s: float = 0.0
     child_kills: int = 0
     refusals: int = 0
+    leavers: int = 0  # OpenAI clients that disconnected at a random moment
+    leavers_charged_more: list[str] = field(default_factory=list)  # charged past what they received
+    leavers_charged_chars: int = 0
+    leavers_received_chars: int = 0
 
     def lines(self) -> list[str]:
         growth = (self.rss_after_all_mb / self.rss_after_100_mb - 1) * 100 if self.rss_after_100_mb else 0.0
@@ -86,6 +96,9 @@ class SoakResult:
             f"{self.rss_after_all_mb:.0f} MB ({growth:+.1f} %); per process: {' / '.join(self.rss_breakdown)}",
             f"soak: longest gap between two finished jobs {self.longest_gap_s:.1f} s; "
             f"submissions refused during outages {self.refusals}",
+            f"soak: {self.leavers} OpenAI clients disconnected at random: charged "
+            f"{self.leavers_charged_chars} characters for {self.leavers_received_chars} received; "
+            f"charged more than received {len(self.leavers_charged_more)}",
         ]
 
 
@@ -182,7 +195,124 @@ class Chaos:
                 self.kills += 1
 
 
-def _drive(stack: StackProcess, key: str, result: SoakResult, every: int) -> list[str]:
+# --------------------------------------------------------------------- OpenAI clients that leave
+
+LEAVER_EVERY = 50  # one OpenAI client that disconnects at random per this many soak jobs
+LEAVER_SENTENCE = "A soak sentence that the client may not hear."
+LEAVER_SENTENCES = 6
+LEAVER_TEXT = " ".join([LEAVER_SENTENCE] * LEAVER_SENTENCES)
+
+
+@dataclass
+class Leaver:
+    """One OpenAI request whose client went away: its key (to find its job) and what it received."""
+
+    key: str
+    streamed: bool
+    received_bytes: int = 0
+    whole_file: bool = False  # a whole-file answer arrived complete
+
+
+def _openai(stack: StackProcess, session: requests.Session, key: str, streamed: bool, **kwargs: Any) -> Any:
+    body = {"model": "tts-1", "voice": "espeak-en-us", "input": LEAVER_TEXT}
+    body["response_format"] = "pcm" if streamed else "wav"
+    headers = {"Idempotency-Key": key}
+    if streamed:
+        headers["X-Stainless-Raw-Response"] = "stream"  # the official client's streaming
+    return session.post(stack.url("/v1/audio/speech"), json=body, headers=headers, stream=streamed, **kwargs)
+
+
+def _sentence_bytes(stack: StackProcess, session: requests.Session) -> float:
+    """PCM bytes of one sentence of LEAVER_TEXT, from one stream read to its end (identical sentences)."""
+    for _ in range(30):  # through an outage, if one is under way
+        try:
+            response = _openai(stack, session, str(uuid.uuid4()), True, timeout=60)
+            if response.status_code == 200:
+                return len(response.content) / LEAVER_SENTENCES
+        except requests.RequestException:
+            pass
+        time.sleep(2)
+    raise RuntimeError("no reference stream of the leavers' text")
+
+
+def _leave_at_random(stack: StackProcess, session: requests.Session) -> Leaver:
+    """A client that stops at a random moment: a stream read until then, or a whole file not waited for."""
+    leaver = Leaver(key=str(uuid.uuid4()), streamed=random.random() < 0.7)
+    patience = random.uniform(0.2, 4.0)
+    try:
+        if leaver.streamed:
+            response = _openai(stack, session, leaver.key, True, timeout=(10, 30))
+            deadline = time.monotonic() + patience
+            if response.status_code == 200:
+                for chunk in response.iter_content(chunk_size=4096):
+                    leaver.received_bytes += len(chunk)
+                    if time.monotonic() >= deadline:
+                        break
+            response.close()  # gone, mid-stream or not
+        else:
+            response = _openai(stack, session, leaver.key, False, timeout=(10, patience))
+            leaver.whole_file = response.status_code == 200
+    except requests.RequestException:
+        pass  # the read timed out (the client gave up), or an outage: nothing received
+    return leaver
+
+
+class Leavers:
+    """Sends a leaving OpenAI client whenever LEAVER_EVERY more soak jobs were submitted."""
+
+    def __init__(self, stack: StackProcess, key: str) -> None:
+        self.stack, self.session = stack, api_session(key)
+        self.sentence_bytes = _sentence_bytes(stack, self.session)
+        self.pool = concurrent.futures.ThreadPoolExecutor(2)
+        self.sent: list[concurrent.futures.Future[Leaver]] = []
+
+    def on_submitted(self, n: int) -> None:
+        if n and n % LEAVER_EVERY == 0:
+            self.sent.append(self.pool.submit(_leave_at_random, self.stack, self.session))
+
+    def finish(self) -> list[Leaver]:
+        self.pool.shutdown(wait=True)
+        return [f.result() for f in self.sent]
+
+    def sentences_received(self, leaver: Leaver) -> int:
+        if not leaver.streamed:
+            return LEAVER_SENTENCES if leaver.whole_file else 0
+        # All sentences are the same: a sentence counts once all of its audio arrived.
+        return min(LEAVER_SENTENCES, math.floor(leaver.received_bytes / self.sentence_bytes))
+
+
+def _check_leavers(books: Books, leavers: Leavers, done: list[Leaver], result: SoakResult) -> None:
+    """Each leaver's job charged no more than the characters of the sentences its client received."""
+    keys = [leaver.key for leaver in done]
+    jobs = dict(books.query("SELECT key, job_id::text FROM speech_idempotencykey WHERE key = ANY(%s)", keys))
+    job_ids = [j for j in jobs.values() if j]
+    deadline = time.monotonic() + 120
+    while books.finished(job_ids) < len(job_ids) and time.monotonic() < deadline:
+        time.sleep(1)
+    rows = books.query(
+        "SELECT e.job_key::text, sum(e.characters), max(j.text_chars) FROM speech_usageevent e "
+        "JOIN speech_synthesisjob j ON j.id = e.job_key WHERE e.job_key::text = ANY(%s) "
+        "AND e.kind = 'charge' GROUP BY e.job_key",
+        job_ids,
+    )
+    charged = {str(r[0]): (int(r[1]), int(r[2])) for r in rows}
+    result.leavers = len(done)
+    for leaver in done:
+        job_id = jobs.get(leaver.key)
+        if not job_id or job_id not in charged:
+            continue  # no job (refused in an outage), or nothing charged
+        chars, text_chars = charged[job_id]
+        # What the server charges for k sentences heard of identical ones (lifecycle: ceil).
+        allowed = math.ceil(text_chars * leavers.sentences_received(leaver) / LEAVER_SENTENCES)
+        result.leavers_charged_chars += chars
+        result.leavers_received_chars += allowed
+        if chars > allowed:
+            result.leavers_charged_more.append(f"{job_id}: charged {chars}, received {allowed}")
+
+
+def _drive(
+    stack: StackProcess, key: str, result: SoakResult, every: int, leavers: Leavers | None = None
+) -> list[str]:
     """Submit every job (at most IN_FLIGHT unfinished), killing things on the way; the job ids."""
     books, chaos = Books(stack.var), Chaos(stack.var, result.jobs, every)
     session, counts = api_session(key), {"refusals": 0}
@@ -207,6 +337,8 @@ def _drive(stack: StackProcess, key: str, result: SoakResult, every: int) -> lis
                 ids.extend(f.result() for f in done)
                 pending -= done
             pending.add(pool.submit(_submit, stack, session, n, counts))
+            if leavers is not None:
+                leavers.on_submitted(n)
         ids.extend(f.result() for f in concurrent.futures.as_completed(pending))
     result.child_kills, result.refusals = chaos.kills, counts["refusals"]
     return ids
@@ -263,12 +395,15 @@ def run_soak(jobs: int, kill_every: int = 200, var: Path | None = None) -> SoakR
         assert found, stack.output[-2000:]
         books = Books(var)
         books.lift_limits()
+        leavers = Leavers(stack, found.group(1))
         started = time.monotonic()
-        ids = _drive(stack, found.group(1), result, kill_every)
+        ids = _drive(stack, found.group(1), result, kill_every, leavers)
+        left = leavers.finish()
         _wait_all_finished(books, ids, timeout=120 + jobs * 0.05)
         result.seconds = time.monotonic() - started
         result.rss_after_all_mb = _idle_rss_mb(var, books, ids, result)
         _check_books(var, books, ids, result)
+        _check_leavers(books, leavers, left, result)
         assert "giving up" not in stack.output, stack.output[-3000:]
     finally:
         stack.stop_command()
