@@ -34,7 +34,7 @@ def test_with_200k_jobs_the_sweep_reads_the_jobs_table_by_index_only(
     # Copies of one real row under new ids, as expired jobs (the bulk of a long history):
     # 200k rows in one statement.
     copied = {"id": "gen_random_uuid()", "status": "'expired'", "audio_path": "''", "audio_bytes": "0"}
-    columns = [f.column for f in SynthesisJob._meta.concrete_fields]
+    columns = [str(f.column) for f in SynthesisJob._meta.concrete_fields]
     table = SynthesisJob._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
