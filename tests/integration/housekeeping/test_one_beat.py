@@ -107,3 +107,21 @@ def test_snapshot_operations_writes_one_row_a_minute_whatever_runs_it(
     run_job("snapshot_operations")
     minutes = list(OperationsSnapshot.objects.order_by("at").values_list("at", flat=True))
     assert [m.second for m in minutes] == [0, 0] and (minutes[1] - minutes[0]).total_seconds() == 60
+
+
+def test_a_beat_whose_lease_vanished_stops_at_its_next_renewal(stack: TestStack, no_lease: Any) -> None:
+    import threading
+
+    from webapp.housekeeping.locks import BeatLease
+
+    lease = BeatLease(1, client=stack.redis_client())
+    lease.wait_and_take()
+    lost = threading.Event()
+    lease.keep(on_lost=lost.set)
+    try:
+        time.sleep(1.5)  # renewed past its TTL: still held
+        assert not lost.is_set() and no_lease.get("tts:beat:leader") == lease.token
+        no_lease.delete("tts:beat:leader")  # a Redis restarted without its data
+        assert lost.wait(2), "the holder went on as if it still held the lease"
+    finally:
+        lease.release()
