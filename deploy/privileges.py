@@ -104,8 +104,10 @@ def as_app_user() -> dict[str, Any]:
     return {**as_user(user), "umask": 0o027} if user is not None else {}
 
 
-# Folders the app user writes (audio, uploads, temporary files, mail files, its HOME for caches).
-APP_WRITABLE = ("media", "tmp", "voices", "mail", "home")
+# Folders the app user writes (audio, uploads, temporary files, mail files, its HOME and the
+# analysis worker's caches, the running jobs' files); every one webapp.provisioning's
+# VarLayout.worker_folders names is here, or a worker refuses to start.
+APP_WRITABLE = ("media", "tmp", "voices", "mail", "home", "cache", "run/jobs")
 
 
 def secure_var_dir(cfg: StackConfig) -> None:
@@ -127,6 +129,9 @@ def secure_var_dir(cfg: StackConfig) -> None:
         cfg.path(folder).mkdir(parents=True, exist_ok=True)
         os.chown(cfg.path(folder), 0, user.pw_gid)
         cfg.path(folder).chmod(mode)
+    # Beat's schedule, left by a run as root (a Python the app user could not run) or older code.
+    for schedule in cfg.path("run").glob("celerybeat-schedule*"):
+        os.chown(schedule, user.pw_uid, user.pw_gid)
     for name in ("django_secret_key", "api_key_secret"):
         secret = cfg.path("secrets", name)
         if secret.exists():

@@ -70,6 +70,20 @@ def _reuse_database_connection(task: Any = None, **_: Any) -> None:
 
 
 @signals.worker_init.connect
+def _refuse_folders_it_cannot_write(**_: Any) -> None:
+    """A worker that cannot write where its tasks write exits at start, naming the folder, instead
+    of failing every job; SystemExit, since Celery logs and ignores a signal handler's Exception."""
+    from django.conf import settings
+
+    from webapp.provisioning import UnwritableFolderError, check_worker_can_write
+
+    try:
+        check_worker_can_write(settings.TTS_VAR_LAYOUT)
+    except UnwritableFolderError as exc:
+        raise SystemExit(f"worker: not starting: {exc}") from None
+
+
+@signals.worker_init.connect
 @signals.beat_init.connect
 def _say_where_logs_go(**_: Any) -> None:
     """A Celery process needs no secret (it never signs nor hashes API keys; webapp/provisioning.py),

@@ -13,7 +13,9 @@ the processes write and the secret files the environment does not replace; it ru
   and a restore, which first adds the PostgreSQL and Redis passwords of that stack.
 
 A process that serves refuses to start without its secrets (:func:`check_ready_to_serve`,
-called by webapp/wsgi.py and webapp/asgi.py), naming the command and the variable.
+called by webapp/wsgi.py and webapp/asgi.py), naming the command and the variable; a
+Celery worker refuses to start where it cannot write a folder its tasks write
+(:func:`check_worker_can_write`, called by webapp/celery.py), naming the folder.
 
 Standard library only (Django is imported inside the one function that needs it): the
 settings and deploy/ import this module before Django is set up.
@@ -23,7 +25,9 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import secrets
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +43,10 @@ logger = logging.getLogger(__name__)
 
 class MissingSecretError(RuntimeError):
     """A secret a serving process needs is neither in its variable nor in its file."""
+
+
+class UnwritableFolderError(RuntimeError):
+    """A folder a worker's tasks write is one its user cannot write."""
 
 
 @dataclass(frozen=True)
@@ -114,12 +122,36 @@ class VarLayout:
         return self.var_dir / "tmp"
 
     @property
+    def cache_dir(self) -> Path:
+        """What a process may rebuild: the analysis worker's profiles of the built-in voices."""
+        return self.var_dir / "cache"
+
+    @property
+    def jobs_dir(self) -> Path:
+        """The jobs running on this host, one file each, by every worker of this var/ (synth.hostjobs)."""
+        return self.run_dir / "jobs"
+
+    @property
     def secrets(self) -> tuple[Secret, ...]:
         return (self.secret_key, self.api_key_secret)
 
     @property
     def folders(self) -> tuple[Path, ...]:
-        return (self.log_dir, self.media_root, self.static_root, self.run_dir, self.voices_dir, self.tmp_dir)
+        return (
+            self.log_dir,
+            self.media_root,
+            self.static_root,
+            self.run_dir,
+            self.jobs_dir,
+            self.voices_dir,
+            self.tmp_dir,
+            self.cache_dir,
+        )
+
+    @property
+    def worker_folders(self) -> tuple[Path, ...]:
+        """The folders a Celery worker's tasks write: audio and prompts, temporary files, caches, job files."""
+        return (self.media_root, self.tmp_dir, self.cache_dir, self.jobs_dir)
 
 
 def _secret(setting: str, purpose: str, variable: str, default: Path, env: Mapping[str, str]) -> Secret:
@@ -203,6 +235,40 @@ def prepare_var(layout: VarLayout) -> list[Path]:
         if not secret.given and create_secret(secret.path):
             created.append(secret.path)
     return created
+
+
+def unwritable(folders: tuple[Path, ...]) -> list[Path]:
+    """Those of ``folders`` this process cannot make files in (a missing one: where its parent refuses it)."""
+    found = []
+    for folder in folders:
+        existing = folder
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not os.access(existing, os.W_OK | os.X_OK):
+            found.append(folder)
+    return found
+
+
+def check_worker_can_write(layout: VarLayout) -> None:
+    """Refuse to start a worker whose tasks would each fail on a folder it cannot write.
+
+    Called as a Celery worker starts (webapp/celery.py): better one error naming the
+    folder at start than every job or voice failing with a PermissionError later.
+    """
+    folders = unwritable(layout.worker_folders)
+    if not folders:
+        return
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    lines = []
+    for folder in folders:
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        owner = f"{existing.owner()}:{existing.group()} {stat.filemode(existing.stat().st_mode)}"
+        where = folder if existing == folder else f"{folder} (missing; {existing} refuses it)"
+        lines.append(f"{user} cannot write {where}, owned {owner}")
+    raise UnwritableFolderError(
+        "\n".join(lines) + f"\nRun `{PREPARE_COMMAND}` as {user}, or give {user} these folders "
+        "(as root, `make run` does: deploy/privileges.py)."
+    )
 
 
 def _has_setting(settings: Any, name: str) -> bool:

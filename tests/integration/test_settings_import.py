@@ -24,7 +24,7 @@ from deploy.provision import StackConfig, StackError
 ROOT = Path(__file__).resolve().parents[2]
 
 SECRETS = ("django_secret_key", "api_key_secret")
-FOLDERS = ("log", "media", "static", "run", "voices", "tmp")
+FOLDERS = ("log", "media", "static", "run", "run/jobs", "voices", "tmp", "cache")
 
 
 def _fresh_clone_env(var_dir: Path, **extra: str) -> dict[str, str]:

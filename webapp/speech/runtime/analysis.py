@@ -110,7 +110,7 @@ def _speaking_voice(voice: Any, profile: Any) -> tuple[Any, Any]:
     ids = speaker.candidate_voice_ids(v for v in synth.voices() if v.id in known)
     if not ids:
         return None, None
-    cache = os.path.join(str(settings.VAR_DIR), "cache", "voice-profiles.json")
+    cache = str(settings.TTS_VAR_LAYOUT.cache_dir / "voice-profiles.json")
     work = os.path.join(str(settings.MEDIA_ROOT), "tmp")
     os.makedirs(work, exist_ok=True)
     candidates = speaker.candidate_profiles(ids, speaker.synthesizer_fn(synth, work), cache)

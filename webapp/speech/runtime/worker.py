@@ -58,7 +58,7 @@ class WorkerState:
         self.waiting_since: float | None = None  # since when a recycle waits for the node's turn
         self.sibling_cannot_load = False  # seen while waiting: this child is all its node serves with
         # Jobs running on this host, by every worker of this var/ (synth.hostjobs).
-        self.host_jobs = HostJobs(settings.VAR_DIR / "run" / "jobs")
+        self.host_jobs = HostJobs(settings.TTS_VAR_LAYOUT.jobs_dir)
         self.health = recycling.ChildHealth(recycling.RecyclePolicy.from_settings(), gpu_reader=_gpu_reader())
         # The attempts running in this child (job id -> token): the watchdog's to check.
         self.attempts: dict[str, int] = {}

@@ -3,8 +3,8 @@
 Importing the settings creates nothing (webapp/provisioning.py): run this before the
 service's processes start, as the user they run as. The systemd units run it first
 (``ExecStartPre``); the local and test stacks and a restore run the same function
-through deploy/provision.py. It creates the log, media, static, run, voices and tmp
-folders and each secret file (mode 0600, in a 0700 folder) whose variable
+through deploy/provision.py. It creates the log, media, static, run, run/jobs, voices,
+tmp and cache folders and each secret file (mode 0600, in a 0700 folder) whose variable
 (``DJANGO_SECRET_KEY``, ``TTS_API_KEY_SECRET``) is not set; what exists is kept.
 """
 
