@@ -68,3 +68,11 @@ def test_the_origin_setting_is_checked() -> None:
     for bad in ("tts.example.com", "https://tts.example.com/app", "ftp://x", "https://x:port", "https://"):
         with pytest.raises(EnvError, match="X="):
             env_origin("X", "", {"X": bad})
+
+
+@override_settings(ALLOWED_HOSTS=["*"], TTS_PUBLIC_ORIGIN=ORIGIN)
+def test_invitation_link_ignores_the_host(owner: tuple[Any, Any]) -> None:
+    client = client_for(owner[0])
+    client.post("/app/members/", {"email": "invited@example.com", "role": "member"}, HTTP_HOST=EVIL)
+    assert mail.outbox[-1].to == ["invited@example.com"]
+    _check(_links())
