@@ -211,7 +211,8 @@ class Supervisor:
         # writing into a file that was rotated or removed meanwhile.
         for old in list(logger.handlers):
             logger.removeHandler(old)
-            old.close()
+            with contextlib.suppress(OSError):  # its last lines are lost to a full disk: the pump must start
+                old.close()
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
         handler = _LogFile(
             self.cfg.log_dir / f"{name}.log",

@@ -194,3 +194,15 @@ def test_the_stack_serves_without_the_analysis_worker_housekeeping_and_beat(tmp_
     assert {name for name, service in services.items() if service.required} == {"gunicorn", "worker", "nginx"}
     assert services["analysis"].missing_means == "uploaded voices stay processing"
     assert all(service.missing_means for service in services.values() if not service.required)
+
+
+def test_a_restarted_service_gets_a_new_log_file_after_a_full_disk(tmp_path: Path) -> None:
+    """The old file's last lines cannot be flushed: closing it must not stop the new pump."""
+    log = tmp_path / "log" / "chatty.log"
+    log.parent.mkdir()
+    log.symlink_to("/dev/full")
+    sup = Supervisor(_cfg(tmp_path), echo=False)
+    sup._logger("chatty").info("lost to the full disk")
+    log.unlink()  # room again
+    sup._logger("chatty").info("written")  # what the next start's pump does first
+    assert log.read_text() == "written\n"
