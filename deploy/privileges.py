@@ -87,15 +87,31 @@ def process_user() -> pwd.struct_passwd | None:
     if user is None:
         return None
     python = Path(sys.executable).resolve()
-    for path, what in ((python, f"run {python}"), (PROJECT_ROOT, f"read the project in {PROJECT_ROOT}")):
+    for path, what in ((PROJECT_ROOT, f"read the project in {PROJECT_ROOT}"), (python, f"run {python}")):
         if not others_can_use(path):
-            print(
-                f"stack: {APP_SYSTEM_USER} cannot {what} (a folder above it is private), so gunicorn "
-                "and Celery run as root; put Python and the project where other users can read them",
-                flush=True,
-            )
+            _say_root_fallback(what, project=path == PROJECT_ROOT)
             return None
     return user
+
+
+def _say_root_fallback(what: str, project: bool) -> None:
+    """Loud, on stderr, with the fix: running the app as root is a security problem, not a detail."""
+    rebuild = "rm -rf .venv && make run  (deploy/bootstrap.sh rebuilds .venv on /usr/bin/python3.11)"
+    fix = (
+        [f"Move the checkout to a folder other users can enter (not under /root), then: {rebuild}"]
+        if project
+        else [f"{rebuild}, or build .venv on a Python outside private folders"]
+    )
+    rule = "stack: " + "*" * 78
+    lines = [
+        rule,
+        f"stack: WARNING: gunicorn and Celery run AS ROOT, not as {APP_SYSTEM_USER}:",
+        f"stack: {APP_SYSTEM_USER} cannot {what} (a folder above it is private), so gunicorn and Celery run as root.",
+        "stack: Any flaw in the app or a library it loads then has the whole machine.",
+        *(f"stack: To fix: {line}" for line in fix),
+        rule,
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def as_app_user() -> dict[str, Any]:
@@ -113,10 +129,11 @@ APP_WRITABLE = ("media", "tmp", "voices", "mail", "home", "cache", "run/jobs")
 def secure_var_dir(cfg: StackConfig) -> None:
     """As root, before `make run` starts the app tier: who may read and write what under var/.
 
-    Media and temporary files belong to the app user (mode 0750: Nginx reads audio
-    through the group); logs (written by the supervisor) are 0750 root; var/run
-    takes the app user's files (beat's schedule) through the group. The app's
-    two secrets become the app user's; the PostgreSQL and Redis passwords stay root's.
+    Media, temporary files and caches (beat's schedule too) belong to the app user
+    (mode 0750: Nginx reads audio through the group); logs (written by the supervisor)
+    and var/run are 0750 root, the app user's var/run/jobs inside. Nothing is writable
+    by the group Nginx's workers share. The app's two secrets become the app user's;
+    the PostgreSQL and Redis passwords stay root's.
     """
     user = app_user()
     if user is None:
@@ -125,13 +142,11 @@ def secure_var_dir(cfg: StackConfig) -> None:
         cfg.path(folder).mkdir(parents=True, exist_ok=True)
         chown_tree(cfg.path(folder), user)
         cfg.path(folder).chmod(0o750)
-    for folder, mode in (("log", 0o750), ("run", 0o770), ("secrets", 0o711)):
+    # The group may enter and read, never write: Nginx's workers are in it (for the socket and audio).
+    for folder, mode in (("log", 0o750), ("run", 0o750), ("secrets", 0o711)):
         cfg.path(folder).mkdir(parents=True, exist_ok=True)
         os.chown(cfg.path(folder), 0, user.pw_gid)
         cfg.path(folder).chmod(mode)
-    # Beat's schedule, left by a run as root (a Python the app user could not run) or older code.
-    for schedule in cfg.path("run").glob("celerybeat-schedule*"):
-        os.chown(schedule, user.pw_uid, user.pw_gid)
     for name in ("django_secret_key", "api_key_secret"):
         secret = cfg.path("secrets", name)
         if secret.exists():

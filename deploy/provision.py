@@ -405,7 +405,7 @@ def housekeeping_worker_command(cfg: StackConfig) -> list[str]:
 
 
 def beat_command(cfg: StackConfig) -> list[str]:
-    schedule = str(cfg.path("run", "celerybeat-schedule"))
+    schedule = str(cfg.path("cache", "celerybeat-schedule"))  # beat runs as the app user: its folder
     # No pid file: after a crash a stale one would keep the restarted beat from starting.
     command = [venv_bin("celery"), "-A", "webapp", "beat", "--loglevel", "INFO", "--schedule", schedule]
     return [*command, "--pidfile", ""]

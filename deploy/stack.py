@@ -165,6 +165,8 @@ def app_services(cfg: StackConfig) -> list[Service]:
     )
     if process_user() is not None:
         gunicorn.env["HOME"] = str(cfg.path("home"))
+        # Its workers' files (voice prompts) as Celery's: the socket's mode is set in gunicorn.conf.py.
+        gunicorn.popen_kwargs["umask"] = 0o027
     celery = [
         worker_service(cfg, "worker"),
         worker_service(cfg, "housekeeping", role="housekeeping"),

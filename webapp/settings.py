@@ -308,7 +308,7 @@ CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Running jobs keep running through a broker outage; the job row, not the ack, is the truth.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
-CELERY_BEAT_SCHEDULE_FILENAME = str(TTS_VAR_LAYOUT.run_dir / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE_FILENAME = str(TTS_VAR_LAYOUT.cache_dir / "celerybeat-schedule")
 
 # Worker behaviour (webapp/speech/runtime/worker.py, webapp/speech/runtime/recycling.py, docs/workers.md).
 # synth: loads models and serves synth.<engine> queues; housekeeping: cleanup only.

@@ -68,6 +68,23 @@ def _assert_least_privilege() -> None:
         assert (VAR / "media").owner() == "tts-app" and (VAR / "media").group() == "tts-app"
 
 
+def _assert_nginx_group_can_write_nothing() -> None:
+    """As root, Nginx's workers share the app user's group (to reach the socket and read audio):
+    that group writes nothing under var/ but the socket, voice prompts and var/run included."""
+    from deploy.privileges import APP_SYSTEM_USER
+
+    if os.geteuid() != 0:
+        return
+    writable = [
+        str(path.relative_to(VAR))
+        for path in [VAR, *VAR.rglob("*")]
+        if path.stat().st_mode & stat.S_IWGRP and path.group() == APP_SYSTEM_USER
+    ]
+    assert writable == ["run/gunicorn.sock"], writable
+    prompts = list((VAR / "media" / "voices").rglob("*.wav"))
+    assert prompts and all(_mode(prompt) & 0o027 == 0 for prompt in prompts), [_mode(p) for p in prompts]
+
+
 def _assert_django_runs_unprivileged(stack: Stack) -> None:
     """As root, gunicorn's workers, Celery and beat run as the app user (the gunicorn master binds
     the socket and stays root). A Python or checkout that user cannot read makes the stack fall back
@@ -153,6 +170,7 @@ def test_run_serves_as_the_app_user_stops_cleanly_and_reuses_data(tmp_path: Path
         _assert_least_privilege()
         _assert_django_runs_unprivileged(first)
         _assert_a_voice_upload_becomes_ready(first, key.group(1), tmp_path)
+        _assert_nginx_group_can_write_nothing()
     finally:
         status = first.interrupt()
     assert status == 0, first.output[-3000:]
