@@ -6,7 +6,9 @@ its ``TTS_FAULT_*`` environment variable names a marker.
 A job whose text contains the marker kills its child mid-write (after its
 first sentence), runs out of memory, hangs (in Python, or in native code where
 no alarm reaches it), or stops (SIGSTOP) or dies between its file's rename and its commit;
-on a batching child, a sentence containing its marker fails in its batch.
+on a batching child, a sentence containing its marker fails in its batch, and
+a batched call holding a sentence with the out-of-memory marker runs out of CUDA
+memory as a whole (the sentence alone fits).
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ def after_load(synthesizer: Any) -> None:
     if lost_reply:
         _lose_claim_replies(lost_reply)
     marker = os.environ.get("TTS_FAULT_SENTENCE_MARKER", "")
-    if not marker or "piper" not in synthesizer.engine_names:
+    oom = os.environ.get("TTS_FAULT_BATCH_OOM_MARKER", "")
+    if not (marker or oom) or "piper" not in synthesizer.engine_names:
         return
     engine = synthesizer.engine("piper")
     if getattr(engine, "batcher", None) is None:
@@ -124,7 +127,20 @@ def after_load(synthesizer: Any) -> None:
     real = engine.synthesize_batch
 
     def synthesize_batch(requests: list[Any], *args: Any, **kwargs: Any) -> Any:
+        if oom and len(requests) > 1 and any(oom in text for text, _params in requests):
+            import torch
+
+            record = os.environ.get("TTS_FAULT_BATCH_OOM_RECORD", "")
+            if record:
+                with open(record, "a") as fh:
+                    fh.write(f"{len(requests)}\n")
+            log.error(
+                "fault injection: a batched call of %d sentences runs out of CUDA memory", len(requests)
+            )
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (fault injection)")
         outcome = real(requests, *args, **kwargs)
+        if not marker:
+            return outcome
         for i, (text, _params) in enumerate(requests):
             if marker in text:
                 log.error("fault injection: a sentence of a batch of %d fails", len(requests))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,8 @@ from tests.stack import TestStack
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MARKER = "Zebracorn"
+OOM_MARKER = "Gigantosaur"  # a batched call holding it runs out of CUDA memory as a whole
+OOM_RECORD: dict[str, Path] = {}  # where the fault notes each batch it failed
 TEXTS = [
     "The first job has three sentences. It is the shortest one here. Goodbye now.",
     "Job number two speaks as well. Its second sentence is longer than its first one. That is all.",
@@ -42,7 +45,9 @@ LONG = " ".join(f"Sentence {i} of the long job keeps the worker busy for a while
 
 
 @pytest.fixture(scope="module")
-def batching_worker(stack: TestStack, django_db_setup: None) -> Iterator[Service]:
+def batching_worker(
+    stack: TestStack, django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
     stack.stop_session_worker()
     flush_queues(stack, "synth.piper")
     worker = start_worker(
@@ -54,6 +59,8 @@ def batching_worker(stack: TestStack, django_db_setup: None) -> Iterator[Service
         TTS_WORKER_BATCH_WAIT_MS="300",
         TTS_WORKER_THREADS="1",
         TTS_FAULT_SENTENCE_MARKER=MARKER,
+        TTS_FAULT_BATCH_OOM_MARKER=OOM_MARKER,
+        TTS_FAULT_BATCH_OOM_RECORD=str(OOM_RECORD.setdefault("path", tmp_path_factory.mktemp("oom") / "oom")),
     )
     try:
         yield worker
@@ -129,3 +136,23 @@ def test_a_job_whose_sentence_fails_fails_alone(batching_worker: Service, builti
     assert rows[1].error_code == "synthesis_failed"
     assert not rows[1].audio_path
     assert max(max(r.metrics["batch_sizes"]) for r in (rows[0], rows[2], rows[3])) > 1
+
+
+def test_a_batch_that_runs_out_of_memory_is_retried_sentence_by_sentence_first(
+    batching_worker: Service, builtin_voices: list[str]
+) -> None:
+    """A batch-wide CUDA out-of-memory error (injected: the batched call raises
+    torch.cuda.OutOfMemoryError while the marked sentence is in a batch of more than one)
+    spends no job's only out-of-memory retry: each sentence is tried alone first."""
+    # Every sentence of the second job is marked: whichever of them meets another job's in a
+    # batch makes that batch fail (the group's first sentence runs alone, before others join).
+    big = f"A {OOM_MARKER} starts this job. This {OOM_MARKER} does not fit. The {OOM_MARKER} ends."
+    submitted = _submit_all("batch-oom", [TEXTS[0], big, *TEXTS[1:3]])
+    rows = wait_status([j.id for j in submitted], timeout=150)
+    assert [r.status for r in rows] == ["succeeded"] * 4, [(r.status, r.error_code) for r in rows]
+    # The fault overlapped the batches: batches holding a marked sentence failed as a whole,
+    # and their sentences then ran alone.
+    failed = [int(n) for n in OOM_RECORD["path"].read_text().split()]
+    assert failed and all(n > 1 for n in failed), failed
+    assert 1 in rows[1].metrics["batch_sizes"], rows[1].metrics["batch_sizes"]
+    assert [(r.attempts, r.oom_retries) for r in rows] == [(1, 0)] * 4
