@@ -50,14 +50,15 @@ bench: bootstrap
 bench-peer: bootstrap
 	$(PY) -m tests.bench peer $(BENCH_ARGS)
 
-# One archive of the database (a consistent pg_dump), the media folder and the key secrets
-# (deploy/backup.py); `make restore FILE=...` brings one back into a fresh var/.
+# One archive of the database (a consistent pg_dump), the media its rows name and the key secrets,
+# encrypted with age to TTS_BACKUP_RECIPIENTS (or a clear one with CLEAR=1), the TTS_BACKUP_KEEP
+# newest kept (deploy/backup.py); `make restore FILE=... IDENTITY=...` brings one back into a fresh var/.
 backup: bootstrap
-	@$(PY) -m deploy.backup backup $(if $(OUT),--out $(OUT))
+	@$(PY) -m deploy.backup backup $(if $(OUT),--out $(OUT)) $(if $(CLEAR),--clear)
 
 restore: bootstrap
-	@if [ -z "$(FILE)" ]; then echo "usage: make restore FILE=var/backups/tts-backup-....tar.gz"; exit 2; fi
-	@$(PY) -m deploy.backup restore $(FILE)
+	@if [ -z "$(FILE)" ]; then echo "usage: make restore FILE=var/backups/tts-backup-....tar.gz.age IDENTITY=path/to/age-key"; exit 2; fi
+	@$(PY) -m deploy.backup restore $(FILE) $(if $(IDENTITY),--identity $(IDENTITY))
 
 clean:
 	@if [ "$(CONFIRM)" = "1" ]; then \

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # TTS_BOOTSTRAP_PACKAGES overrides the list (tests use it).
-read -r -a PACKAGES <<< "${TTS_BOOTSTRAP_PACKAGES:-postgresql redis-server nginx-light openssl iproute2 procps flite chromium bubblewrap}"
+read -r -a PACKAGES <<< "${TTS_BOOTSTRAP_PACKAGES:-postgresql redis-server nginx-light openssl iproute2 procps flite chromium bubblewrap age}"
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
