@@ -24,7 +24,7 @@ from django.conf import settings
 from django.http import FileResponse, HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 
@@ -94,6 +94,7 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
     @extend_schema(
         request=OpenAISpeechSerializer,
         responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER)],
         summary="OpenAI-compatible synchronous speech",
     )
     def post(self, request: Request) -> HttpResponseBase | Wait:
