@@ -64,11 +64,13 @@ class ErrorCode(StrEnum):
     STORAGE_LIMIT = "storage_limit"
     TOO_MANY_WAITS = "too_many_waits"
     TOO_MANY_AUTH_FAILURES = "too_many_auth_failures"
+    TOO_MANY_UPLOADS = "too_many_uploads"
     # 5xx
     SERVER_ERROR = "server_error"
     JOB_FAILED = "job_failed"
     NO_WORKER = "no_worker"
     QUEUE_FULL = "queue_full"
+    DECODER_BUSY = "decoder_busy"
     SERVICE_UNAVAILABLE = "service_unavailable"
     TIMEOUT = "timeout"
 

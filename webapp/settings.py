@@ -410,6 +410,17 @@ TTS_DEFAULT_VOICE = env_str("TTS_DEFAULT_VOICE", "en_US-joe-medium")
 # child process with these limits; the analysis runs on the `analysis` queue.
 TTS_PROMPT_DECODE_TIMEOUT_SECONDS = env_float("TTS_PROMPT_DECODE_TIMEOUT_SECONDS", 20.0)
 TTS_PROMPT_DECODE_MEMORY_MB = env_int("TTS_PROMPT_DECODE_MEMORY_MB", 1024)
+# Bounds on those children (webapp/speech/services/decodes.py): uploads per tenant and
+# minute (refused ones count), uploads in progress per tenant (all hosts), decode
+# children at once per host (every web process of it), uploads queued for one, and the
+# longest an upload waits in that queue before its 503.
+TTS_VOICE_UPLOADS_PER_MINUTE = env_int("TTS_VOICE_UPLOADS_PER_MINUTE", 10)
+TTS_PROMPT_DECODES_PER_TENANT = env_int("TTS_PROMPT_DECODES_PER_TENANT", 2)
+TTS_PROMPT_DECODES_PER_HOST = env_int("TTS_PROMPT_DECODES_PER_HOST", 2)
+TTS_PROMPT_DECODE_QUEUE = env_int("TTS_PROMPT_DECODE_QUEUE", 8)
+TTS_PROMPT_DECODE_WAIT_SECONDS = env_float("TTS_PROMPT_DECODE_WAIT_SECONDS", 10.0)
+# The niceness the decode child runs at (0: the web worker's own).
+TTS_PROMPT_DECODE_NICE = env_int("TTS_PROMPT_DECODE_NICE", 10)
 # What confines that child beyond its limits (synth.prompt.sandbox_mode): auto takes
 # bubblewrap, else Landlock, else limits only; a named mode the host lacks stops the start.
 TTS_PROMPT_SANDBOX = env_choice("TTS_PROMPT_SANDBOX", "auto", ("auto", "bubblewrap", "landlock", "limits"))

@@ -18,9 +18,11 @@ from webapp.dashboard.access import Tenant, error_text, tenant_page
 from webapp.dashboard.forms import VoiceUploadForm
 from webapp.dashboard.views.speech import by_language
 from webapp.errors import DomainError
+from webapp.problems import Problem
 from webapp.speech.models import Voice
 from webapp.speech.services import prompts, queries
 from webapp.speech.voices import delete_voice
+from webapp.tenants.api import ratelimit
 from webapp.tenants.models import ApiKey, Membership
 from webapp.tenants.roles import role_allows
 
@@ -87,15 +89,25 @@ def _create(request: HttpRequest, tenant: Tenant, form: VoiceUploadForm) -> Voic
 @require_POST
 def voice_upload(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     form = VoiceUploadForm(request.POST, request.FILES)
-    if form.is_valid():
-        try:
+    status, retry_after = 400, None
+    valid = form.is_valid()  # first: an error is added to a checked form
+    try:
+        # An upload from the page counts against the tenant's request rate like one from a key
+        # (and against its upload rate and decode slots in the service, as the API's does).
+        ratelimit.check_rate(request, tenant.organization)
+        if valid:
             voice = _create(request, tenant, form)
-        except DomainError as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, error_text(exc))
-        else:
             messages.success(request, f"“{voice.name}” is uploaded; it is being analysed.")
             return redirect("dashboard:voices")
-    return render(request, "dashboard/voices.html", _context(tenant, form), status=400)
+    except (DomainError, Problem) as exc:
+        problem = Problem.of(exc)
+        form.add_error(problem.field if problem.field in form.fields else None, error_text(exc))
+        if problem.status in (429, 503):  # a limit: the page says so with the API's status
+            status, retry_after = problem.status, problem.retry_after
+    response = render(request, "dashboard/voices.html", _context(tenant, form), status=status)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
 
 
 @tenant_page(roles=VOICE_WRITERS)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.files import File
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -29,7 +29,7 @@ from django.utils import timezone
 from synth.prompt import UPLOAD_CODES, PromptLimits, PromptRejected, prepare_prompt, sandbox_mode
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import Voice
-from webapp.speech.services import dispatch, files, ledger
+from webapp.speech.services import decodes, dispatch, files, ledger
 from webapp.tenants.models import Organization
 
 if TYPE_CHECKING:
@@ -146,10 +146,17 @@ def create_voice(organization: Organization, upload_path: str, upload: VoiceUplo
     """Check and convert the uploaded file, store the canonical prompt and queue its analysis.
 
     ``upload_path`` is a temporary file the caller removes. Cheap refusals
-    (voice count, mode) come before the file is read.
+    (upload rate, voice count, mode) come before the file is read; the decode
+    waits for its slot (``429 too_many_uploads``, ``503 decoder_busy``).
     """
+    # Every upload counts against the tenant's upload rate, refused ones too: each may cost a decode.
+    decodes.count_upload(organization.pk)
     mode = _mode(upload.cloning_mode)
     _check_room(organization)
+    if not connection.in_atomic_block:
+        # Back to the pool (ASGI) while the upload waits for a decoder and decodes: a connection
+        # held that long by each upload would be taken from every other request of the process.
+        connection.close()
     voice_uuid = uuid.uuid4()
     relative = f"voices/{organization.pk}/{voice_uuid.hex}.wav"
     target = files.media_path(relative)
@@ -161,7 +168,10 @@ def create_voice(organization: Organization, upload_path: str, upload: VoiceUplo
         sandbox=decode_sandbox(),
     )
     try:
-        stats = prepare_prompt(upload_path, target, limits)
+        # Bounded per tenant and per host (services.decodes): a burst of uploads waits in one
+        # queue or is refused, never a pile of decode children taking the web tier's CPU.
+        with decodes.decode_slot(organization.pk):
+            stats = decodes.at_low_priority(prepare_prompt, upload_path, target, limits)
     except PromptRejected as exc:
         raise DomainError(_upload_error(exc.code), exc.message, field="audio") from exc
     original = _keep_original(upload_path, organization, voice_uuid, stats.container)
