@@ -79,7 +79,6 @@ INSTALLED_APPS = [
     "webapp.housekeeping",
     "django_otp",
     "django_otp.plugins.otp_totp",
-    "django_otp.plugins.otp_static",
     "axes",
     "webapp.dashboard",
     "webapp.audit",

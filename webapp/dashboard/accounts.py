@@ -26,13 +26,12 @@ from django.http import HttpRequest
 from django.template.loader import render_to_string
 from django.utils import timezone
 from django_otp import match_token
-from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from redis.exceptions import RedisError
 
 from webapp import redis_clients
 from webapp.audit import services as audit
-from webapp.dashboard.models import Account
+from webapp.dashboard.models import Account, RecoveryCode, RecoveryCodes, recovery_code_digest
 from webapp.public_urls import public_url_for
 from webapp.tenants import hourly
 from webapp.tenants.accounts import find_user_by_email
@@ -239,16 +238,25 @@ def confirm_totp(user: Any, code: str) -> list[str] | None:
         return None
     device.confirmed = True
     device.save(update_fields=["confirmed"])
-    StaticDevice.objects.filter(user=user).delete()
-    static = StaticDevice.objects.create(user=user, name="Recovery codes", confirmed=True)
-    codes = [secrets.token_hex(5) for _ in range(RECOVERY_CODES)]
-    StaticToken.objects.bulk_create([StaticToken(device=static, token=c) for c in codes])
+    codes = _new_recovery_codes(user)
     audit.record("account.totp_enabled", target=user, actor=user)
+    return codes
+
+
+def _new_recovery_codes(user: Any) -> list[str]:
+    """Inside the caller's transaction: a new set replaces the old; returns the codes (kept as digests only)."""
+    RecoveryCodes.objects.filter(user=user).delete()
+    device = RecoveryCodes.objects.create(
+        user=user, name="Recovery codes", confirmed=True, salt=secrets.token_hex(16)
+    )
+    codes = [secrets.token_hex(5) for _ in range(RECOVERY_CODES)]
+    digests = {recovery_code_digest(c, device.salt, device.iterations) for c in codes}
+    RecoveryCode.objects.bulk_create([RecoveryCode(device=device, digest=d) for d in digests])
     return codes
 
 
 @transaction.atomic(durable=True)
 def remove_second_factor(user: Any) -> None:
     TOTPDevice.objects.filter(user=user).delete()
-    StaticDevice.objects.filter(user=user).delete()
+    RecoveryCodes.objects.filter(user=user).delete()
     audit.record("account.totp_disabled", target=user, actor=user)
