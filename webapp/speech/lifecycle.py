@@ -110,10 +110,9 @@ def _settle(job_id: Any, parts: tuple[Part, ...] = ()) -> bool:
 
 def _delivered(job: SynthesisJob) -> tuple[Part, ...]:
     """What the job's streams handed to clients: its sentences' characters, and audio past the bound."""
-    chars = int(job.delivered_chars)
     return (
-        Part(PartKind.DELIVERED, chars),
-        ledger.audio_seconds_part(chars, float(job.delivered_seconds)),
+        Part(PartKind.DELIVERED, int(job.delivered_chars)),
+        ledger.audio_seconds_part(float(job.delivered_seconds)),
     )
 
 
@@ -708,9 +707,8 @@ def complete_job(
             _cancel(job_id, _current(token) & Q(cancel_requested=True))
             return False
         notify.job_changed(job_id, Status.SUCCEEDED, 1.0)
-        chars = SynthesisJob.objects.values_list("text_chars", flat=True).get(id=job_id)
         # The whole text, and audio past the bound per character by its seconds.
-        _settle(job_id, (Part(PartKind.FRESH), ledger.audio_seconds_part(chars, duration_seconds)))
+        _settle(job_id, (Part(PartKind.FRESH), ledger.audio_seconds_part(duration_seconds)))
     return True
 
 

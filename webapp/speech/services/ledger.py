@@ -220,20 +220,26 @@ class Part:
 
     kind: PartKind
     characters: int | None = None
+    seconds: float | None = None  # AUDIO_SECONDS: the audio's length, charged beyond the parts before it
 
 
-def audio_seconds_part(characters: int, audio_seconds: float) -> Part:
-    """What ``audio_seconds`` of audio for ``characters`` cost beyond those characters.
+def audio_seconds_part(audio_seconds: float) -> Part:
+    """What ``audio_seconds`` of audio cost beyond the characters of the parts before it.
 
     Cheap characters can ask for much compute (speed 0.25, long pauses): each
     character pays for at most TTS_AUDIO_SECONDS_PER_CHAR seconds of audio, and
     audio past that is charged one character per that many seconds.
     """
+    return Part(PartKind.AUDIO_SECONDS, seconds=audio_seconds)
+
+
+def _beyond_the_bound(part: Part, charged: int) -> int:
+    if part.seconds is None:
+        return max(0, part.characters or 0)
     per_char = settings.TTS_AUDIO_SECONDS_PER_CHAR
-    if per_char <= 0 or audio_seconds <= 0:
-        return Part(PartKind.AUDIO_SECONDS, 0)
-    by_seconds = math.floor(audio_seconds / per_char)
-    return Part(PartKind.AUDIO_SECONDS, max(0, by_seconds - characters))
+    if per_char <= 0 or part.seconds <= 0:
+        return 0
+    return max(0, math.floor(part.seconds / per_char) - charged)
 
 
 def settle(job_id: Any, parts: Iterable[Part] = ()) -> bool:
@@ -260,7 +266,7 @@ def settle(job_id: Any, parts: Iterable[Part] = ()) -> bool:
     recorded, room, beyond = [], reserved, 0
     for part in parts:
         if part.kind == PartKind.AUDIO_SECONDS:
-            take = max(0, part.characters or 0)
+            take = _beyond_the_bound(part, reserved - room + beyond)
             beyond += take
         else:
             take = room if part.characters is None else max(0, min(part.characters, room))
