@@ -56,6 +56,11 @@ def _job_of(org: Any) -> Any:
     return SynthesisJob.objects.get(organization=org)
 
 
+def _finished(job: Any) -> bool:
+    job.refresh_from_db()
+    return bool(job.is_finished)
+
+
 def _running(job: Any) -> bool:
     job.refresh_from_db()
     return bool(job.status == "running")
@@ -75,7 +80,7 @@ def test_openai_client_that_leaves_its_wait_ends_the_job_and_pays_nothing(live_t
     _wait_until(lambda: _settlement(job.id) is not None, 10, "the job's settlement")
     event = _settlement(job.id)
     assert (event.kind, event.characters) == ("release", 0)
-    _wait_until(lambda: job.refresh_from_db() or job.is_finished, 60, "the job to end")
+    _wait_until(lambda: _finished(job), 60, "the job to end")
     assert job.status == "canceled"
 
 
@@ -277,7 +282,7 @@ def test_stream_then_cancel_charges_the_sentences_delivered(live_tenant: Any, we
     time.sleep(1)  # the worker stops at its next sentence; the stream still open meanwhile
     stream.close()
     job = SynthesisJob.objects.get(id=job_id)
-    _wait_until(lambda: job.refresh_from_db() or job.is_finished, 60, "the job to end")
+    _wait_until(lambda: _finished(job), 60, "the job to end")
     assert job.status == "canceled"
     event = _settlement(job_id)
     assert event.kind == "charge" and 0 < event.characters < job.text_chars
