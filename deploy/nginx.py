@@ -45,6 +45,10 @@ DEFAULTS: dict[str, str] = {
     "BURST_KEYED_WRITE": "200",
     "RATE_LOGIN": "10r/m",
     "BURST_LOGIN": "5",
+    # Voice-prompt uploads (API and dashboard), per address: each starts a decode. Django
+    # bounds each tenant's uploads and the host's decodes (webapp/speech/services/decodes.py).
+    "RATE_UPLOAD": "30r/m",
+    "BURST_UPLOAD": "10",
     "CONN_PER_IP": "50",
     "CONN_PER_KEYED_IP": "1024",
     "WORKER_PROCESSES": "auto",
@@ -196,7 +200,14 @@ def ensure_dhparam(path: Path) -> Path:
 def _checked_settings(env: Mapping[str, str]) -> dict[str, str]:
     """The TTS_NGINX_* values (without the prefix), each checked against what Nginx accepts."""
     raw = {key: env.get(f"TTS_NGINX_{key}", default) for key, default in DEFAULTS.items()}
-    for key in ("RATE_GENERAL", "RATE_KEYED_GENERAL", "RATE_WRITE", "RATE_KEYED_WRITE", "RATE_LOGIN"):
+    for key in (
+        "RATE_GENERAL",
+        "RATE_KEYED_GENERAL",
+        "RATE_WRITE",
+        "RATE_KEYED_WRITE",
+        "RATE_LOGIN",
+        "RATE_UPLOAD",
+    ):
         _check(key, raw[key], _RATE_RE, "a rate like 5r/s or 10r/m")
     for key in (
         "BURST_GENERAL",
@@ -204,6 +215,7 @@ def _checked_settings(env: Mapping[str, str]) -> dict[str, str]:
         "BURST_WRITE",
         "BURST_KEYED_WRITE",
         "BURST_LOGIN",
+        "BURST_UPLOAD",
         "CONN_PER_IP",
         "CONN_PER_KEYED_IP",
         "HSTS_MAX_AGE",
@@ -284,7 +296,7 @@ def nginx_values(
             "SEND_TIMEOUT",
         )
     }
-    for zone in ("GENERAL", "KEYED_GENERAL", "WRITE", "KEYED_WRITE", "LOGIN"):
+    for zone in ("GENERAL", "KEYED_GENERAL", "WRITE", "KEYED_WRITE", "LOGIN", "UPLOAD"):
         limits[f"RATE_{zone}"] = raw[f"RATE_{zone}"]
         limits[f"BURST_{zone}"] = raw[f"BURST_{zone}"]
         limits[f"RETRY_{zone}"] = str(retry_after_seconds(raw[f"RATE_{zone}"]))

@@ -78,11 +78,11 @@ def voices(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     return render(request, "dashboard/voices.html", _context(tenant, VoiceUploadForm()))
 
 
-def _create(request: HttpRequest, tenant: Tenant, form: VoiceUploadForm) -> Voice:
+def _create(request: HttpRequest, tenant: Tenant, form: VoiceUploadForm, admitted: prompts.Admitted) -> Voice:
     data = form.cleaned_data
     label = request.user.email or request.user.get_username()  # type: ignore[union-attr]
     upload = prompts.VoiceUpload(data["name"].strip(), data["transcript"].strip(), None, request.user, label)
-    return prompts.create_voice_from_file(tenant.organization, data["audio"], upload)
+    return prompts.create_voice_from_file(tenant.organization, data["audio"], upload, admitted)
 
 
 @tenant_page(roles=VOICE_WRITERS, verified=True)
@@ -95,8 +95,9 @@ def voice_upload(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         # An upload from the page counts against the tenant's request rate like one from a key
         # (and against its upload rate and decode slots in the service, as the API's does).
         ratelimit.check_rate(request, tenant.organization)
+        admitted = prompts.admit_upload(tenant.organization)
         if valid:
-            voice = _create(request, tenant, form)
+            voice = _create(request, tenant, form, admitted)
             messages.success(request, f"“{voice.name}” is uploaded; it is being analysed.")
             return redirect("dashboard:voices")
     except (DomainError, Problem) as exc:

@@ -94,6 +94,7 @@ class VoiceCollectionView(VoiceListView):
         summary="Upload a voice prompt (3-15 s of speech, consent=true)",
     )
     def post(self, request: Request) -> Response:
+        admitted = prompts.admit_upload(self.organization)  # before the body is read
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
         if declared > settings.TTS_MAX_UPLOAD_BYTES + MULTIPART_MARGIN:
             raise DomainError(
@@ -109,7 +110,7 @@ class VoiceCollectionView(VoiceListView):
         user, label = _who(request)
         upload = prompts.VoiceUpload(name, transcript, mode, user, label)
         try:
-            voice = prompts.create_voice_from_file(self.organization, audio, upload)
+            voice = prompts.create_voice_from_file(self.organization, audio, upload, admitted)
         except DomainError as exc:
             if exc.code == ErrorCode.QUOTA_EXCEEDED:
                 # Waiting frees no voice slot, so not the 429 of the monthly quota.

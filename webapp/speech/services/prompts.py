@@ -125,11 +125,27 @@ def _upload_error(code: str) -> ErrorCode:
     return ErrorCode(code) if code in UPLOAD_CODES else ErrorCode.INVALID_AUDIO
 
 
-def create_voice_from_file(organization: Organization, audio: File, upload: VoiceUpload) -> Voice:
+@dataclass(frozen=True)
+class Admitted:
+    """An upload counted against its tenant's upload rate (:func:`admit_upload`); create_voice needs one."""
+
+    organization_id: Any
+
+
+def admit_upload(organization: Organization) -> Admitted:
+    """Count one upload against the tenant's upload rate (``429 rate_limited``), refused ones too: each
+    may cost a decode. Callers count before they read the body, so a refusal costs little."""
+    decodes.count_upload(organization.pk)
+    return Admitted(organization.pk)
+
+
+def create_voice_from_file(
+    organization: Organization, audio: File, upload: VoiceUpload, admitted: Admitted
+) -> Voice:
     """:func:`create_voice` for an uploaded file, spooled to disk when it is still in memory."""
     path = getattr(audio, "temporary_file_path", None)
     if callable(path):
-        return create_voice(organization, str(path()), upload)
+        return create_voice(organization, str(path()), upload, admitted)
     folder = os.path.join(str(settings.MEDIA_ROOT), "tmp")
     os.makedirs(folder, exist_ok=True)
     fd, spooled = tempfile.mkstemp(prefix="upload-", dir=folder)
@@ -137,20 +153,22 @@ def create_voice_from_file(organization: Organization, audio: File, upload: Voic
         with os.fdopen(fd, "wb") as fh:
             for chunk in audio.chunks():
                 fh.write(chunk)
-        return create_voice(organization, spooled, upload)
+        return create_voice(organization, spooled, upload, admitted)
     finally:
         os.remove(spooled)
 
 
-def create_voice(organization: Organization, upload_path: str, upload: VoiceUpload) -> Voice:
+def create_voice(
+    organization: Organization, upload_path: str, upload: VoiceUpload, admitted: Admitted
+) -> Voice:
     """Check and convert the uploaded file, store the canonical prompt and queue its analysis.
 
     ``upload_path`` is a temporary file the caller removes. Cheap refusals
-    (upload rate, voice count, mode) come before the file is read; the decode
+    (the upload rate, in :func:`admit_upload`; voice count, mode) come before the file is read; the decode
     waits for its slot (``429 too_many_uploads``, ``503 decoder_busy``).
     """
-    # Every upload counts against the tenant's upload rate, refused ones too: each may cost a decode.
-    decodes.count_upload(organization.pk)
+    if admitted.organization_id != organization.pk:
+        raise ValueError("an upload admitted for another tenant")
     mode = _mode(upload.cloning_mode)
     _check_room(organization)
     if not connection.in_atomic_block:
