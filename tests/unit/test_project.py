@@ -34,7 +34,7 @@ def test_the_extras_of_the_design_exist_and_analysis_pins_torch() -> None:
 
 def _lock() -> dict[str, str]:
     """requirements.lock's pins: normalised name -> version."""
-    pins = {}
+    pins: dict[str, str] = {}
     for line in (ROOT / "requirements.lock").read_text().splitlines():
         if line and not line.startswith((" ", "#")):
             name, _, version = line.partition("==")
