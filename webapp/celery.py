@@ -9,6 +9,7 @@ from celery import Celery, signals
 from celery.app import backends
 
 from webapp.private_apis import CELERY_GET_BACKEND
+from webapp.provisioning import UnwritableFolderError, check_worker_can_write, warn_if_no_log_folder
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
@@ -75,8 +76,6 @@ def _refuse_folders_it_cannot_write(**_: Any) -> None:
     of failing every job; SystemExit, since Celery logs and ignores a signal handler's Exception."""
     from django.conf import settings
 
-    from webapp.provisioning import UnwritableFolderError, check_worker_can_write
-
     try:
         check_worker_can_write(settings.TTS_VAR_LAYOUT)
     except UnwritableFolderError as exc:
@@ -88,6 +87,4 @@ def _refuse_folders_it_cannot_write(**_: Any) -> None:
 def _say_where_logs_go(**_: Any) -> None:
     """A Celery process needs no secret (it never signs nor hashes API keys; webapp/provisioning.py),
     so it starts without one; it only says once when its log file cannot be written."""
-    from webapp.provisioning import warn_if_no_log_folder
-
     warn_if_no_log_folder()

@@ -143,3 +143,40 @@ def test_the_repository_stands_alone() -> None:
         path for path in tracked if path != here and outside.search((ROOT / path).read_text(errors="ignore"))
     ]
     assert offenders == []
+
+
+def _site_imports_in_functions(path: Path) -> list[str]:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    found = []
+    for func in ast.walk(tree):
+        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(func):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] == "webapp"
+            ]
+    return found
+
+
+def test_no_module_of_the_site_imports_the_site_inside_a_function() -> None:
+    """Imports between the site's modules sit at the top, where import-linter sees them.
+
+    (synth's engines are imported where they are used on purpose: the web tier never loads them.)
+    Left out: AppConfig.ready (Django's place for imports that need the app registry) and
+    migrations. A positive control keeps the check honest.
+    """
+    hidden = []
+    for path in sorted((ROOT / "webapp").rglob("*.py")):
+        if "migrations" in path.parts or path.name == "apps.py":
+            continue
+        hidden += _site_imports_in_functions(path)
+    assert not hidden, hidden
+    control = ROOT / "deploy" / "gunicorn.conf.py"  # imports webapp lazily, before Django is set up
+    assert _site_imports_in_functions(control)

@@ -20,6 +20,7 @@ from webapp.console import jobs, tenants  # noqa: F401 (tenants registers)
 from webapp.console.operations import operations_data, operations_view, recycle_workers
 from webapp.console.workers import can_view, workers_view
 from webapp.speech.models import RetiredUsage, SynthesisJob, UsageEvent, UsagePeriod, Voice
+from webapp.speech.services.prompts import unused_voices
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -45,8 +46,6 @@ class UnusedVoiceFilter(admin.SimpleListFilter):
         return [("yes", "Unused past the retention period")]
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
-        from webapp.speech.services.prompts import unused_voices
-
         return queryset & unused_voices() if self.value() == "yes" else queryset
 
 

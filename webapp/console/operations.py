@@ -25,6 +25,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from webapp.admin_site import site
+from webapp.audit.services import record
 from webapp.console import charts
 from webapp.console.workers import can_view, duration, worker_row
 from webapp.housekeeping.models import OperationsSnapshot
@@ -157,8 +158,6 @@ def operations_data(request: HttpRequest) -> JsonResponse:
 @require_POST
 def recycle_workers(request: HttpRequest) -> HttpResponse:
     """Start a rolling recycle of all nodes' children or one node's; refused with the reason when unsafe."""
-    from webapp.audit.services import record
-
     if not can_recycle(request):
         raise PermissionDenied
     node = request.POST.get("node") or None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from webapp.housekeeping.jobs import Context, job
 from webapp.housekeeping.models import OperationsSnapshot
+from webapp.metrics import rollup
+from webapp.speech import operations
 
 
 @job(
@@ -11,9 +13,6 @@ from webapp.housekeeping.models import OperationsSnapshot
     "Store this minute's operations figures (workers, queues, jobs, recycles); count finished jobs for /metrics.",
 )
 def snapshot_operations(ctx: Context) -> None:
-    from webapp.metrics import rollup
-    from webapp.speech import operations
-
     figures = operations.collect()
     # One row a minute whatever runs (two beats, a run by hand): a later run in the same
     # minute finds the minute's row and leaves it; the unique minute settles a race.

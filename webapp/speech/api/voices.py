@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import UploadedFile
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
@@ -21,6 +22,7 @@ from rest_framework.response import Response
 
 from webapp.errors import DomainError, ErrorCode
 from webapp.problems import Problem
+from webapp.speech.api.serializers import VoiceSerializer
 from webapp.speech.api.views import VoiceListView
 from webapp.speech.services import prompts
 from webapp.tenants.models import ApiKey
@@ -70,8 +72,6 @@ def _audio(request: Request, limit: int) -> UploadedFile:
 
 def _who(request: Request) -> tuple[Any, str]:
     """The user who confirmed consent (the key's user for an API key), and a label that outlives them."""
-    from django.contrib.auth import get_user_model
-
     key = request.auth if isinstance(request.auth, ApiKey) else None
     user = key.user if key is not None else request.user
     if not isinstance(user, get_user_model()):
@@ -116,7 +116,5 @@ class VoiceCollectionView(VoiceListView):
                 # Waiting frees no voice slot, so not the 429 of the monthly quota.
                 raise Problem(409, exc.code, exc.message, extra=exc.extra) from exc
             raise
-        from webapp.speech.api.serializers import VoiceSerializer
-
         location = reverse("api-voice-detail", args=[voice.voice_id])
         return Response(VoiceSerializer(voice).data, status=202, headers={"Location": location})
