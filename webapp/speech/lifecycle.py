@@ -454,7 +454,7 @@ def expire_audio(job_id: Any, *, immediately: bool = False) -> int:
 
 
 def blank_old_texts(limit: int = 500) -> int:
-    """Blank the text of finished jobs past their plan's text retention; returns how many.
+    """Blank the text (and instructions) of finished jobs past their plan's text retention; returns how many.
 
     The text is the tenant's content and goes; the row stays, with what history
     and usage need (key, voice, source, characters, times, status). Judged by the
@@ -478,11 +478,14 @@ def blank_old_texts(limit: int = 500) -> int:
     if not ids:
         return 0
     with transaction.atomic(durable=True):
-        return (
-            SynthesisJob.objects.filter(id__in=ids, status__in=SynthesisJob.FINISHED)
-            .exclude(text="")
-            .update(text="")
-        )
+        rows = SynthesisJob.objects.filter(id__in=ids, status__in=SynthesisJob.FINISHED).exclude(text="")
+        # The instructions are the tenant's own words too, and what could not be applied of them
+        # quotes them ("unrecognised instruction: ..."): they go with the text.
+        worded = list(rows.filter(params__has_key="instructions").only("id", "params"))
+        for job in worded:
+            job.params = {name: value for name, value in job.params.items() if name != "instructions"}
+        SynthesisJob.objects.bulk_update(worded, ["params"])
+        return rows.update(text="", applied_instructions={})
 
 
 # ===================================================================== worker side

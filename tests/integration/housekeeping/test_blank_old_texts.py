@@ -50,8 +50,10 @@ def test_old_texts_are_blanked_and_the_rest_of_the_row_stays(
     plan.text_retention_days = 30
     plan.save()
     key, _ = create_api_key(org, "k", created_by=OPERATOR)
+    worded = {"speed": 1.2, "instructions": "Whisper my secret plans"}
+    said = {"applied": ["speed"], "not_applied": ["unrecognised instruction: 'Whisper my secret plans'"]}
     old = [
-        _job(org, voice, status, 31 * DAY, api_key=key)
+        _job(org, voice, status, 31 * DAY, api_key=key, params=worded, applied_instructions=said)
         for status in ("succeeded", "failed", "canceled", "expired")
     ]
     recent = _job(org, voice, "succeeded", 29 * DAY)
@@ -69,6 +71,8 @@ def test_old_texts_are_blanked_and_the_rest_of_the_row_stays(
     for job in old:
         row = SynthesisJob.objects.get(pk=job.pk)
         assert row.text == ""
+        # The instructions are the tenant's words too; the settings that are not words stay.
+        assert row.params == {"speed": 1.2} and row.applied_instructions == {}
         # What history and usage need stays, as it was.
         assert (row.status, row.text_chars, row.api_key_id, row.voice_id, row.source) == (
             job.status,
