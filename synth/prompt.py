@@ -258,9 +258,11 @@ def _bubblewrap_argv(src: str, dst: str, extra_read: tuple[str, ...]) -> list[st
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
     for name, value in _CHILD_ENV.items():
         argv += ["--setenv", name, value]
+    # The private /tmp first: a mount made after it may lie beneath it (a checkout, a venv or an
+    # upload under /tmp), one made before would be hidden by it.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in [*_SYSTEM_READ, *map(str, python_paths()), *extra_read]:
         argv += ["--ro-bind-try", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     argv += ["--ro-bind", src, src, "--bind", out_dir, out_dir]
     return [*argv, "--chdir", "/", "--"]
 

@@ -62,7 +62,7 @@ def listener() -> Any:
     lst.close()
 
 
-def _probe(tmp_path: Path, mode: str, port: int) -> dict[str, Any]:
+def _probe(tmp_path: Path, mode: str, port: int, probe: Path = PROBE) -> dict[str, Any]:
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "django_secret_key").write_text("s3cret")
@@ -78,7 +78,7 @@ def _probe(tmp_path: Path, mode: str, port: int) -> dict[str, Any]:
     try:
         done = run_child(
             [
-                str(PROBE),
+                str(probe),
                 str(upload),
                 str(out),
                 json.dumps(asdict(limits)),
@@ -88,7 +88,7 @@ def _probe(tmp_path: Path, mode: str, port: int) -> dict[str, Any]:
             str(upload),
             str(out),
             limits,
-            extra_read=(str(PROBE),),
+            extra_read=(str(probe),),
         )
     finally:
         os.close(inherited)
@@ -139,6 +139,16 @@ def test_under_bubblewrap_the_child_has_its_own_namespaces_and_no_network(
     assert "secret" not in report  # not even mounted in its namespace
     assert "connected" not in report and listener.accepted == 0
     assert report["pid"] < 10  # its own pid namespace
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap is not installed (deploy/bootstrap.sh installs it)")
+def test_under_bubblewrap_paths_under_tmp_stay_visible(tmp_path: Path, listener: _Listener) -> None:
+    """A checkout or venv under /tmp (CI clones there) is mounted above the child's private /tmp."""
+    probe = tmp_path / "probe_copy.py"
+    probe.write_text(PROBE.read_text())
+    assert str(probe).startswith("/tmp/")
+    report = _probe(tmp_path, "bubblewrap", listener.port, probe=probe)
+    _assert_always(report)
 
 
 def test_a_named_sandbox_the_host_lacks_stops_instead_of_running_unconfined(
