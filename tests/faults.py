@@ -62,14 +62,14 @@ def after_progress(job: SynthesisJob, done: int, total: int) -> None:
             folder = os.path.join(str(settings.MEDIA_ROOT), "audio", str(job.organization_id))
             mine = [f for f in os.listdir(folder) if f.startswith(f".{job.id}.{job.claim_token}.")]
             with open(record, "a") as fh:
-                fh.write(f"{job.id} {job.claim_token} {len(mine)}\n")
+                fh.write(f"{job.id} {job.attempts} {len(mine)}\n")
         log.error("fault injection: job %s kills its worker child mid-write", job.id)
         os._exit(70)
 
 
 def before_commit(job: SynthesisJob) -> None:
     """Test-only faults between the file's rename and the commit, on the job's first claim only."""
-    if job.claim_token != 1:
+    if job.attempts != 1:
         return
     pause = os.environ.get("TTS_FAULT_PAUSE_BEFORE_COMMIT_MARKER", "")
     if pause and pause in job.text:
@@ -97,7 +97,7 @@ def _lose_claim_replies(marker: str) -> None:
                 record = os.environ.get("TTS_FAULT_LOST_CLAIM_REPLY_RECORD", "")
                 if record:
                     with open(record, "a") as fh:
-                        fh.write(f"{job.id} {job.claim_token} {job.worker}\n")
+                        fh.write(f"{job.id} {job.attempts} {job.worker} {job.claim_token}\n")
                 log.error("fault injection: the reply to job %s's claim is lost after its COMMIT", job.id)
                 raise OperationalError("server closed the connection unexpectedly (fault injection)")
             return job

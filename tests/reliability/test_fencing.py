@@ -121,11 +121,11 @@ def test_two_attempts_racing_leave_one_file_the_right_one_charged_once(
     text = "Two attempts race for it. " + " ".join(LONG.split(". ")[:2])
     j = submit(org, text, voice=PIPER)
     stale = lifecycle.claim_job(j.id, "node-a:ns-1:101")
-    assert stale is not None and stale.claim_token == 1
+    assert stale is not None and stale.attempts == 1
     _expire_lease(j.id)  # owner A is alive but paused; the reaper gives the job to another run
     assert lifecycle.requeue_expired_leases()[0] == 1
     live = lifecycle.claim_job(j.id, "node-b:ns-2:202")
-    assert live is not None and live.claim_token == 2
+    assert live is not None and live.claim_token > stale.claim_token
     synthesizer = Synthesizer(engines=["piper"])
     synthesizer.load()
     meet, seen = threading.Barrier(2), list[list[str]]()
@@ -136,7 +136,10 @@ def test_two_attempts_racing_leave_one_file_the_right_one_charged_once(
         stale_outcome, live_outcome = stale_run.result(120), live_run.result(120)
     # They overlapped: at the meeting point both partial files were there, side by side.
     for listing in seen:
-        assert {f.split(".")[2] for f in listing if f.endswith(".part") and "stream" not in f} == {"1", "2"}
+        assert {f.split(".")[2] for f in listing if f.endswith(".part") and "stream" not in f} == {
+            str(stale.claim_token),
+            str(live.claim_token),
+        }
     # The stale attempt learned it lost the job at its first write and published nothing.
     assert stale_outcome is None
     live_path, live_result, published = live_outcome
@@ -173,7 +176,7 @@ def test_a_rival_that_claims_a_dead_owners_job_first_keeps_its_files(
     org = make_org("rival")
     j = submit(org, LONG, voice=PIPER)
     dead = lifecycle.claim_job(j.id, _dead_owner())
-    assert dead is not None and dead.claim_token == 1
+    assert dead is not None and dead.attempts == 1
     # What the dead owner left: its audio renamed into place and its stream file.
     dead_audio = files.media_path(outputs.attempt_path(dead))
     os.makedirs(os.path.dirname(dead_audio), exist_ok=True)
@@ -185,10 +188,10 @@ def test_a_rival_that_claims_a_dead_owners_job_first_keeps_its_files(
     read_the_row, at_claim, after_claim = threading.Event(), [], []
 
     def claim_after_the_rival(job_id: Any, *args: Any, **kwargs: Any) -> Any:
-        # This delivery read the row (dead owner, token 1) before the rival claimed; its own
-        # claim comes while the rival's attempt (token 2) is writing.
+        # This delivery read the row (dead owner, its token) before the rival claimed; its own
+        # claim comes while the rival's attempt (the next token) is writing.
         read_the_row.set()
-        wait_until(lambda: job(j.id).claim_token == 2 and job(j.id).progress > 0, 90, "the rival writing")
+        wait_until(lambda: job(j.id).attempts == 2 and job(j.id).progress > 0, 90, "the rival writing")
         at_claim.extend(partial_files(_folder(org)))
         return real_claim(job_id, *args, **kwargs)
 
@@ -210,16 +213,17 @@ def test_a_rival_that_claims_a_dead_owners_job_first_keeps_its_files(
         rival = start_worker(stack, "w-rival", engines="piper")
         try:
             delivery.result(120)
-            rival_files = [f for f in at_claim if f".{j.id}.2." in f]
+            rival_token = job(j.id).claim_token
+            rival_files = [f for f in at_claim if f".{j.id}.{rival_token}." in f]
             assert rival_files, at_claim  # the rival was writing when the failed claim cleaned up
             assert set(rival_files) <= set(after_claim), (rival_files, after_claim)
             assert not os.path.exists(dead_audio)  # the dead owner's files are gone
-            assert not [f for f in after_claim if f".{j.id}.1." in f], after_claim
+            assert not [f for f in after_claim if f".{j.id}.{dead.claim_token}." in f], after_claim
             (row,) = wait_status([j.id], timeout=120)
         finally:
             stack.stop_service(rival)
     assert row.status == "succeeded", (row.error_code, row.error_message)
-    assert (row.claim_token, row.attempts) == (2, 2)
+    assert row.attempts == 2 and row.claim_token == rival_token
     assert os.path.getsize(os.path.join(media_root(), row.audio_path)) == row.audio_bytes > 0
     assert usage_events(j.id) == ["charge", "reserve"]
 
@@ -236,13 +240,14 @@ def _frozen_owner(j: Any, worker: Any, at_progress: float) -> psutil.Process:
 
 
 def _hand_to_the_other_child(j: Any, victim: psutil.Process) -> None:
-    """The frozen owner's lease runs out; the reaper re-queues and the other child claims (token 2)."""
+    """The frozen owner's lease runs out; the reaper re-queues and the other child claims (the next token)."""
     from webapp.speech import lifecycle
 
+    first = job(j.id).claim_token
     _expire_lease(j.id)
     assert lifecycle.requeue_expired_leases()[0] == 1
     wait_until(
-        lambda: job(j.id).claim_token == 2 and job(j.id).status == "running",
+        lambda: job(j.id).claim_token > first and job(j.id).status == "running",
         60,
         "the second attempt to start",
     )
@@ -252,7 +257,7 @@ def _hand_to_the_other_child(j: Any, victim: psutil.Process) -> None:
 def _assert_one_good_result(org: Any, j: Any) -> Any:
     (row,) = wait_status([j.id], timeout=120)
     assert row.status == "succeeded", (row.error_code, row.error_message)
-    assert row.claim_token == 2 and row.attempts == 2
+    assert row.attempts == 2 and f".{row.claim_token}." in row.audio_path
     assert usage_events(j.id) == ["charge", "reserve"]
     folder = _folder(org)
     wait_until(lambda: not partial_files(folder), 10, "no partial files")
@@ -333,7 +338,7 @@ def test_sigkill_between_rename_and_commit_ends_succeeded_with_a_complete_file(
         assert row.status == "succeeded", (row.error_code, row.error_message)
         # The first attempt renamed its file into place and died before its commit;
         # the redelivered message re-claimed the job from the dead owner.
-        assert row.attempts == 2 and row.claim_token == 2
+        assert row.attempts == 2 and f".{row.claim_token}." in row.audio_path
         path = os.path.join(media_root(), row.audio_path)
         info = soundfile.info(path)
         assert os.path.getsize(path) == row.audio_bytes > 0
@@ -343,3 +348,35 @@ def test_sigkill_between_rename_and_commit_ends_succeeded_with_a_complete_file(
         assert os.listdir(_folder(org)) == [os.path.basename(row.audio_path)]
     finally:
         stack.stop_service(worker)
+
+
+def test_a_claim_whose_commit_a_failover_lost_leaves_no_token_for_the_next_claimer(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    """A promoted replica lacks the last committed claim: the row reads as before it, while
+    that claim's owner runs on. The next claim must not be handed the owner's token (with
+    it, the owner's file names and its writes)."""
+    from django.db import connection
+
+    from webapp.speech import lifecycle
+    from webapp.speech.models import SynthesisJob
+    from webapp.speech.services import outputs
+
+    org = make_org("failover")
+    j = submit(org, SHORT)
+    before = SynthesisJob.objects.values("status", "claim_token", "attempts").get(pk=j.id)
+    ghost = lifecycle.claim_job(j.id, "node-a:ns-1:101")
+    assert ghost is not None
+    time.sleep(0.01)  # the promoted replica's clock has moved on from the lost claim's
+    with connection.cursor() as cursor:  # the failover: the row as the replica has it
+        cursor.execute(
+            f"UPDATE {SynthesisJob._meta.db_table} SET status = %s, claim_token = %s, attempts = %s,"
+            " worker = '' WHERE id = %s",
+            [before["status"], before["claim_token"], before["attempts"], str(j.id)],
+        )
+    live = lifecycle.claim_job(j.id, "node-b:ns-2:202")
+    assert live is not None and live.claim_token > ghost.claim_token
+    assert outputs.attempt_path(live) != outputs.attempt_path(ghost)
+    # The ghost's writes are refused; the live attempt's go through.
+    assert lifecycle.report_progress(j.id, ghost.claim_token, 1, 2) is lifecycle.Verdict.LOST
+    assert lifecycle.report_progress(j.id, live.claim_token, 1, 2) is not lifecycle.Verdict.LOST

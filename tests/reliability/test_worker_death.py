@@ -124,7 +124,7 @@ def test_job_that_kills_its_worker_every_time_fails_worker_lost(
         assert rows[0].attempts == 3
         assert usage_events(bad.id) == ["release", "reserve"]
         assert [r.status for r in rows[1:]] == ["succeeded"] * 3
-        # Each attempt died mid-write, its partial and stream files on disk ...
+        # Each attempt (1, 2, 3) died mid-write, its partial and stream files on disk ...
         deaths = [line.split() for line in record.read_text().splitlines()]
         assert [(d[0], d[1]) for d in deaths] == [(str(bad.id), str(n)) for n in (1, 2, 3)], deaths
         assert all(int(d[2]) >= 2 for d in deaths), deaths

@@ -39,6 +39,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import (
+    BigIntegerField,
     BooleanField,
     Case,
     Count,
@@ -53,7 +54,7 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Coalesce, Greatest, Now
+from django.db.models.functions import Cast, Coalesce, Extract, Greatest, Now
 from django.utils import timezone
 
 from webapp.audit.context import current_request_id
@@ -524,6 +525,18 @@ def _job_uuid(job_id: Any) -> uuid.UUID:
 # --------------------------------------------------------------------- claims
 
 
+def _next_token() -> Any:
+    """The next fencing token: above the last, and never below the database clock in microseconds.
+
+    A claim whose COMMIT a failover lost (asynchronous replica promoted) left an owner that
+    still holds its token; counting on from the replica's row would hand the next claimer that
+    same token, and with it the same file names and writes. The clock has moved on since, so
+    the token the next claim gets is one no earlier claim held.
+    """
+    micros = Cast(Extract(Now(), "epoch") * Value(1_000_000), BigIntegerField())
+    return Greatest(F("claim_token") + 1, micros)
+
+
 def _claim_changes(worker_id: str) -> dict[str, Any]:
     """What every claim sets: the next fencing token, the owner, the lease and the deadline.
 
@@ -533,7 +546,7 @@ def _claim_changes(worker_id: str) -> dict[str, Any]:
     now = Now()
     return {
         "status": Status.RUNNING,
-        "claim_token": F("claim_token") + 1,
+        "claim_token": _next_token(),
         "attempts": F("attempts") + 1,
         "worker": worker_id,
         "stage": "loading voice",

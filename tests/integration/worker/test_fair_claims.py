@@ -61,6 +61,6 @@ def test_claims_go_to_the_tenant_running_the_fewest_then_the_oldest(
     # Four queued jobs, four claims: each finds one (a None fails the comparisons below).
     order = [cast("SynthesisJob", lifecycle.claim_next("piper", f"node:ns-1:{n}")) for n in range(4)]
     assert [j.id for j in order] == [burst[0].id, late.id, burst[1].id, burst[2].id]
-    assert [j.claim_token for j in order] == [1, 1, 1, 1]
+    assert [j.attempts for j in order] == [1, 1, 1, 1]
     assert lifecycle.claim_next("piper", "node:ns-1:9") is None
     flush_queues(stack, "synth.piper")
