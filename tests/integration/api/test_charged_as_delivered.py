@@ -86,11 +86,13 @@ def test_openai_client_that_leaves_its_wait_ends_the_job_and_pays_nothing(live_t
 
 def _gunicorn_workers(web: Any) -> list[psutil.Process]:
     """The web processes of the test stack's gunicorn (the master's children)."""
-    var_dir = str(web.cfg.var_dir)
+    # The stack's own gunicorn binds its socket; the environment may not name the folder (only
+    # a run with TTS_TEST_VAR_DIR set has it there).
+    bind = f"unix:{web.cfg.gunicorn_socket}"
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
         try:
-            if "gunicorn" in cmdline and proc.environ().get("TTS_TEST_VAR_DIR") == var_dir:
+            if "gunicorn" in cmdline and bind in cmdline:
                 parent = proc.parent()
                 if parent is not None and "gunicorn" not in " ".join(parent.cmdline()):
                     return list(proc.children())
