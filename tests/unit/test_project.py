@@ -154,11 +154,9 @@ def _site_imports_in_functions(path: Path) -> list[str]:
         if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         for node in ast.walk(func):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
             found += [
                 f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] == "webapp"
             ]
