@@ -7,12 +7,12 @@ PY := .venv/bin/python
 bootstrap:
 	@deploy/bootstrap.sh
 
-# requirements.lock: every dependency of every extra, pinned (docs/operations.md, "Dependencies").
+# deploy/requirements.lock: every dependency of every extra, pinned (docs/operations.md, "Dependencies").
 # pip-compile reads pip's own configuration, so a local torch build pins as it installs.
 lock: bootstrap
 	.venv/bin/pip-compile -q --allow-unsafe --all-extras --strip-extras --no-emit-index-url \
-		--no-emit-find-links -o requirements.lock pyproject.toml
-	@sed -i 's|^#    pip-compile .*|#    make lock|' requirements.lock
+		--no-emit-find-links -o deploy/requirements.lock pyproject.toml
+	@sed -i 's|^#    pip-compile .*|#    make lock|' deploy/requirements.lock
 
 run: bootstrap
 	@$(PY) -m deploy.stack run

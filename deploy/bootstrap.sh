@@ -57,9 +57,9 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 stamp=.venv/.installed
 # Every dependency of every extra, bench included (`make bench-peer` runs Piper's own server from
-# this install), at the versions requirements.lock pins (`make lock` refreshes it); then the project
+# this install), at the versions deploy/requirements.lock pins (`make lock` refreshes it); then the project
 # itself, editable, without resolving again. The stamp holds the lock's hash: a new lock installs again.
-LOCK=requirements.lock
+LOCK=deploy/requirements.lock
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi

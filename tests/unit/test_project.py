@@ -33,9 +33,9 @@ def test_the_extras_of_the_design_exist_and_analysis_pins_torch() -> None:
 
 
 def _lock() -> dict[str, str]:
-    """requirements.lock's pins: normalised name -> version."""
+    """deploy/requirements.lock's pins: normalised name -> version."""
     pins: dict[str, str] = {}
-    for line in (ROOT / "requirements.lock").read_text().splitlines():
+    for line in (ROOT / "deploy" / "requirements.lock").read_text().splitlines():
         if line and not line.startswith((" ", "#")):
             name, _, version = line.partition("==")
             pins[canonicalize_name(name)] = version.strip()
@@ -69,7 +69,7 @@ def test_the_lock_pins_the_cpu_torch_and_no_cuda_libraries() -> None:
 def test_bootstrap_installs_from_the_lock() -> None:
     """The venv gets the lock's versions, and the project itself without resolving again."""
     script = (ROOT / "deploy" / "bootstrap.sh").read_text()
-    assert re.search(r"^LOCK=requirements\.lock$", script, re.MULTILINE)
+    assert re.search(r"^LOCK=deploy/requirements\.lock$", script, re.MULTILINE)
     installs = re.findall(r"pip install ([^\n]*)", script)
     assert installs == ['-q -r "$LOCK"', "-q --no-deps --no-build-isolation -e ."], installs
 
