@@ -64,6 +64,7 @@ from psycopg import sql
 from deploy import provision
 from deploy.provision import StackConfig, StackError
 from webapp.env import env_bool, env_int, env_list, env_str, write_private
+from webapp.provisioning import is_temp_name
 
 SECRETS = ("api_key_secret", "django_secret_key")
 FORMAT_VERSION = 1
@@ -134,20 +135,6 @@ class BackupPolicy:
             raise StackError(
                 f"age refuses the backup recipients: {tried.stderr.decode(errors='replace').strip()}"
             )
-
-
-# The names of files some writer is still producing: the synth library writes
-# ``.<name>.<hex>.part`` (and ``.part.f32``) and renames it into place. The same
-# rule as the orphan sweep's (webapp/housekeeping/disk.py ``is_temp_name``,
-# which deploy/ cannot import: it needs Django; tests/unit/test_backup_archive.py
-# checks the two agree).
-TEMP_SUFFIXES = (".part", ".partial", ".tmp", ".temp", ".f32")
-
-
-def is_temp_name(name: str) -> bool:
-    if name.startswith((".", "~")):
-        return True
-    return any(name.endswith(s) or f"{s}." in name for s in TEMP_SUFFIXES)
 
 
 def _pg_env(cfg: StackConfig) -> dict[str, str]:

@@ -41,6 +41,20 @@ PREPARE_COMMAND = "python manage.py prepare_var"
 logger = logging.getLogger(__name__)
 
 
+# The names of files some writer is still producing: the synth library writes
+# ``.<name>.<hex>.part`` (and ``.part.f32``) next to the final file and renames it
+# into place. The orphan sweep leaves them to their writer for a while, and backups
+# leave them out (webapp/housekeeping/disk.py, deploy/backup.py).
+TEMP_SUFFIXES = (".part", ".partial", ".tmp", ".temp", ".f32")
+
+
+def is_temp_name(name: str) -> bool:
+    """A file some writer is still producing, by the naming conventions in use."""
+    if name.startswith((".", "~")):
+        return True
+    return any(name.endswith(s) or f"{s}." in name for s in TEMP_SUFFIXES)
+
+
 class MissingSecretError(RuntimeError):
     """A secret a serving process needs is neither in its variable nor in its file."""
 

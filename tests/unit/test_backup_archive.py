@@ -118,4 +118,5 @@ def test_backup_and_the_orphan_sweep_agree_on_which_files_are_being_written(name
     from deploy.backup import is_temp_name
     from webapp.housekeeping import disk
 
+    assert is_temp_name is disk.is_temp_name  # one rule (webapp/provisioning.py), imported by both
     assert is_temp_name(name) == disk.is_temp_name(name)

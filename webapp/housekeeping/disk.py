@@ -17,13 +17,10 @@ from django.db import models
 
 from webapp import redis_clients
 from webapp.housekeeping.jobs import Context, job
+from webapp.provisioning import is_temp_name
 from webapp.speech.models import SynthesisJob, Voice
 
 log = logging.getLogger("webapp.housekeeping")
-
-# The synth library writes ``.<name>.<hex>.part`` (and ``.part.f32``) next to
-# the final file and renames it into place; these are files being written.
-TEMP_SUFFIXES = (".part", ".partial", ".tmp", ".temp", ".f32")
 
 
 def media_root() -> Path:
@@ -40,13 +37,6 @@ def unlink_file(path: Path) -> int:
     except FileNotFoundError:
         return 0
     return st.st_size if stat.S_ISREG(st.st_mode) else 0
-
-
-def is_temp_name(name: str) -> bool:
-    """A file some writer is still producing, by the naming conventions in use."""
-    if name.startswith((".", "~")):
-        return True
-    return any(name.endswith(s) or f"{s}." in name for s in TEMP_SUFFIXES)
 
 
 def voice_path_fields() -> list[str]:
