@@ -90,6 +90,7 @@ class PromptLimits:
     timeout_seconds: float = 20.0
     memory_mb: int = 1024
     sandbox: str = "limits"  # one of SANDBOX_MODES less "auto": what sandbox_mode() resolved
+    niceness: int = 0  # how much lower than its parent's the child's CPU priority is
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,10 @@ def run_child(
     argv = [sys.executable, "-I", *entry]
     if limits.sandbox == "bubblewrap":
         argv = _bubblewrap_argv(src, dst, extra_read) + argv
+    if limits.niceness > 0:
+        # From its first instruction (its start-up costs CPU too), and only the child: the
+        # parent's own priority stays as it is.
+        argv = [shutil.which("nice") or "nice", "-n", str(limits.niceness), *argv]
     return subprocess.run(
         argv,
         capture_output=True,

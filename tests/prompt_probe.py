@@ -22,6 +22,7 @@ def main(argv: list[str]) -> int:
         "environ": sorted(os.environ),
         "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
         "pid": os.getpid(),
+        "niceness": os.nice(0),
     }
     try:
         with open(secret) as fh:

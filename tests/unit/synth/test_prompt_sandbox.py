@@ -62,7 +62,7 @@ def listener() -> Any:
     lst.close()
 
 
-def _probe(tmp_path: Path, mode: str, port: int, probe: Path = PROBE) -> dict[str, Any]:
+def _probe(tmp_path: Path, mode: str, port: int, probe: Path = PROBE, niceness: int = 0) -> dict[str, Any]:
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "django_secret_key").write_text("s3cret")
@@ -71,7 +71,7 @@ def _probe(tmp_path: Path, mode: str, port: int, probe: Path = PROBE) -> dict[st
     upload.write_bytes(b"RIFF....WAVE")
     out = tmp_path / "media" / "voice.wav"
     out.parent.mkdir()
-    limits = PromptLimits(max_bytes=1 << 20, sandbox=mode)
+    limits = PromptLimits(max_bytes=1 << 20, sandbox=mode, niceness=niceness)
     os.environ["DATABASE_URL"] = "postgres://tts:pw@127.0.0.1/tts"
     inherited = os.open(secrets / "django_secret_key", os.O_RDONLY)
     os.set_inheritable(inherited, True)
@@ -149,6 +149,17 @@ def test_under_bubblewrap_paths_under_tmp_stay_visible(tmp_path: Path, listener:
     assert str(probe).startswith("/tmp/")
     report = _probe(tmp_path, "bubblewrap", listener.port, probe=probe)
     _assert_always(report)
+
+
+@pytest.mark.parametrize("mode", ["limits", "bubblewrap"])
+def test_the_child_runs_at_the_niceness_asked_for_and_its_parent_keeps_its_own(
+    tmp_path: Path, listener: _Listener, mode: str
+) -> None:
+    _skip_unless_available(mode)
+    before = os.nice(0)
+    report = _probe(tmp_path, mode, listener.port, niceness=7)
+    assert report["niceness"] == before + 7
+    assert os.nice(0) == before
 
 
 def test_a_named_sandbox_the_host_lacks_stops_instead_of_running_unconfined(

@@ -18,8 +18,8 @@ every host sees the same numbers:
   queue, or a wait past ``TTS_PROMPT_DECODE_WAIT_SECONDS``, is ``503 decoder_busy``;
   no upload waits longer than that.
 
-The decode child runs at a lower priority (``TTS_PROMPT_DECODE_NICE``,
-:func:`at_low_priority`), so the decodes that are admitted yield the CPU to requests.
+The decode child runs at a lower priority (``TTS_PROMPT_DECODE_NICE``, given to
+``synth.prompt``'s launch), so the decodes that are admitted yield the CPU to requests.
 
 Every member is a token in a sorted set, scored by the time it must be gone by
 (Redis's clock): a web process killed while it waits or decodes never gives its
@@ -36,13 +36,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import socket
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar, cast
+from collections.abc import Iterator
+from typing import Any
 
 from django.conf import settings
 from redis.exceptions import RedisError
@@ -52,7 +50,6 @@ from webapp.errors import DomainError, ErrorCode
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 RATE_WINDOW_SECONDS = 60
 # Past its bound (its wait, or its decode's timeout), a member stays this long before it counts as leaked.
@@ -238,35 +235,6 @@ def decode_slot(organization_id: Any) -> Iterator[None]:
         yield
     finally:
         _leave(organization_id, host_name, token)
-
-
-def at_low_priority(call: Callable[..., T], *args: Any) -> T:
-    """``call(*args)`` in a thread of its own at niceness ``TTS_PROMPT_DECODE_NICE``; the caller waits.
-
-    Linux keeps the niceness per thread and a child process inherits its forking thread's: the
-    decode child started there yields the CPU to the web workers (measured under
-    tests/e2e/test_upload_load.py: the decodes' start-up was what slowed other tenants' reads).
-    A thread of its own because an unprivileged process can raise its niceness but never lower
-    it back: the request's own thread stays as it was.
-    """
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            nice = int(settings.TTS_PROMPT_DECODE_NICE)
-            if nice > 0:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-            outcome.append((True, call(*args)))
-        except BaseException as exc:  # handed to the caller's thread, raised there
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=run, name="prompt-decode", daemon=True)
-    thread.start()
-    thread.join()
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return cast(T, value)
 
 
 def in_use(organization_id: Any | None = None, host_name: str | None = None) -> dict[str, int]:

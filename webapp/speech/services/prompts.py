@@ -184,12 +184,15 @@ def create_voice(
         timeout_seconds=settings.TTS_PROMPT_DECODE_TIMEOUT_SECONDS,
         memory_mb=settings.TTS_PROMPT_DECODE_MEMORY_MB,
         sandbox=decode_sandbox(),
+        # The admitted decodes yield the CPU to the web workers' requests: the children's
+        # start-up was what slowed other tenants' reads (tests/e2e/test_upload_load.py).
+        niceness=settings.TTS_PROMPT_DECODE_NICE,
     )
     try:
         # Bounded per tenant and per host (services.decodes): a burst of uploads waits in one
         # queue or is refused, never a pile of decode children taking the web tier's CPU.
         with decodes.decode_slot(organization.pk):
-            stats = decodes.at_low_priority(prepare_prompt, upload_path, target, limits)
+            stats = prepare_prompt(upload_path, target, limits)
     except PromptRejected as exc:
         raise DomainError(_upload_error(exc.code), exc.message, field="audio") from exc
     original = _keep_original(upload_path, organization, voice_uuid, stats.container)
