@@ -250,7 +250,7 @@ class JobStream:
             return tail
         if mine and row is not None and row["status"] == SynthesisJob.Status.SUCCEEDED:
             return b""  # the end record is on its way (read at the next step)
-        raise StreamBroken(f"job {self.job_id}: attempt {self.token} is no longer the job's")
+        raise StreamBroken(f"job {self.job_id}: the attempt with token {self.token} is no longer the job's")
 
     def close(self) -> None:
         for handle in (self.stored, self.reader.handle if self.reader else None):

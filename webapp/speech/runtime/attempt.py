@@ -161,7 +161,9 @@ class Attempt:
 def run_claimed(state: worker.WorkerState, job: SynthesisJob, limits: tuple[float, float]) -> Outcome:
     """Synthesise a claimed job, then settle it exactly once (a batching child runs several at once)."""
     request_context.bind_job(job)  # from here every log line names this job's request id
-    log.info("job %s: attempt %s claimed by %s", job.id, job.claim_token, state.worker_id)
+    log.info(
+        "job %s: attempt %s claimed by %s (token %s)", job.id, job.attempts, state.worker_id, job.claim_token
+    )
     soft, hard = limits
     relative = attempt_path(job)
     started, now = time.monotonic(), timezone.now()
@@ -324,7 +326,7 @@ def _settle_failure(attempt: Attempt, exc: Exception) -> Outcome:
     """
     job = attempt.job
     if isinstance(exc, AttemptLost):
-        log.warning("job %s: attempt %s lost its claim; stopped", job.id, attempt.token)
+        log.warning("job %s: the attempt with token %s lost its claim; stopped", job.id, attempt.token)
         return Outcome("lost")
     if isinstance(exc, Cancelled) and worker.handing_back():
         # The worker is stopping and its grace ran out: the job waits for another worker.

@@ -175,7 +175,7 @@ class WorkerState:
             self._end_stuck(stuck)
 
     def _end_stuck(self, stuck: list[tuple[str, int]]) -> None:
-        jobs = ", ".join(f"{job_id} (attempt {token})" for job_id, token in stuck)
+        jobs = ", ".join(f"{job_id} (token {token})" for job_id, token in stuck)
         log.error(
             "worker child %d: job %s ended %d s ago while its task still runs (stuck where no "
             "signal reaches it); the child leaves and a fresh one replaces it",

@@ -54,7 +54,9 @@ def discard_output(job_id: Any, token: int, relative: str) -> None:
     no run can delete another attempt's output.
     """
     if not os.path.basename(relative).startswith(f"{job_id}.{token}."):
-        log.error("job %s: %s is not a file of attempt %s; left alone", job_id, relative, token)
+        log.error(
+            "job %s: %s is not a file of the attempt with token %s; left alone", job_id, relative, token
+        )
         return
     out_path = media_path(relative)
     remove_partials(out_path)
