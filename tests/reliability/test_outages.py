@@ -162,7 +162,8 @@ def test_redis_stopped_with_jobs_queued_then_started(stack: TestStack, builtin_v
         (row,) = wait_status([running.id], timeout=90)
         assert row.status == "succeeded" and usage_events(row.id) == ["charge", "reserve"]
         assert row.started_at < outage < row.finished_at
-        assert (row.attempts, row.claim_token, row.metrics["claim_token"]) == (1, 1, 1)
+        # One claim, and the attempt that finished is that claim's.
+        assert row.attempts == 1 and row.metrics["claim_token"] == row.claim_token
         after = submit(org, SHORT, voice=PIPER)
         (row,) = wait_status([after.id], timeout=60)
         assert row.status == "succeeded"
@@ -235,6 +236,6 @@ def test_postgres_stopped_worker_retries_and_nothing_is_lost(
         assert before.status == "running" and before.progress < 1.0, (before.status, before.progress)
         first = rows[0]
         assert first.started_at < outage_began and first.finished_at > outage_ended
-        assert (first.attempts, first.claim_token) == (1, 1)
+        assert first.attempts == 1 and first.metrics["claim_token"] == first.claim_token
     finally:
         stack.stop_service(worker)
