@@ -13,6 +13,8 @@ lock: bootstrap
 	.venv/bin/pip-compile -q --allow-unsafe --all-extras --strip-extras --no-emit-index-url \
 		--no-emit-find-links -o deploy/requirements.lock pyproject.toml
 	@sed -i 's|^#    pip-compile .*|#    make lock|' deploy/requirements.lock
+	@# The extras name the project itself (tts-service[web]): it is installed editable, never from the lock.
+	@sed -i '/^tts-service @ /,+1d' deploy/requirements.lock
 
 run: bootstrap
 	@$(PY) -m deploy.stack run
