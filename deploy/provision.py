@@ -68,7 +68,19 @@ TEST_PORT_VARS = {attr: name.replace("TTS_", "TTS_TEST_", 1) for attr, name in P
 
 
 # The stack's own secrets (the app's two are in webapp/provisioning.py), with the variable that replaces each.
-STACK_SECRETS = {"pg_password": "TTS_PG_PASSWORD", "redis_password": "TTS_REDIS_PASSWORD"}
+STACK_SECRETS = {
+    "pg_password": "TTS_PG_PASSWORD",
+    "pg_admin_password": "TTS_PG_ADMIN_PASSWORD",
+    "redis_password": "TTS_REDIS_PASSWORD",
+}
+
+# The cluster's superuser, which only provisioning logs in as (its password stays root's), and the
+# app's role, which owns the app's database and nothing else: no superuser, no CREATEDB or CREATEROLE.
+PG_ADMIN_ROLE = "postgres"
+PG_APP_ROLE = "tts"
+PG_APP_DATABASE = "tts"
+# A superuser that exists only while an older cluster's superuser `tts` is handed over (hand_over_superuser).
+PG_HANDOVER_ROLE = "tts_handover"
 
 
 @dataclass
@@ -134,6 +146,10 @@ class StackConfig:
     @property
     def pg_password(self) -> str:
         return os.environ.get("TTS_PG_PASSWORD") or self.secret("pg_password")
+
+    @property
+    def pg_admin_password(self) -> str:
+        return os.environ.get("TTS_PG_ADMIN_PASSWORD") or self.secret("pg_admin_password")
 
     @property
     def redis_password(self) -> str:
@@ -232,12 +248,20 @@ def pg_initialised(cfg: StackConfig) -> bool:
 
 def _initdb(cfg: StackConfig, user: pwd.struct_passwd | None) -> None:
     pwfile = cfg.path("pg", "pwfile")
-    write_private(pwfile, cfg.pg_password + "\n")
+    write_private(pwfile, cfg.pg_admin_password + "\n")
     if user is not None:
         os.chown(pwfile, user.pw_uid, user.pw_gid)
     try:
         subprocess.run(
-            [str(_pg_bindir() / "initdb"), "-D", str(cfg.pg_data), "-U", "tts", "--pwfile", str(pwfile)]
+            [
+                str(_pg_bindir() / "initdb"),
+                "-D",
+                str(cfg.pg_data),
+                "-U",
+                PG_ADMIN_ROLE,
+                "--pwfile",
+                str(pwfile),
+            ]
             + ["--auth-local=scram-sha-256", "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8"],
             check=True,
             stdout=subprocess.DEVNULL,
@@ -286,17 +310,127 @@ def postgres_command(cfg: StackConfig) -> tuple[list[str], dict[str, Any]]:
     return command, as_user(pg_user())
 
 
-def create_database(cfg: StackConfig) -> None:
-    """Create the ``tts`` database if missing (initdb made the role)."""
-    env = {**os.environ, "PGPASSWORD": cfg.pg_password}
-    base = ["psql", "-h", "127.0.0.1", "-p", str(cfg.pg_port), "-U", "tts", "-d", "postgres", "-tAc"]
-    out = subprocess.run(
-        [*base, "SELECT 1 FROM pg_database WHERE datname='tts'"], env=env, capture_output=True, text=True
+def psql(
+    cfg: StackConfig, role: str, password: str, sql: str, database: str = "postgres", **variables: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``sql`` (a psql script: ``:'name'`` quotes a variable) as ``role``; stops at the first error."""
+    command = ["psql", "-X", "-q", "-tA", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(cfg.pg_port)]
+    command += ["-U", role, "-d", database, "-f", "-"]
+    for name, value in variables.items():
+        command += ["-v", f"{name}={value}"]
+    env = {**os.environ, "PGPASSWORD": password}
+    return subprocess.run(command, input=sql, env=env, capture_output=True, text=True, check=False)
+
+
+def _admin_can_log_in(cfg: StackConfig) -> bool:
+    tried = psql(cfg, PG_ADMIN_ROLE, cfg.pg_admin_password, "SELECT 1")
+    if tried.returncode == 0:
+        return True
+    if "password authentication failed" in tried.stderr or "does not exist" in tried.stderr:
+        return False
+    raise StackError(f"cannot reach PostgreSQL on port {cfg.pg_port}: {tried.stderr.strip()}")
+
+
+def _checked(done: subprocess.CompletedProcess[str], what: str) -> str:
+    if done.returncode != 0:
+        raise StackError(f"PostgreSQL: {what} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+# Everything the old superuser owns in the app's database becomes the app role's. REASSIGN OWNED
+# cannot be used: the bootstrap superuser also owns the system catalogs. Sequences that belong to a
+# column move with their table.
+_HAND_OVER_OBJECTS = """
+ALTER ROLE tts RENAME TO postgres;
+ALTER ROLE postgres PASSWORD :'admin_password';
+CREATE ROLE tts LOGIN PASSWORD :'app_password';
+ALTER DATABASE tts OWNER TO tts;
+DO $$
+DECLARE r record;
+BEGIN
+  FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+  LOOP
+    EXECUTE format('ALTER TABLE %s OWNER TO tts', r.rel);
+  END LOOP;
+  FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = 'public' AND c.relkind = 'S' AND c.relowner <> 'tts'::regrole
+  LOOP
+    EXECUTE format('ALTER SEQUENCE %s OWNER TO tts', r.rel);
+  END LOOP;
+END $$;
+"""
+
+
+def hand_over_superuser(cfg: StackConfig) -> None:
+    """A cluster made before the app had its own role: its superuser is ``tts`` itself.
+
+    The bootstrap superuser cannot lose its rights safely (it owns the system catalogs), so it is
+    renamed ``postgres`` and given the admin password, and a new, plain ``tts`` with the app's
+    password takes over the app's database and everything in it, in one transaction; a temporary
+    superuser does the renaming (a session cannot rename its own role). Safe to run again after a crash.
+    """
+    bootstrap = _checked(
+        psql(cfg, PG_APP_ROLE, cfg.pg_password, "SELECT rolname FROM pg_roles WHERE oid = 10"),
+        f"logging in as {PG_ADMIN_ROLE} (var/secrets/pg_admin_password) and as {PG_APP_ROLE}",
     )
-    if out.returncode != 0:
-        raise StackError(f"cannot reach PostgreSQL on port {cfg.pg_port}: {out.stderr.strip()}")
-    if out.stdout.strip() != "1":
-        subprocess.run([*base, "CREATE DATABASE tts"], env=env, check=True, capture_output=True)
+    if bootstrap != PG_APP_ROLE:
+        raise StackError(
+            f"cannot log in to PostgreSQL as {PG_ADMIN_ROLE}: the cluster's superuser is {bootstrap!r}; "
+            "set TTS_PG_ADMIN_PASSWORD to its password"
+        )
+    print(f"stack: handing the database over from superuser {PG_APP_ROLE} to a plain role", flush=True)
+    _checked(
+        psql(
+            cfg,
+            PG_APP_ROLE,
+            cfg.pg_password,
+            f"DROP ROLE IF EXISTS {PG_HANDOVER_ROLE};\n"
+            f"CREATE ROLE {PG_HANDOVER_ROLE} SUPERUSER LOGIN PASSWORD :'admin_password';",
+            admin_password=cfg.pg_admin_password,
+        ),
+        "creating the hand-over role",
+    )
+    _checked(
+        psql(
+            cfg,
+            PG_HANDOVER_ROLE,
+            cfg.pg_admin_password,
+            "BEGIN;\n" + _HAND_OVER_OBJECTS + "COMMIT;\n",
+            database=PG_APP_DATABASE,
+            admin_password=cfg.pg_admin_password,
+            app_password=cfg.pg_password,
+        ),
+        "handing the database over",
+    )
+
+
+_APP_ROLE_AND_DATABASE = """
+DROP ROLE IF EXISTS tts_handover;
+SELECT NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'tts') AS role_missing \\gset
+\\if :role_missing
+CREATE ROLE tts LOGIN;
+\\endif
+ALTER ROLE tts LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS PASSWORD :'app_password';
+SELECT NOT EXISTS (SELECT 1 FROM pg_database WHERE datname = 'tts') AS database_missing \\gset
+\\if :database_missing
+CREATE DATABASE tts OWNER tts;
+\\endif
+REVOKE ALL ON DATABASE postgres FROM PUBLIC;
+"""
+
+
+def create_database(cfg: StackConfig) -> None:
+    """The app's role and database, as the cluster's superuser: ``tts`` owns database ``tts``, nothing else.
+
+    The app's password is set on every start, so a changed TTS_PG_PASSWORD takes effect.
+    """
+    if not _admin_can_log_in(cfg):
+        hand_over_superuser(cfg)
+    _checked(
+        psql(cfg, PG_ADMIN_ROLE, cfg.pg_admin_password, _APP_ROLE_AND_DATABASE, app_password=cfg.pg_password),
+        "creating the app's role and database",
+    )
 
 
 # ----------------------------------------------------------------------------- Redis

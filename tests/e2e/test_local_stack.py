@@ -58,7 +58,7 @@ def _assert_least_privilege() -> None:
     assert _mode(VAR / "run" / "gunicorn.sock") == 0o660
     for folder in ("media", "log", "tmp", "secrets"):
         assert _mode(VAR / folder) & 0o006 == 0, folder
-    for name in ("pg_password", "redis_password", "django_secret_key", "api_key_secret"):
+    for name in ("pg_password", "pg_admin_password", "redis_password", "django_secret_key", "api_key_secret"):
         assert _mode(VAR / "secrets" / name) == 0o600, name
     assert _mode(VAR / "redis" / "redis.conf") == 0o600
     assert _mode(VAR / "tls" / "key.pem") == 0o600

@@ -181,7 +181,7 @@ def test_the_stack_reads_its_passwords_and_provisioning_creates_them(
         cfg.database_url  # noqa: B018 -- reading it is the point
     assert _tree(tmp_path) == {}, "reading a password created it"
     provision.prepare_var(cfg)
-    for name in ("pg_password", "redis_password", *SECRETS):
+    for name in ("pg_password", "pg_admin_password", "redis_password", *SECRETS):
         assert stat.S_IMODE(cfg.path("secrets", name).stat().st_mode) == 0o600, name
     for folder in FOLDERS:
         assert cfg.path(folder).is_dir(), folder

@@ -19,6 +19,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from deploy import provision
 from deploy import stack as deploy_stack
 from deploy.stack import Service
 from tests.stack import CFG, TestStack, django_env
@@ -108,13 +109,9 @@ def _restart_postgres(stack: TestStack) -> None:
 
 
 def _psql(sql: str) -> None:
-    env = {**os.environ, "PGPASSWORD": CFG.pg_password}
-    subprocess.run(
-        ["psql", "-h", "127.0.0.1", "-p", str(CFG.pg_port), "-U", "tts", "-d", "tts", "-tAc", sql],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
+    """As the cluster's superuser: the app's role may not change the server's settings."""
+    done = provision.psql(CFG, provision.PG_ADMIN_ROLE, CFG.pg_admin_password, sql)
+    assert done.returncode == 0, done.stderr
 
 
 @contextlib.contextmanager
