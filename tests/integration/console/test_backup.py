@@ -4,12 +4,14 @@ into a fresh var/, holds every job it lists with its audio, and the keys."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import psycopg
 import pytest
@@ -42,6 +44,23 @@ print(json.dumps({"made": made, "removed": removed, "started": started, "stopped
 """
 
 TEXT = "A backup is taken while this job runs. It waits for none."
+
+# The restored stack's own app process (webapp.settings on the restored var/: its database, media
+# and secrets) answers the tenant's key for each job: its status, and the audio it hands Nginx.
+SERVE = """
+import json, sys
+import django
+django.setup()
+from django.test import Client
+key, ids = sys.argv[1], json.loads(sys.argv[2])
+client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
+answers = {}
+for job_id in ids:
+    job = client.get(f"/api/v1/speech/{job_id}", secure=True)
+    audio = client.get(f"/api/v1/speech/{job_id}/audio", secure=True)
+    answers[job_id] = [job.status_code, job.json().get("status"), audio.status_code, audio.get("X-Accel-Redirect")]
+print(json.dumps(answers))
+"""
 
 
 @pytest.fixture
@@ -111,9 +130,31 @@ def test_a_backup_taken_under_load_restores_every_job_it_lists_with_its_audio(
     assert ("Kept in the backup.",) in {(row[3],) for row in listed}
     for job_id in ids:  # the load ran to its end meanwhile
         assert wait_finished(tenant.client, job_id)["status"] == "succeeded"
-    # Every job the restored database says succeeded has its audio, whole, as the stack served it.
+    # Every job the restored database says succeeded is served by the restored stack with the
+    # tenant's key (its hash checked with the restored secret), and the file it hands Nginx is
+    # the audio, whole, as the original stack served it.
+    with backup.postgres_running(fresh_cfg):
+        served = subprocess.run(
+            [sys.executable, "-c", SERVE, tenant.raw_key, json.dumps([row[0] for row in listed])],
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith(("TTS_", "DJANGO_", "DATABASE_"))},
+                **fresh_cfg.django_env(),
+                "REDIS_URL": stack.cfg.redis_url,  # Redis holds no backed-up state: the test stack's
+                "DJANGO_ALLOWED_HOSTS": "testserver",
+                "TTS_LOG_TO_FILE": "0",
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert served.returncode == 0, served.stderr[-3000:]
+    answers = json.loads(served.stdout.strip().splitlines()[-1])
+    prefix = settings.TTS_ACCEL_REDIRECT_PREFIX
     for job_id, audio_path, audio_bytes, _ in listed:
-        restored = Path(restored_media, audio_path)
+        status, state, audio_status, accel = answers[job_id]
+        assert (status, state, audio_status) == (200, "succeeded", 200), (job_id, answers[job_id])
+        assert accel == prefix + quote(audio_path)
+        restored = Path(restored_media, unquote(accel.removeprefix(prefix)))
         assert restored.is_file(), f"job {job_id}: {audio_path} missing from the restore"
         assert restored.stat().st_size == audio_bytes
         assert restored.read_bytes() == Path(settings.MEDIA_ROOT, audio_path).read_bytes()
