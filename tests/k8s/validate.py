@@ -66,7 +66,8 @@ OUR_IMAGES = ("tts-web", "tts-worker", "tts-worker-gpu", "tts-analysis", "tts-ed
 DJANGO_IMAGES = ("tts-web", "tts-worker", "tts-worker-gpu", "tts-analysis")
 
 # Environment a Django container may set that is not an app setting in the README's table.
-NON_SETTINGS = {"DJANGO_SETTINGS_MODULE", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "HOME"}
+# POD_IP: the web pods' own address, added to DJANGO_ALLOWED_HOSTS for Prometheus' scrapes (base/web.yaml).
+NON_SETTINGS = {"DJANGO_SETTINGS_MODULE", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "HOME", "POD_IP"}
 
 # The pods that reach PostgreSQL and Redis (NetworkPolicy tts-data-clients), by component label.
 DATA_CLIENTS = {"web", "beat", "housekeeping", "analysis", "migrate"}
@@ -296,7 +297,15 @@ def env_of(c: Doc, settings: dict[str, str]) -> dict[str, str]:
 
 
 def mebibytes(quantity: str | int) -> float:
-    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024**2, "K": 1e3 / 2**20, "M": 1e6 / 2**20, "G": 1e9 / 2**20}
+    units = {
+        "Ki": 1 / 1024,
+        "Mi": 1,
+        "Gi": 1024,
+        "Ti": 1024**2,
+        "K": 1e3 / 2**20,
+        "M": 1e6 / 2**20,
+        "G": 1e9 / 2**20,
+    }
     text = str(quantity)
     for unit, factor in units.items():
         if text.endswith(unit):
@@ -326,7 +335,9 @@ def query_engines(query: str) -> set[str] | None:
     return {e.strip(" '") for e in engines.group(1).split(",")}
 
 
-def project_problems(docs: list[Doc], where: str, secret_keys: dict[str, set[str]] | None = None) -> list[str]:
+def project_problems(
+    docs: list[Doc], where: str, secret_keys: dict[str, set[str]] | None = None
+) -> list[str]:
     """The project's own rules on one rendered overlay; each problem one line."""
     report = Report()
     secret_keys = secret_template_keys() if secret_keys is None else secret_keys
@@ -357,7 +368,9 @@ def project_problems(docs: list[Doc], where: str, secret_keys: dict[str, set[str
             report.fail(where, f"{name_of(doc)}: no namespace (the overlay sets one; never `default`)")
 
     scaled = {
-        d["spec"]["scaleTargetRef"]["name"]: d for d in docs if d.get("kind") == "ScaledObject" and d.get("spec")
+        d["spec"]["scaleTargetRef"]["name"]: d
+        for d in docs
+        if d.get("kind") == "ScaledObject" and d.get("spec")
     }
     data_clients: set[str] = set()
     for workload, pod in pod_specs(docs):
@@ -375,12 +388,19 @@ def project_problems(docs: list[Doc], where: str, secret_keys: dict[str, set[str
             if why:
                 report.fail(where, f"{wname} {c['name']}: image {image!r}: {why}")
             sc = c.get("securityContext", {})
-            if sc.get("readOnlyRootFilesystem") is not True or sc.get("allowPrivilegeEscalation") is not False:
-                report.fail(where, f"{wname} {c['name']}: needs readOnlyRootFilesystem and no privilege escalation")
+            if (
+                sc.get("readOnlyRootFilesystem") is not True
+                or sc.get("allowPrivilegeEscalation") is not False
+            ):
+                report.fail(
+                    where, f"{wname} {c['name']}: needs readOnlyRootFilesystem and no privilege escalation"
+                )
             if image_repo(image) in DJANGO_IMAGES:
                 for var in env_of(c, {}):
                     if not known_setting(var):
-                        report.fail(where, f"{wname} {c['name']}: env {var} is not a setting in the README's table")
+                        report.fail(
+                            where, f"{wname} {c['name']}: env {var} is not a setting in the README's table"
+                        )
         for c in pod.get("containers", []):
             command = [str(a) for a in c.get("command", [])]
             if command[:4] == ["celery", "-A", "webapp", "worker"]:
@@ -390,16 +410,28 @@ def project_problems(docs: list[Doc], where: str, secret_keys: dict[str, set[str
                     if c.get(kind, {}).get("httpGet", {}).get("path") != path:
                         report.fail(where, f"{wname}: the web tier's {kind} is GET {path} (webapp/health.py)")
         if component == "beat":
-            if workload.get("spec", {}).get("replicas") != 1 or workload["spec"].get("strategy", {}).get("type") != "Recreate":
+            if (
+                workload.get("spec", {}).get("replicas") != 1
+                or workload["spec"].get("strategy", {}).get("type") != "Recreate"
+            ):
                 report.fail(where, f"{wname}: beat runs as 1 replica with the Recreate strategy")
     expected = DATA_CLIENTS | {c for c in data_clients if c.startswith("worker-")}
-    workers = {name_of(w) for w, p in pod_specs(docs) if pod_labels(w).get("app.kubernetes.io/component", "").startswith("worker-")}
+    workers = {
+        name_of(w)
+        for w, p in pod_specs(docs)
+        if pod_labels(w).get("app.kubernetes.io/component", "").startswith("worker-")
+    }
     if data_clients != expected or not workers:
         extra, missing = sorted(data_clients - expected), sorted(expected - data_clients)
-        report.fail(where, f"pods labelled {DATA_CLIENT_LABEL} (reach PostgreSQL and Redis): extra {extra}, missing {missing}")
+        report.fail(
+            where,
+            f"pods labelled {DATA_CLIENT_LABEL} (reach PostgreSQL and Redis): extra {extra}, missing {missing}",
+        )
     policy = by_kind_name.get(("NetworkPolicy", "tts-data-clients"))
     if not policy or policy["spec"].get("podSelector", {}).get("matchLabels") != {DATA_CLIENT_LABEL: "true"}:
-        report.fail(where, "NetworkPolicy tts-data-clients must select exactly the pods labelled tts-data-client")
+        report.fail(
+            where, "NetworkPolicy tts-data-clients must select exactly the pods labelled tts-data-client"
+        )
     return report.problems
 
 
@@ -408,7 +440,13 @@ def pod_labels(workload: Doc) -> dict[str, str]:
 
 
 def worker_problems(
-    report: Report, where: str, workload: Doc, pod: Doc, c: Doc, settings: dict[str, str], scaled: dict[str, Doc]
+    report: Report,
+    where: str,
+    workload: Doc,
+    pod: Doc,
+    c: Doc,
+    settings: dict[str, str],
+    scaled: dict[str, Doc],
 ) -> None:
     """A Celery worker: warm stop, probes on the process, queues and memory as its settings say."""
     wname = name_of(workload)
@@ -432,7 +470,9 @@ def worker_problems(
     engines = [e.strip() for e in env.get("TTS_WORKER_ENGINES", "piper,espeak").split(",") if e.strip()]
     queues = (arg_after(command, "-Q") or "").split(",")
     if sorted(queues) != sorted(f"synth.{e}" for e in engines):
-        report.fail(where, f"{wname}: -Q {','.join(queues)} does not match TTS_WORKER_ENGINES {','.join(engines)}")
+        report.fail(
+            where, f"{wname}: -Q {','.join(queues)} does not match TTS_WORKER_ENGINES {','.join(engines)}"
+        )
     concurrency = int(env.get("TTS_WORKER_CONCURRENCY", "2"))
     rss = int(env.get("TTS_WORKER_MAX_RSS_MB", "1500"))
     ceiling = int(env.get("TTS_WORKER_MAX_MEMORY_KB", "2000000")) / 1024
@@ -470,10 +510,13 @@ def worker_problems(
     for trigger in so["spec"].get("triggers", []):
         counted = query_engines(str(trigger.get("metadata", {}).get("query", "")))
         if counted is None:
-            report.fail(where, f"{name_of(so)}: the query is not queued + running jobs of {JOB_TABLE} by engine")
+            report.fail(
+                where, f"{name_of(so)}: the query is not queued + running jobs of {JOB_TABLE} by engine"
+            )
         elif counted != set(engines):
             report.fail(
-                where, f"{name_of(so)}: the query counts engines {sorted(counted)}, the pool serves {sorted(engines)}"
+                where,
+                f"{name_of(so)}: the query counts engines {sorted(counted)}, the pool serves {sorted(engines)}",
             )
 
 
@@ -528,7 +571,9 @@ def checkov_once(tools: Tools, targets: list[str], frameworks: list[str], report
         seen.add(kind)
         summary = result.get("summary", {})
         checks = result.get("results", {})
-        files = sorted({c["file_path"] for part in ("passed_checks", "failed_checks") for c in checks.get(part, [])})
+        files = sorted(
+            {c["file_path"] for part in ("passed_checks", "failed_checks") for c in checks.get(part, [])}
+        )
         report.say(
             f"  checkov {kind}: {summary.get('passed', 0)} passed, {summary.get('failed', 0)} failed, "
             f"{len(skips)} check ids skipped (checkov-skips.yaml), {summary.get('resource_count', 0)} resources in "

@@ -1,0 +1,279 @@
+"""deploy/k8s: every overlay renders and passes the validators, and the validators catch the bad cases.
+
+The same checks as `make validate-k8s` (tests/k8s/validate.py); the bad cases change one thing in
+a rendered overlay (or write an overlay that does) and expect the validators to name it.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.k8s import validate
+
+Docs = list[validate.Doc]
+
+
+def find(docs: Docs, kind: str, name: str) -> validate.Doc:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def container(docs: Docs, workload: str, name: str, kind: str = "Deployment") -> validate.Doc:
+    pod = find(docs, kind, workload)["spec"]["template"]["spec"]
+    return next(c for c in validate.containers(pod) if c["name"] == name)
+
+
+def problems_after(rendered: dict[str, Docs], overlay: str, change: Callable[[Docs], None]) -> list[str]:
+    docs = copy.deepcopy(rendered[overlay])
+    change(docs)
+    return validate.project_problems(docs, overlay)
+
+
+def test_every_overlay_renders_and_validates(k8s_tools: validate.Tools) -> None:
+    report = validate.Report()
+    validate.kubernetes_validate(
+        k8s_tools, validate.load_yaml_docs(validate.SECRET_TEMPLATE), "secret", report
+    )
+    names = []
+    for overlay in validate.overlays():
+        names.append(overlay.name)
+        validate.validate_overlay(k8s_tools, overlay, report)
+    assert {"local", "gpu"} <= set(names)
+    assert report.problems == []
+    assert any("kubernetes-validate 1.33.0 --strict" in line for line in report.lines)
+    assert any(re.search(r"jsonschema .*: [1-9]", line) for line in report.lines)
+
+
+def test_checkov_scans_manifests_and_dockerfile_and_finds_nothing_unjustified(
+    k8s_tools: validate.Tools,
+) -> None:
+    report = validate.Report()
+    validate.run_checkov(k8s_tools, report)
+    assert report.problems == []
+    text = "\n".join(report.lines)
+    assert re.search(r"checkov kubernetes: [1-9]\d* passed, 0 failed.*base/worker-cpu\.yaml", text)
+    assert re.search(r"checkov kustomize: [1-9]\d* passed, 0 failed.*overlays/gpu/kustomization\.yaml", text)
+    if validate.DOCKERFILE.exists():
+        assert re.search(r"checkov dockerfile: [1-9]\d* passed, 0 failed.*deploy/container/Dockerfile", text)
+
+
+def test_the_skip_list_is_the_one_docs_scaling_gives() -> None:
+    skips = validate.checkov_skips()
+    assert all(reason.strip() for reason in skips.values())
+    section = (
+        (validate.ROOT / "docs" / "scaling.md").read_text().split("## checkov", 1)[1].split("\n## ", 1)[0]
+    )
+    assert set(re.findall(r"`(CKV2?_[A-Z0-9_]+)`", section)) == set(skips)
+
+
+@pytest.mark.parametrize(
+    ("image", "why"),
+    [
+        ("localhost/tts-web:latest", "latest"),
+        ("localhost/tts-web", "no tag"),
+        ("localhost/tts-web:main", "not a release tag"),
+        ("registry.example.com:5000/tts/tts-web", "no tag"),
+    ],
+)
+def test_a_wrong_image_tag_is_caught(rendered: dict[str, Docs], image: str, why: str) -> None:
+    def change(docs: Docs) -> None:
+        container(docs, "tts-web", "web")["image"] = image
+
+    problems = problems_after(rendered, "local", change)
+    assert any("tts-web web: image" in p and why in p for p in problems), problems
+
+
+def test_release_tags_and_digests_pass() -> None:
+    for image in ("tts-web:0.1.0", "r.example.com:5000/tts/tts-web:1.2.3-rc.1", "postgres:16.4-bookworm"):
+        assert validate.check_image(image) is None, image
+    assert validate.check_image("tts-web@sha256:" + "a" * 64) is None
+
+
+def test_a_missing_secret_key_is_caught(rendered: dict[str, Docs]) -> None:
+    def change(docs: Docs) -> None:
+        env = container(docs, "tts-worker-cpu", "worker")["env"]
+        ref = next(e for e in env if e["name"] == "REDIS_URL")["valueFrom"]["secretKeyRef"]
+        ref["key"] = "REDIS_URI"
+
+    problems = problems_after(rendered, "gpu", change)
+    assert any("env REDIS_URL: a key 'REDIS_URI' that Secret tts-secrets" in p for p in problems), problems
+
+
+def test_a_secret_key_missing_from_the_template_is_caught(rendered: dict[str, Docs]) -> None:
+    keys = validate.secret_template_keys()
+    keys["tts-secrets"].discard("KEDA_DATABASE_URL")
+    problems = validate.project_problems(rendered["gpu"], "gpu", keys)
+    assert any("TriggerAuthentication/tts-keda-postgres" in p and "KEDA_DATABASE_URL" in p for p in problems)
+
+
+def test_an_overlay_with_a_wrong_tag_and_a_missing_secret_key_fails(
+    k8s_tools: validate.Tools, tmp_path: Path
+) -> None:
+    """End to end: a real overlay on the real base, rendered by kubectl, then checked."""
+    tree = tmp_path / "k8s"
+    shutil.copytree(validate.K8S, tree, ignore=shutil.ignore_patterns("schemas"))
+    bad = tree / "overlays" / "bad"
+    bad.mkdir()
+    (bad / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": ["../local"],
+                "images": [{"name": "localhost/tts-worker", "newTag": "latest"}],
+                "patches": [
+                    {
+                        "target": {"kind": "Deployment", "name": "tts-web"},
+                        "patch": "- op: add\n  path: /spec/template/spec/containers/0/env/-\n  value:\n"
+                        "    name: TTS_API_KEY_SECRET\n    valueFrom:\n      secretKeyRef:\n"
+                        "        name: tts-secrets\n        key: API_KEY_SECRET\n",
+                    }
+                ],
+            }
+        )
+    )
+    problems = validate.project_problems(validate.render(k8s_tools, bad), "bad")
+    assert any("tts-worker-cpu worker: image 'localhost/tts-worker:latest'" in p for p in problems), problems
+    assert any("'API_KEY_SECRET' that Secret tts-secrets" in p for p in problems), problems
+
+
+def test_a_broken_overlay_does_not_render(k8s_tools: validate.Tools, tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text("resources:\n  - missing.yaml\n")
+    with pytest.raises(validate.RenderError):
+        validate.render(k8s_tools, tmp_path)
+
+
+def test_worker_rules(rendered: dict[str, Docs]) -> None:
+    def short_grace(docs: Docs) -> None:
+        find(docs, "Deployment", "tts-worker-gpu")["spec"]["template"]["spec"][
+            "terminationGracePeriodSeconds"
+        ] = 60
+
+    def other_queue(docs: Docs) -> None:
+        container(docs, "tts-worker-cpu", "worker")["command"][9] = "synth.piper"
+
+    def other_query(docs: Docs) -> None:
+        so = find(docs, "ScaledObject", "tts-worker-gpu")
+        so["spec"]["triggers"][0]["metadata"]["query"] = so["spec"]["triggers"][0]["metadata"][
+            "query"
+        ].replace("'piper'", "'espeak'")
+
+    def small_memory(docs: Docs) -> None:
+        container(docs, "tts-worker-cpu", "worker")["resources"]["limits"]["memory"] = "3Gi"
+
+    def redis_probe(docs: Docs) -> None:
+        container(docs, "tts-worker-cpu", "worker")["livenessProbe"] = {
+            "exec": {"command": ["redis-cli", "ping"]}
+        }
+
+    def no_gpu(docs: Docs) -> None:
+        del container(docs, "tts-worker-gpu", "worker")["resources"]["limits"]["nvidia.com/gpu"]
+
+    def zero_undeclared(docs: Docs) -> None:
+        find(docs, "ConfigMap", next(d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"))[
+            "data"
+        ].pop("TTS_SCALE_TO_ZERO_QUEUES")
+
+    cases: list[tuple[Callable[[Docs], None], str]] = [
+        (short_grace, "terminationGracePeriodSeconds 60 must exceed TTS_WORKER_STOP_GRACE 60 + 15"),
+        (other_queue, "-Q synth.piper does not match TTS_WORKER_ENGINES espeak"),
+        (other_query, "the query counts engines ['espeak'], the pool serves ['piper']"),
+        (small_memory, "memory limit 3072Mi below TTS_WORKER_CONCURRENCY 2"),
+        (redis_probe, "livenessProbe must be `python -m webapp.speech.runtime.probe live`"),
+        (no_gpu, "a CUDA worker has nvidia.com/gpu: 1"),
+        (zero_undeclared, "may scale to zero but TTS_SCALE_TO_ZERO_QUEUES lacks synth.piper"),
+    ]
+    for change, expected in cases:
+        problems = problems_after(rendered, "gpu", change)
+        assert any(expected in p for p in problems), (change.__name__, problems)
+
+
+def test_exactly_the_data_clients_reach_postgresql_and_redis(rendered: dict[str, Docs]) -> None:
+    for overlay, docs in rendered.items():
+        labelled = {
+            validate.pod_labels(w)["app.kubernetes.io/component"]
+            for w, _ in validate.pod_specs(docs)
+            if validate.pod_labels(w).get(validate.DATA_CLIENT_LABEL) == "true"
+        }
+        workers = {"worker-cpu", "worker-gpu"} if overlay == "gpu" else {"worker-cpu"}
+        assert labelled == validate.DATA_CLIENTS | workers, overlay
+
+    def edge_too(docs: Docs) -> None:
+        find(docs, "Deployment", "tts-edge")["spec"]["template"]["metadata"]["labels"][
+            validate.DATA_CLIENT_LABEL
+        ] = "true"
+
+    problems = problems_after(rendered, "local", edge_too)
+    assert any("extra ['edge']" in p for p in problems), problems
+
+
+def test_other_rules(rendered: dict[str, Docs]) -> None:
+    def typo_setting(docs: Docs) -> None:
+        next(
+            d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("tts-settings")
+        )["data"]["TTS_WORKER_STOP_GRAC"] = "60"
+
+    def beat_rolling(docs: Docs) -> None:
+        find(docs, "Deployment", "tts-beat")["spec"]["strategy"] = {"type": "RollingUpdate"}
+
+    def root_fs(docs: Docs) -> None:
+        container(docs, "tts-edge", "edge")["securityContext"]["readOnlyRootFilesystem"] = False
+
+    def web_probe(docs: Docs) -> None:
+        container(docs, "tts-web", "web")["readinessProbe"]["httpGet"]["path"] = "/healthz"
+
+    def default_namespace(docs: Docs) -> None:
+        find(docs, "Service", "tts-web")["metadata"]["namespace"] = "default"
+
+    cases: list[tuple[Callable[[Docs], None], str]] = [
+        (typo_setting, "TTS_WORKER_STOP_GRAC is not a setting in the README's table"),
+        (beat_rolling, "beat runs as 1 replica with the Recreate strategy"),
+        (root_fs, "tts-edge edge: needs readOnlyRootFilesystem"),
+        (web_probe, "readinessProbe is GET /healthz/ready"),
+        (default_namespace, "Service/tts-web: no namespace"),
+    ]
+    for change, expected in cases:
+        problems = problems_after(rendered, "local", change)
+        assert any(expected in p for p in problems), (change.__name__, problems)
+
+
+def test_custom_resources_are_checked_against_their_schemas(rendered: dict[str, Docs]) -> None:
+    docs = copy.deepcopy(rendered["gpu"])
+    find(docs, "ScaledObject", "tts-worker-gpu")["spec"]["minReplicas"] = 0  # KEDA's is minReplicaCount
+    find(docs, "ScaledObject", "tts-worker-cpu")["spec"]["triggers"][0]["metadata"]["targetQueryValue"] = 4
+    find(docs, "ServiceMonitor", "tts-web")["spec"]["endpoints"][0]["interval"] = "30 seconds"
+    docs.append({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}})
+    report = validate.Report()
+    validate.crd_validate(docs, "gpu", report)
+    text = "\n".join(report.problems)
+    assert "'minReplicas' was unexpected" in text
+    assert "targetQueryValue: 4 is not of type 'string'" in text
+    assert "/spec/endpoints/0/interval" in text
+    assert "Widget/w: a custom resource with no schema" in text
+
+
+def test_built_in_kinds_are_checked_strictly(k8s_tools: validate.Tools, rendered: dict[str, Docs]) -> None:
+    docs = copy.deepcopy(rendered["local"])
+    find(docs, "Deployment", "tts-web")["spec"]["template"]["spec"]["terminationGracePeriod"] = 30
+    report = validate.Report()
+    validate.kubernetes_validate(k8s_tools, docs, "local", report)
+    assert any("'terminationGracePeriod' was unexpected" in p for p in report.problems), report.problems
+
+
+def test_make_validate_k8s_runs_the_validators() -> None:
+    makefile = (validate.ROOT / "Makefile").read_text()
+    assert re.search(r"^validate-k8s:.*\n\tdeploy/k8s/validate\.sh", makefile, re.M)
+    out = subprocess.run(
+        [str(validate.K8S / "validate.sh"), "--no-checkov", "--overlay", "deploy/k8s/overlays/local"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=validate.ROOT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "validate-k8s: passed, 0 problems" in out.stdout
