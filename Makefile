@@ -45,6 +45,13 @@ test-load: bootstrap
 test-fast: bootstrap
 	.venv/bin/pytest tests/unit -m "not slow" $(PYTEST_ARGS)
 
+# The Kubernetes manifests: every overlay rendered (kubectl kustomize) and checked by kubernetes-validate,
+# the CRD schemas in deploy/k8s/schemas, the project's rules and checkov (tests/k8s/validate.py); the
+# tools live in .venv-k8s, made on first use (deploy/k8s/validate.sh). About 10 s once installed.
+.PHONY: validate-k8s
+validate-k8s:
+	deploy/k8s/validate.sh $(VALIDATE_ARGS)
+
 # Files a GPU machine needs for tests/gpu/check.sh --prepared var/gpu-check: fp16 weights, phoneme ids,
 # onnxruntime and CPU float32 references, Python 3.12 wheels (docs/gpu.md, "The GPU check"; ~49 MiB).
 gpu-check-prepare: bootstrap
