@@ -19,6 +19,7 @@ from webapp.env import (
     HOUSEKEEPING_CONCURRENCY_DEFAULT,
     WORKER_CONCURRENCY_DEFAULT,
     WORKER_ENGINES_DEFAULT,
+    EnvError,
     env_bool,
     env_choice,
     env_float,
@@ -385,6 +386,16 @@ TTS_JOB_REDELIVER_SECONDS = env_int("TTS_JOB_REDELIVER_SECONDS", 300)
 TTS_JOB_MAX_QUEUE_SECONDS = env_int("TTS_JOB_MAX_QUEUE_SECONDS", 6 * 3600)
 # Submissions to an engine with this many queued jobs answer 503 queue_full (0 = no limit).
 TTS_MAX_QUEUED_JOBS_PER_ENGINE = env_int("TTS_MAX_QUEUED_JOBS_PER_ENGINE", 10000)
+# Engine queues (synth.<engine>) served by a pool that may scale to zero (Kubernetes with KEDA,
+# docs/operations.md): a submit for their voices queues while no worker is live, where any other
+# queue answers 503 no_worker, and its ETA adds the pool's cold start (scale-up, start, model load).
+TTS_SCALE_TO_ZERO_QUEUES = env_list("TTS_SCALE_TO_ZERO_QUEUES", "")
+_NOT_SYNTH = [q for q in TTS_SCALE_TO_ZERO_QUEUES if not q.startswith("synth.") or q == "synth."]
+if _NOT_SYNTH:
+    raise EnvError(
+        f"TTS_SCALE_TO_ZERO_QUEUES: {', '.join(_NOT_SYNTH)} is not an engine queue like synth.piper"
+    )
+TTS_POOL_COLD_START_SECONDS = env_float("TTS_POOL_COLD_START_SECONDS", 120.0)
 # A module a worker child imports at load time to act at points of its work
 # (webapp/speech/runtime/hooks.py); the tests inject faults with it. Empty = none.
 TTS_WORKER_HOOKS = env_str("TTS_WORKER_HOOKS", "")

@@ -73,9 +73,10 @@ def live_workers() -> list[dict[str, Any]]:
 SERVING_STATES = ("ready", "recycling")
 
 
-def serving_voices() -> set[str]:
+def serving_voices(workers: list[dict[str, Any]] | None = None) -> set[str]:
+    """The voices live children serve (``workers``: heartbeats already read, else read now)."""
     voices: set[str] = set()
-    for w in live_workers():
+    for w in live_workers() if workers is None else workers:
         if w.get("state") in SERVING_STATES:
             voices.update(w.get("voices", []))
     return voices

@@ -25,7 +25,8 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.speech import heartbeat, lifecycle
 from webapp.speech.lifecycle import JobRequest
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.services import prompts
+from webapp.speech.services import dispatch, prompts
+from webapp.speech.services.eta import serving_children
 from webapp.speech.services.queries import visible_voice
 from webapp.tenants.models import ApiKey, Organization
 
@@ -160,18 +161,26 @@ QUEUE_UNAVAILABLE = "The job queue is unavailable; try again shortly."
 
 
 def require_worker_for(voice: Voice) -> None:
-    """A submit for a voice no live worker serves is a 503, not a job that waits forever."""
+    """A submit for a voice no live worker serves is a 503, not a job that waits forever.
+
+    Except on a queue whose pool may scale to zero (``TTS_SCALE_TO_ZERO_QUEUES``) while no
+    worker of the engine is live: the job queues, and its backlog is what scales the pool up
+    (KEDA, ``services/keda.py``). A live worker of the engine that lacks the voice is still a 503.
+    """
     try:
-        serving = heartbeat.serving_voices()
+        workers = heartbeat.live_workers()
     except (RedisError, OSError) as exc:
         raise DomainError(ErrorCode.SERVICE_UNAVAILABLE, QUEUE_UNAVAILABLE, retry_after=5) from exc
-    speaking = prompts.speaking_voice(voice)[0]  # an uploaded voice speaks through a built-in one
-    if speaking not in serving:
-        raise DomainError(
-            ErrorCode.NO_WORKER,
-            f"No synthesis worker serving voice {speaking} is running right now; try again later.",
-            retry_after=NO_WORKER_RETRY_AFTER,
-        )
+    speaking, engine = prompts.speaking_voice(voice)[:2]  # an uploaded voice speaks through a built-in one
+    if speaking in heartbeat.serving_voices(workers):
+        return
+    if dispatch.scales_to_zero(engine) and not serving_children(engine, workers):
+        return
+    raise DomainError(
+        ErrorCode.NO_WORKER,
+        f"No synthesis worker serving voice {speaking} is running right now; try again later.",
+        retry_after=NO_WORKER_RETRY_AFTER,
+    )
 
 
 def submit(

@@ -153,3 +153,23 @@ def test_a_process_reads_an_engines_basis_at_most_once_a_second(
     with CaptureQueriesContext(connection) as queries:
         assert eta.estimate(queued) == (pytest.approx(0.2), 0)  # position and ETA in one query
     assert len(queries) == 1
+
+
+def test_a_pool_at_zero_adds_its_cold_start_to_queued_jobs(make_tenant: Any, settings: Any) -> None:
+    from webapp.speech.services import eta
+
+    org = make_tenant().org
+    t0 = timezone.now() - dt.timedelta(minutes=5)
+    _done(org, 1000, 4000, "cpu", t0)  # 0.004 s/char
+    mine = _job(org, "queued", 500, t0 + dt.timedelta(seconds=1))
+    settings.TTS_POOL_COLD_START_SECONDS = 90.0
+    assert eta.eta_basis(ENGINE, []).cold_start == 0.0  # a queue that does not scale to zero
+    settings.TTS_SCALE_TO_ZERO_QUEUES = [f"synth.{ENGINE}"]
+    at_zero = eta.eta_basis(ENGINE, [])
+    assert at_zero.cold_start == 90.0
+    assert eta.estimate(mine, at_zero) == (pytest.approx(90.0 + 0.004 * 500), 0)
+    # A live child: the pool is up, no cold start.
+    up = eta.eta_basis(ENGINE, [{"device": "cpu", "state": "ready", "engines": [ENGINE]}])
+    assert up.cold_start == 0.0 and eta.estimate(mine, up) == (pytest.approx(0.004 * 500), 0)
+    running = _job(org, "running", 100, t0, progress=0.5)  # a running job has its worker
+    assert eta.estimate_eta(running, at_zero) == pytest.approx(0.2)

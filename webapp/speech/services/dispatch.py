@@ -38,6 +38,11 @@ def queue_for_engine(engine: str) -> str:
     return f"synth.{engine}"
 
 
+def scales_to_zero(engine: str) -> bool:
+    """Whether the engine's queue is served by a pool that may have no worker now (``TTS_SCALE_TO_ZERO_QUEUES``)."""
+    return queue_for_engine(engine) in settings.TTS_SCALE_TO_ZERO_QUEUES
+
+
 def job_time_limits(text_chars: int) -> tuple[float, float]:
     """(soft, hard) seconds for a job, both growing with its text length.
 

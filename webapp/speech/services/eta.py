@@ -7,9 +7,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from webapp.rawrows import fetch_one
 from webapp.speech import heartbeat
 from webapp.speech.models import ACTIVE_STATUSES, JobStatus, SynthesisJob, sql_status_in
+from webapp.speech.services.dispatch import scales_to_zero
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +39,15 @@ class EtaBasis:
     ``seconds_per_char`` is for one child: the pool's mean over the devices now
     serving the engine, weighted by their children (see ``eta_basis``).
     ``children`` is the number of live worker children serving the engine (at
-    least 1, so an ETA exists while no worker is up).
+    least 1, so an ETA exists while no worker is up). ``cold_start`` is what a
+    queued job waits for a pool at zero to come up (``TTS_POOL_COLD_START_SECONDS``
+    on a scale-to-zero queue with no live child; else 0).
     """
 
     seconds_per_char: float
     children: int
     devices: dict[str, int]
+    cold_start: float = 0.0
 
 
 def serving_children(engine: str, workers: list[dict[str, Any]] | None = None) -> dict[str, int]:
@@ -119,7 +125,8 @@ def eta_basis(engine: str, workers: list[dict[str, Any]] | None = None) -> EtaBa
         N = sum(n_d)                       children serving the engine
         s = N / sum(n_d / s_d)             one child's mean (the pool synthesises
                                            sum(n_d / s_d) characters per second)
-    No live child: N = 1 and s = the engine's all-device mean.
+    No live child: N = 1 and s = the engine's all-device mean, and on a queue that
+    scales to zero a cold start C = ``TTS_POOL_COLD_START_SECONDS``.
     """
     if workers is None:
         saved = _bases.get(engine)
@@ -138,7 +145,8 @@ def _read_basis(engine: str, workers: list[dict[str, Any]] | None) -> EtaBasis:
     fallback = overall if overall is not None else DEFAULT_SECONDS_PER_CHAR
     children = sum(devices.values())
     if children == 0:
-        return EtaBasis(fallback, 1, {})
+        cold_start = float(settings.TTS_POOL_COLD_START_SECONDS) if scales_to_zero(engine) else 0.0
+        return EtaBasis(fallback, 1, {}, cold_start)
     chars_per_second = sum(n / by_device.get(d, fallback) for d, n in devices.items())
     return EtaBasis(children / chars_per_second, children, devices)
 
@@ -159,7 +167,7 @@ def estimate(job: SynthesisJob, basis: EtaBasis | float | None = None) -> tuple[
       queued:  ahead = queued jobs of the engine created before it + running jobs of the engine
                work  = their characters (running ones: text_chars * (1 - progress))
                wait  = 0 if ahead < N (a child is free for it) else s * work / N
-               eta   = wait + s * text_chars
+               eta   = C + wait + s * text_chars   (C: the cold start of a pool at zero, else 0)
     The jobs ahead are shared among the N children, so the wait is their work
     divided by N; the job itself runs on one child. A bare float ``basis`` is a
     seconds-per-character figure with one child.
@@ -179,7 +187,7 @@ def estimate(job: SynthesisJob, basis: EtaBasis | float | None = None) -> tuple[
     queued_n, queued_chars, running_n, running_chars = row or (0, 0, 0, 0)
     work = float(queued_chars) + float(running_chars)
     wait = 0.0 if queued_n + running_n < basis.children else spc * work / basis.children
-    return round(wait + spc * job.text_chars, 1), int(queued_n)
+    return round(basis.cold_start + wait + spc * job.text_chars, 1), int(queued_n)
 
 
 _QUEUED, _RUNNING = sql_status_in((JobStatus.QUEUED,)), sql_status_in((JobStatus.RUNNING,))
