@@ -1,4 +1,12 @@
-"""GET /healthz: database, Redis and a recent worker heartbeat. No internals shown.
+"""Health answers, no internals shown:
+
+- ``GET /healthz``: database, Redis and a recent worker heartbeat; 503 when any fails (the
+  local stack, supervisors and monitoring: "can this site synthesise now").
+- ``GET /healthz/ready``: web readiness, database and Redis; the worker census is in the body
+  (``workers``: ``ok``, ``none``, ``unknown``) but never makes it a 503, so a web pod stays in
+  its Service while a worker pool is scaled to zero (Kubernetes' readiness probe).
+- ``GET /healthz/live``: the process answers; no check (a liveness probe: an outage of
+  PostgreSQL or Redis must not restart every web pod).
 
 Under ASGI (:func:`answered_first`, webapp/asgi.py) a GET or HEAD of /healthz
 is answered before Django's handler: its checks run in a thread of their
@@ -35,7 +43,10 @@ from webapp.speech.api.waiting import shared
 log = logging.getLogger(__name__)
 
 PATH = "/healthz"
-SHARED_KEY = ("healthz",)
+READY_PATH = "/healthz/ready"
+LIVE_PATH = "/healthz/live"
+# Each path's metrics label: its URL pattern's name, as Django's answers are counted.
+VIEWS = {PATH: "healthz", READY_PATH: "healthz_ready", LIVE_PATH: "healthz_live"}
 _CHECKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="healthz")  # its thread starts with a check
 RETRY_AFTER = "10"
 Scope = dict[str, Any]
@@ -72,10 +83,7 @@ def _check_workers() -> bool:
         return False
 
 
-def check() -> tuple[dict[str, object], int]:
-    """The body and status of a health answer."""
-    checks = {"db": _check_db(), "redis": _check_redis()}
-    checks["workers"] = checks["redis"] and _check_workers()
+def _answer(checks: dict[str, bool]) -> tuple[dict[str, object], int]:
     failing = [name for name, ok in checks.items() if not ok]
     body: dict[str, object] = {
         "status": "ok" if not failing else "fail",
@@ -84,6 +92,35 @@ def check() -> tuple[dict[str, object], int]:
     if failing:
         body["failing"] = failing
     return body, 200 if not failing else 503
+
+
+def check() -> tuple[dict[str, object], int]:
+    """The body and status of a /healthz answer."""
+    checks = {"db": _check_db(), "redis": _check_redis()}
+    checks["workers"] = checks["redis"] and _check_workers()
+    return _answer(checks)
+
+
+def check_ready() -> tuple[dict[str, object], int]:
+    """The body and status of a /healthz/ready answer: workers reported, not checked."""
+    checks = {"db": _check_db(), "redis": _check_redis()}
+    body, status = _answer(checks)
+    if not checks["redis"]:
+        body["workers"] = "unknown"
+    else:
+        body["workers"] = "ok" if _check_workers() else "none"
+    return body, status
+
+
+def check_live() -> tuple[dict[str, object], int]:
+    return {"status": "ok"}, 200
+
+
+# Looked up when called, so a test that replaces ``check`` replaces what the ASGI path runs.
+CHECKS: dict[str, Callable[[], tuple[dict[str, object], int]]] = {
+    PATH: lambda: check(),
+    READY_PATH: lambda: check_ready(),
+}
 
 
 def _response(body: dict[str, object], status: int) -> JsonResponse:
@@ -99,9 +136,21 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return _response(*check())
 
 
-def _check_in_own_thread() -> tuple[dict[str, object], int]:
+@never_cache
+@require_GET
+def healthz_ready(request: HttpRequest) -> JsonResponse:
+    return _response(*check_ready())
+
+
+@never_cache
+@require_GET
+def healthz_live(request: HttpRequest) -> JsonResponse:
+    return _response(*check_live())
+
+
+def _check_in_own_thread(path: str) -> tuple[dict[str, object], int]:
     try:
-        return check()
+        return CHECKS[path]()
     finally:
         try:
             connection.close()  # back to the pool: this thread keeps no connection of its own
@@ -116,13 +165,18 @@ def _request_id(scope: Scope) -> str:
 
 
 async def answer(scope: Scope, send: Send) -> None:
-    """Answer a GET or HEAD of /healthz as the Django view would (headers, metrics, request id)."""
+    """Answer a GET or HEAD of a health path as the Django view would (headers, metrics, request id)."""
     started = time.perf_counter()
-    # Probes that arrive while a check runs share it: one check at a time per process, however
-    # many probes there are and however long a database that hangs keeps it. Its thread is its
-    # own, not the loop's pool, where it would queue behind a burst of waiters' reads.
-    check_now = sync_to_async(_check_in_own_thread, thread_sensitive=False, executor=_CHECKS)
-    body, status = await shared(SHARED_KEY, check_now)
+    path = scope["path"]
+    if path == LIVE_PATH:
+        body, status = check_live()  # the loop answering is the whole check: no thread, no wait
+    else:
+        # Probes of a path that arrive while its check runs share it: one check at a time per
+        # process, however many probes there are and however long a database that hangs keeps
+        # it. Its thread is its own, not the loop's pool, where it would queue behind a burst
+        # of waiters' reads.
+        check_now = sync_to_async(_check_in_own_thread, thread_sensitive=False, executor=_CHECKS)
+        body, status = await shared(("healthz", path), lambda: check_now(path))
     # The view's response, with what this path skips added: @never_cache's headers, the
     # security middleware's nosniff and the request id.
     response = _response(body, status)
@@ -134,14 +188,14 @@ async def answer(scope: Scope, send: Send) -> None:
     headers.append((b"content-length", str(len(content)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else content})
-    record("healthz", scope["method"], status, started)
+    record(VIEWS[path], scope["method"], status, started)
 
 
 def answered_first(app: ASGIApp) -> ASGIApp:
-    """``app`` with GET and HEAD of /healthz answered by :func:`answer` (anything else goes to ``app``)."""
+    """``app`` with GET and HEAD of the health paths answered by :func:`answer` (anything else goes to ``app``)."""
 
     async def application(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == PATH and scope["method"] in ("GET", "HEAD"):
+        if scope["type"] == "http" and scope["path"] in VIEWS and scope["method"] in ("GET", "HEAD"):
             await answer(scope, send)
         else:
             await app(scope, receive, send)

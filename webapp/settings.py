@@ -213,8 +213,9 @@ TTS_VOICES_DIR = str(TTS_VAR_LAYOUT.voices_dir)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 USE_X_FORWARDED_HOST = False
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
-# /healthz is probed over plain HTTP on the socket by supervisors.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+# /healthz (and /healthz/ready, /healthz/live) is probed over plain HTTP on the socket by
+# supervisors and Kubernetes' probes.
+SECURE_REDIRECT_EXEMPT = [r"^healthz(/ready|/live)?$"]
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
 SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 0 if DEBUG else 31536000)

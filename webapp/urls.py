@@ -1,11 +1,13 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from webapp.health import healthz
+from webapp.health import healthz, healthz_live, healthz_ready
 from webapp.metrics.views import metrics_view
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("healthz/ready", healthz_ready, name="healthz_ready"),
+    path("healthz/live", healthz_live, name="healthz_live"),
     path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("", include("webapp.speech.api.urls")),

@@ -1,4 +1,7 @@
-"""GET /healthz: 200 with every check ok, 503 naming the failing one, no internals."""
+"""GET /healthz: 200 with every check ok, 503 naming the failing one, no internals.
+
+/healthz/ready (web readiness: database and Redis, the workers only reported) and /healthz/live
+(the process answers) are the Kubernetes probes' (webapp/health.py)."""
 
 from __future__ import annotations
 
@@ -77,7 +80,7 @@ def test_it_shows_no_hosts_pids_or_versions(db: None, synth_worker: Any) -> None
 
 
 def _asgi(
-    method: str, headers: list[tuple[bytes, bytes]] | None = None
+    method: str, headers: list[tuple[bytes, bytes]] | None = None, path: str = "/healthz"
 ) -> tuple[int, dict[str, str], bytes, list[str]]:
     """One request to the ASGI application's /healthz; Django's handler replaced by a recorder."""
     import asyncio
@@ -99,7 +102,7 @@ def _asgi(
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    scope = {"type": "http", "method": method, "path": "/healthz", "headers": headers or []}
+    scope = {"type": "http", "method": method, "path": path, "headers": headers or []}
     # An ASGI app is typed to return an Awaitable; this one is an ``async def``: a coroutine.
     asyncio.run(cast("Coroutine[Any, Any, None]", answered_first(django)(scope, receive, send)))
     start, body = sent
@@ -107,10 +110,10 @@ def _asgi(
     return start["status"], names, body["body"], passed_on
 
 
-def _count(status: str) -> float:
+def _count(status: str, view: str = "healthz") -> float:
     from prometheus_client import REGISTRY
 
-    labels = {"view": "healthz", "method": "GET", "status": status}
+    labels = {"view": view, "method": "GET", "status": status}
     return REGISTRY.get_sample_value("tts_http_requests_total", labels) or 0.0
 
 
@@ -191,3 +194,74 @@ def test_under_asgi_a_connection_that_fails_to_close_is_no_500(
     monkeypatch.setattr(health, "connection", Broken())
     status, headers, _, _ = _asgi("GET")
     assert status == 503 and headers["retry-after"]
+
+
+# --------------------------------------------------------------------- /healthz/ready, /healthz/live
+
+
+@pytest.fixture
+def empty_redis(stack: Any) -> Any:
+    """A reachable Redis database with no heartbeats (database 15 is these tests' own)."""
+    url = stack.cfg.redis_url.rsplit("/", 1)[0] + "/15"
+    with override_settings(REDIS_URL=url):
+        redis_clients.heartbeats().flushdb()
+        try:
+            yield
+        finally:
+            redis_clients.heartbeats().flushdb()
+
+
+def test_ready_stays_200_with_no_worker_and_reports_the_census(db: None, empty_redis: None) -> None:
+    # A worker pool scaled to zero: the web pod must stay in its Service (submits queue).
+    response = Client().get("/healthz/ready")
+    assert response.status_code == 200, response.content
+    assert response.json() == {"status": "ok", "checks": {"db": "ok", "redis": "ok"}, "workers": "none"}
+    assert Client().get("/healthz").status_code == 503  # the whole-site check still says so
+    heartbeat.publish("node-a:101", {"worker_id": "node-a:101", "node": "node-a", "state": "ready"})
+    assert Client().get("/healthz/ready").json()["workers"] == "ok"
+
+
+def test_ready_is_503_naming_redis_when_redis_is_unreachable(db: None) -> None:
+    with override_settings(REDIS_URL="redis://:nopass@127.0.0.1:1/0"):
+        response = Client().get("/healthz/ready")
+    assert response.status_code == 503 and response["Retry-After"]
+    body = response.json()
+    assert body["failing"] == ["redis"] and body["workers"] == "unknown"
+    assert set(body) <= {"status", "checks", "failing", "workers"}
+
+
+def test_ready_is_503_naming_the_database_when_it_fails(db: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from webapp import health
+
+    monkeypatch.setattr(health, "_check_db", lambda: False)  # injected: the database away
+    response = Client().get("/healthz/ready")
+    assert response.status_code == 503 and response.json()["failing"] == ["db"]
+
+
+def test_live_answers_without_redis_or_the_database(db: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from webapp import health
+
+    monkeypatch.setattr(health, "_check_db", lambda: False)
+    with override_settings(REDIS_URL="redis://:nopass@127.0.0.1:1/0"):
+        response = Client().get("/healthz/live")
+        assert response.status_code == 200 and response.json() == {"status": "ok"}
+        status, headers, body, passed_on = _asgi("GET", path="/healthz/live")
+    assert (status, json.loads(body), passed_on) == (200, {"status": "ok"}, [])
+    assert "no-store" in headers["cache-control"]
+
+
+def test_under_asgi_ready_is_answered_before_django_and_counted_as_its_view(
+    db: None, empty_redis: None
+) -> None:
+    before = _count("200", view="healthz_ready")
+    status, headers, body, passed_on = _asgi("GET", path="/healthz/ready")
+    assert passed_on == [] and status == 200
+    assert json.loads(body) == Client().get("/healthz/ready").json()
+    assert _count("200", view="healthz_ready") == before + 2  # this one and the view's
+    assert _asgi("GET", path="/healthz/elsewhere")[3] == ["GET"]  # not a health path: Django's
+
+
+def test_the_probes_are_not_redirected_to_https(db: None, settings: Any) -> None:
+    settings.SECURE_SSL_REDIRECT = True
+    for path in ("/healthz", "/healthz/ready", "/healthz/live"):
+        assert Client().get(path).status_code != 301, path
