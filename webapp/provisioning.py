@@ -96,6 +96,8 @@ class VarLayout:
     voices_dir: Path
     secret_key: Secret
     api_key_secret: Secret
+    # Where worker children say they are alive and loaded, for exec probes (speech/runtime/probe.py).
+    probe_dir: Path
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> VarLayout:
@@ -124,6 +126,7 @@ class VarLayout:
                 var_dir / "secrets" / "api_key_secret",
                 env,
             ),
+            probe_dir=Path(env_str("TTS_WORKER_PROBE_DIR", str(var_dir / "run"), env)),
         )
 
     @property

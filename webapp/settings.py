@@ -370,6 +370,9 @@ TTS_WORKER_DB_RETRY_SECONDS = env_float("TTS_WORKER_DB_RETRY_SECONDS", 300.0)
 TTS_JOB_OOM_RETRIES = env_int("TTS_JOB_OOM_RETRIES", 1)
 TTS_HEARTBEAT_INTERVAL = env_float("TTS_HEARTBEAT_INTERVAL", 2.0)
 TTS_HEARTBEAT_TTL = env_int("TTS_HEARTBEAT_TTL", 10)
+# Each synthesis child rewrites worker-<node>-<slot>.alive here at every heartbeat (state and
+# time), for exec probes that ask neither Redis nor PostgreSQL (webapp/speech/runtime/probe.py).
+TTS_WORKER_PROBE_DIR = TTS_VAR_LAYOUT.probe_dir
 TTS_JOB_LEASE_SECONDS = env_int("TTS_JOB_LEASE_SECONDS", 60)
 TTS_JOB_MAX_ATTEMPTS = env_int("TTS_JOB_MAX_ATTEMPTS", 3)
 TTS_JOB_BASE_SECONDS = env_float("TTS_JOB_BASE_SECONDS", 30.0)

@@ -20,11 +20,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
+from billiard.process import current_process
 from celery import current_app
-from celery.signals import worker_process_init, worker_process_shutdown, worker_shutting_down
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutting_down
 from django.conf import settings
 from django.db import connections
 
@@ -33,7 +35,7 @@ from synth.hostjobs import HostJobs
 from webapp import redis_clients
 from webapp.speech import heartbeat, lifecycle, owners, voices
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.runtime import hooks, recycling, rolling
+from webapp.speech.runtime import hooks, probe, recycling, rolling
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,10 @@ class WorkerState:
         self._ended_since: dict[tuple[str, int], float] = {}
         self._last_watch = 0.0
         self._stop = threading.Event()
+        # This child's probe file: its pool slot's, which a replacement child takes over.
+        slot = getattr(current_process(), "index", None)  # set by billiard's pool on its children only
+        self.probe_path = Path(settings.TTS_WORKER_PROBE_DIR) / probe.file_name(NODE_NAME, int(slot or 0))
+        self._probe_failed = False
 
     @property
     def ready(self) -> bool:
@@ -123,8 +129,23 @@ class WorkerState:
         finally:
             self.attempts.pop(job_id, None)
 
+    def touch_probe(self) -> None:
+        """Say in this child's probe file that its heartbeat thread came round, and whether it serves."""
+        if self._stop.is_set():
+            return  # leaving: the shutdown removes the file, and a late beat must not bring it back
+        try:
+            probe.touch(self.probe_path, probe.READY if self.ready else self.state)
+            self._probe_failed = False
+        except OSError as exc:
+            if not self._probe_failed:  # once per streak, not every beat
+                log.warning("probe file %s not written: %s", self.probe_path, exc)
+            self._probe_failed = True
+
     def beat_forever(self) -> None:
         while not self._stop.is_set():
+            # First, and without Redis or the database: the exec probe sees this thread come
+            # round however those are (probe.py says what a stale file catches).
+            self.touch_probe()
             try:
                 self.publish()
                 if self.state == "ready" and (plan := rolling.turn(self.worker_id)) is not None:
@@ -214,6 +235,8 @@ def _round(value: float | None) -> float | None:
 
 
 STATE: WorkerState | None = None
+# The Celery worker's node name (-n), noted in the parent at worker_init; children inherit it.
+NODE_NAME = "worker"
 
 
 def current() -> WorkerState:
@@ -355,6 +378,19 @@ def _forget_recycled_siblings(state: WorkerState) -> None:
                 heartbeat.remove(str(beat.get("worker_id")))
 
 
+@worker_init.connect
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    """In the Celery parent, before its children fork: note its node name, and drop the probe files
+    its earlier run left (a folder that outlives the process, as a pod's emptyDir does)."""
+    global NODE_NAME
+    if settings.TTS_WORKER_ROLE != "synth":
+        return
+    NODE_NAME = str(getattr(sender, "hostname", None) or NODE_NAME)
+    with contextlib.suppress(OSError):
+        for path in probe.files(Path(settings.TTS_WORKER_PROBE_DIR), NODE_NAME):
+            probe.remove(path)
+
+
 @worker_process_init.connect
 def _on_process_init(**_: Any) -> None:
     if settings.TTS_WORKER_ROLE != "synth":
@@ -365,6 +401,8 @@ def _on_process_init(**_: Any) -> None:
     state.health = recycling.health_for_child(state.health.gpu_reader)
     signal.signal(HAND_BACK_SIGNAL, _on_hand_back_signal)
     rolling.install_leave_handler(current)
+    with contextlib.suppress(OSError):
+        state.probe_path.parent.mkdir(parents=True, exist_ok=True)
     threading.Thread(target=state.beat_forever, name="heartbeat", daemon=True).start()
     if not load_with_backoff(state):
         log.error(
@@ -374,6 +412,7 @@ def _on_process_init(**_: Any) -> None:
         # Celery swallows exceptions from signal handlers: leave explicitly, before taking work.
         os._exit(3)
     state.state = "ready"
+    state.touch_probe()  # ready now, not at the next beat
     _publish_quietly(state)
     with contextlib.suppress(Exception):
         recycling.record_event(
@@ -390,6 +429,10 @@ def _on_process_shutdown(**_: Any) -> None:
     if state is None or state.pid != os.getpid():
         return
     state.stop()
+    # A child that leaves takes its file along: its replacement writes its own, and on a
+    # worker's stop no file of a departed child goes stale while the others finish their jobs.
+    with contextlib.suppress(OSError):
+        probe.remove(state.probe_path)
     reason = recycling.exit_requested()
     try:
         client = redis_clients.heartbeats()
