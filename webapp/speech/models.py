@@ -193,6 +193,13 @@ class SynthesisJob(models.Model):
                 condition=LIVE_JOBS,
                 name="speech_job_org_live_idx",
             ),
+            # KEDA's count of an engine queue's queued + running jobs (services/keda.py), and the
+            # ETA's jobs ahead: only the active rows, however long the history.
+            models.Index(
+                fields=["engine"],
+                condition=models.Q(status__in=["queued", "running"]),
+                name="speech_job_engine_active_idx",
+            ),
             # The reaper's look for active jobs whose waiting client's lease lapsed.
             models.Index(
                 fields=["waiter_until"],
