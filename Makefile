@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 
-.PHONY: run test bootstrap lock stop clean lint typecheck bench bench-peer test-fast test-load gpu-check-prepare backup restore
+.PHONY: run test bootstrap lock stop clean lint typecheck bench bench-peer test-fast test-load gpu-check-prepare backup restore test-containers
 
 bootstrap:
 	@deploy/bootstrap.sh
@@ -36,6 +36,13 @@ typecheck: bootstrap
 test: bootstrap lint typecheck
 	.venv/bin/pytest -m "not load" $(PYTEST_ARGS)
 	tests/gpu/check.sh --device cpu
+
+# The images (deploy/container/) built with podman and the rendered `local` overlay run with
+# `podman kube play`: a real job through the web container, a worker container killed mid-job.
+# Installs podman, runc, catatonit and debootstrap when missing (tests/containers/prepare.sh).
+test-containers: bootstrap
+	tests/containers/prepare.sh
+	.venv/bin/pytest -m containers tests/containers $(PYTEST_ARGS)
 
 test-load: bootstrap
 	.venv/bin/pytest -m load $(PYTEST_ARGS)
