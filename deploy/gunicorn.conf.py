@@ -11,7 +11,8 @@ from webapp.env import env_int
 # ASGI under uvicorn workers: a client waiting on a job (long-poll,
 # /v1/audio/speech) holds a coroutine, not a thread (webapp/asgi.py).
 wsgi_app = "webapp.asgi:application"
-worker_class = "uvicorn_worker.UvicornWorker"
+# uvicorn's worker with small per-connection write buffers (deploy/asgi_worker.py: what a stream charges).
+worker_class = "deploy.asgi_worker.Worker"
 workers = env_int("TTS_GUNICORN_WORKERS", 2)
 # Worker heartbeat timeout: a worker whose event loop is blocked this long is replaced.
 timeout = env_int("TTS_GUNICORN_TIMEOUT", 180)

@@ -72,6 +72,12 @@ Status = SynthesisJob.Status
 TABLE = SynthesisJob._meta.db_table
 ACTIVE = Q(status__in=SynthesisJob.ACTIVE)
 RUNNING = Q(status=Status.RUNNING)
+# A job whose answer a waiting client (/v1/audio/speech) takes is settled when that answer is
+# handed to the client's connection, not when the job completes: until then it succeeded unsettled,
+# its waiter's lease still held. A client gone before its answer was handed is charged what its
+# stream handed, nothing for a whole file.
+AWAITING_ANSWER = Q(status=Status.SUCCEEDED, waiter_until__isnull=False)
+HELD = ACTIVE | AWAITING_ANSWER
 
 
 # --------------------------------------------------------------------- transitions
@@ -107,6 +113,11 @@ def _settle(job_id: Any, parts: tuple[Part, ...] = ()) -> bool:
     failure nothing. The ledger takes one settlement per job; a second is a no-op.
     """
     return ledger.settle(job_id, parts)
+
+
+def _completed(duration_seconds: float) -> tuple[Part, ...]:
+    """A completion's charge: the whole text, and audio past the bound per character by its seconds."""
+    return (Part(PartKind.FRESH), ledger.audio_seconds_part(duration_seconds))
 
 
 def _delivered(job: SynthesisJob) -> tuple[Part, ...]:
@@ -319,11 +330,12 @@ def abandon_job(job: SynthesisJob, delivered_chars: int = 0, delivered_seconds: 
     caller's stream, recorded first; the most any stream delivered counts),
     nothing for an answer never sent. A running job stops at its next sentence;
     it is settled already, and ``complete_job`` ends it canceled, so whatever
-    the worker does later charges nothing more.
+    the worker does later charges nothing more. A job that succeeded while its
+    waiter's answer was still being handed is settled the same way (``_leave_answer``).
     """
     with transaction.atomic(durable=True):
         _record_delivery(job.id, delivered_chars, delivered_seconds)
-        _abandon(job.id, ACTIVE)
+        _abandon(job.id, ACTIVE) or _leave_answer(job.id, AWAITING_ANSWER)
 
 
 def _abandon(job_id: Any, allowed: Q) -> bool:
@@ -367,7 +379,7 @@ def record_delivery(job_id: Any, chars: int, seconds: float, *, hold_waiter: boo
 def renew_waiter(job_id: Any) -> bool:
     """The waiting client is still connected: its lease on the job runs TTS_WAITER_LEASE_SECONDS more.
 
-    False when the job is no longer active (nothing to hold).
+    False when the job is no longer held (ended, or settled by its answer).
     """
     with transaction.atomic(durable=True):
         return _renew_waiter(job_id)
@@ -375,7 +387,7 @@ def renew_waiter(job_id: Any) -> bool:
 
 def _renew_waiter(job_id: Any) -> bool:
     lease = dt.timedelta(seconds=settings.TTS_WAITER_LEASE_SECONDS)
-    return bool(SynthesisJob.objects.filter(ACTIVE, id=job_id).update(waiter_until=Now() + lease))
+    return bool(SynthesisJob.objects.filter(HELD, id=job_id).update(waiter_until=Now() + lease))
 
 
 def abandon_lapsed_waiters(limit: int = 500) -> int:
@@ -387,14 +399,14 @@ def abandon_lapsed_waiters(limit: int = 500) -> int:
     """
     lapsed = Q(waiter_until__lt=Now())
     ids = list(
-        SynthesisJob.objects.filter(ACTIVE & lapsed)
+        SynthesisJob.objects.filter(HELD & lapsed)
         .order_by("waiter_until")
         .values_list("id", flat=True)[:limit]
     )
     abandoned = 0
     for job_id in ids:
         with transaction.atomic(durable=True):
-            abandoned += _abandon(job_id, lapsed)
+            abandoned += _abandon(job_id, lapsed) or _leave_answer(job_id, lapsed)
         log.info("job %s abandoned: its waiting client's lease lapsed", job_id)
     return abandoned
 
@@ -700,9 +712,7 @@ def complete_job(
         Organization.objects.filter(id=OuterRef("organization_id")).values("plan__retention_days")
     )
     with transaction.atomic(durable=True):
-        # One statement: the row lock, the check that this attempt still owns the job and no
-        # cancel was asked for, and the expiry from the tenant's plan.
-        published = SynthesisJob.objects.filter(_current(token), id=job_id, cancel_requested=False).update(
+        outcome: dict[str, Any] = dict(
             status=Status.SUCCEEDED,
             progress=1.0,
             stage="done",
@@ -718,13 +728,47 @@ def complete_job(
                 output_field=DateTimeField(),
             ),
         )
+        # One statement: the row lock, the check that this attempt still owns the job and no
+        # cancel was asked for, and the expiry from the tenant's plan. A job without a waiting client
+        # is settled here; one with (its lease held) by its answer, and is published by a second try.
+        published = SynthesisJob.objects.filter(
+            _current(token), id=job_id, cancel_requested=False, waiter_until__isnull=True
+        ).update(**outcome)
+        settle_now = bool(published)
+        if not published:
+            published = SynthesisJob.objects.filter(
+                _current(token), id=job_id, cancel_requested=False, waiter_until__isnull=False
+            ).update(**outcome)
         if not published:
             # Taken over (a no-op here), or a cancel was asked for meanwhile: then it ends canceled.
             _cancel(job_id, _current(token) & Q(cancel_requested=True))
             return False
         notify.job_changed(job_id, Status.SUCCEEDED, 1.0)
-        # The whole text, and audio past the bound per character by its seconds.
-        _settle(job_id, (Part(PartKind.FRESH), ledger.audio_seconds_part(duration_seconds)))
+        if settle_now:
+            _settle(job_id, _completed(duration_seconds))
+    return True
+
+
+def answer_handed(job_id: Any) -> bool:
+    """The waiting client's answer was handed to its connection (a whole file's first block, or a
+    stream's last): the job is settled as a completion. False when it was settled already."""
+    with transaction.atomic(durable=True):
+        job = _transition(job_id, AWAITING_ANSWER, waiter_until=None)
+        if job is None:
+            return False
+        _settle(job.id, _completed(float(job.duration_seconds or 0)))
+        return True
+
+
+def _leave_answer(job_id: Any, allowed: Q) -> bool:
+    """The waiting client of a succeeded job went away before its whole answer was handed: charged
+    what its stream handed (nothing for a whole file), and the audio removed at once, so that a
+    replay of the request (its Idempotency-Key) cannot fetch what was not paid for."""
+    job = _transition(job_id, AWAITING_ANSWER & allowed, waiter_until=None)
+    if job is None:
+        return False
+    _settle(job.id, _delivered(job))
+    transaction.on_commit(lambda: expire_audio(job_id, immediately=True), robust=True)
     return True
 
 

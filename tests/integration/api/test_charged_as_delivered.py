@@ -199,6 +199,8 @@ def test_the_same_idempotency_key_twice_is_one_job_and_one_charge(live_tenant: A
     assert first.content == again.content
     job = SynthesisJob.objects.get(organization=t.org)
     charges = UsageEvent.objects.filter(job_key=job.id, kind="charge")
+    # Settled as its answer was handed: a moment after the client may have read it all.
+    _wait_until(charges.exists, 10, "the answer's settlement")
     assert [c.characters for c in charges] == [job.text_chars]
     assert UsagePeriod.objects.get(organization=t.org).characters_used == job.text_chars
     other = _post_openai(web, t.raw_key, {**body, "input": "Something else."}, headers=key, timeout=60)
@@ -346,3 +348,59 @@ def test_audio_far_longer_than_its_characters_is_charged_by_its_seconds(live_ten
     r = t.client.post("/api/v1/speech", {"text": text, "voice": "espeak-en-us"})
     plain = wait_finished(t.client, r.json()["id"])
     assert _settlement(plain["id"]).characters == len(text)
+
+
+WHOLE_FILE = {"model": "tts-1", "voice": "alloy", "input": "Answered whole, once.", "response_format": "wav"}
+
+
+def test_a_whole_file_answer_is_charged_once_its_first_block_is_handed(live_tenant: Any) -> None:
+    from webapp.speech.models import SynthesisJob
+
+    t = live_tenant()
+    # Django's test client returns the answer once the job succeeded, before any of it is read.
+    answer = t.client.post("/v1/audio/speech", WHOLE_FILE)
+    assert answer.status_code == 200 and answer.streaming
+    job = SynthesisJob.objects.get(organization=t.org)
+    assert job.status == "succeeded" and job.waiter_until is not None
+    assert _settlement(job.id) is None, "charged before its answer was handed"
+    # The server takes the first block, sends it and asks for the next: then it is charged.
+    blocks = iter(answer.streaming_content)
+    first = next(blocks)
+    assert first.startswith(b"RIFF") and _settlement(job.id) is None
+    rest = list(blocks)
+    settled = _settlement(job.id)
+    assert (settled.kind, settled.characters) == ("charge", job.text_chars)
+    with open(_media(job), "rb") as stored:
+        assert b"".join([first, *rest]) == stored.read()
+    job.refresh_from_db()
+    assert job.waiter_until is None and job.status == "succeeded"
+
+
+def test_a_waiter_gone_after_its_job_succeeded_but_before_its_answer_pays_nothing(live_tenant: Any) -> None:
+    from webapp.speech import lifecycle
+    from webapp.speech.models import SynthesisJob
+
+    t = live_tenant()
+    key = {"HTTP_IDEMPOTENCY_KEY": "left-as-it-finished"}
+    answer = t.client.post("/v1/audio/speech", WHOLE_FILE, **key)
+    assert answer.status_code == 200
+    job = SynthesisJob.objects.get(organization=t.org)
+    audio = _media(job)
+    answer.close()  # never read: the client went away as its answer was about to be sent
+    assert _settlement(job.id) is None
+    # Its lease lapses (4 s in tests): the reaper settles it as a client that left.
+    _wait_until(lambda: lifecycle.abandon_lapsed_waiters() or _settlement(job.id), 15, "the lease to lapse")
+    settled = _settlement(job.id)
+    assert (settled.kind, settled.characters) == ("release", 0)
+    job.refresh_from_db()
+    assert job.status == "expired" and not os.path.exists(audio), "the unpaid audio is still there"
+    # A replay of the request cannot fetch what was not paid for.
+    replay = t.client.post("/v1/audio/speech", WHOLE_FILE, **key)
+    assert replay.status_code >= 400
+    assert _settlement(job.id).kind == "release"
+
+
+def _media(job: Any) -> str:
+    from webapp.speech.services.files import media_path
+
+    return media_path(job.audio_path)

@@ -1,7 +1,10 @@
 """``POST /v1/audio/speech``: OpenAI's speech endpoint on top of ordinary jobs.
 
 It runs a normal job (quota, history, limits and rate apply), waits for it up
-to ``TTS_OPENAI_WAIT_SECONDS`` and answers with the audio bytes. On that
+to ``TTS_OPENAI_WAIT_SECONDS`` and answers with the audio bytes. The job is
+settled by that answer: charged once its first block (a stream's last) was
+handed to the connection, and for what its stream handed if the client left
+first (``lifecycle.answer_handed``, ``abandon_job``). On that
 timeout the job is canceled, its characters given back, and the answer is a
 504 (``x-should-retry: false``). The request holds the job's waiter lease while
 it waits: a client that disconnects abandons the job at once, and one whose web
@@ -16,12 +19,13 @@ clients send more over time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any, BinaryIO, cast
+import os
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, BinaryIO
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import FileResponse, HttpRequest, HttpResponse
+from django.http import HttpRequest, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -125,8 +129,8 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
 def _leave(job_id: Any) -> None:
     """The waiting client disconnected before its answer was sent: the job ends, nothing charged."""
     job = SynthesisJob.objects.filter(pk=job_id).first()
-    if job is not None and not job.is_finished:
-        lifecycle.abandon_job(job)
+    if job is not None:
+        lifecycle.abandon_job(job)  # also a job that succeeded as it left: its answer was never sent
 
 
 def _submit(request: Request, organization: Organization, data: dict[str, Any]) -> SynthesisJob:
@@ -141,38 +145,46 @@ def _submit(request: Request, organization: Organization, data: dict[str, Any]) 
 READ_BLOCK = 1024 * 1024  # bytes of the file in memory at once while an answer is sent
 
 
-class AudioFileResponse(FileResponse):
-    """A stored audio file that, under ASGI, is read block by block as the server sends it.
+def _open_binary(path: str) -> BinaryIO:
+    return open(path, "rb")  # closed by the response
 
-    Django serves a sync iterator under ASGI by reading all of it into a list
-    first (and warns that it does): a long job's WAV (26 MB for ten minutes)
-    sat whole in the web process for every request answered with it. Here the
-    file is read ``READ_BLOCK`` at a time in a pool thread when the server asks
-    for more (a usual answer of a few hundred KB in one read, as before); under
-    WSGI the file is iterated as before.
+
+class AnswerResponse(StreamingHttpResponse):
+    """A finished job's stored audio as the waiting client's answer, read ``READ_BLOCK`` at a time
+    as the server sends it, which settles the job once it took the first block
+    (``lifecycle.answer_handed``: a no-op for a job settled already, such as a replay's).
+
+    Under ASGI each block is read in a pool thread (Django would read a sync iterator whole
+    before sending any of it: a ten-minute WAV is 26 MB); under WSGI and in Django's test client
+    the sync iterator is read.
     """
+
+    def __init__(self, path: str, media_type: str, job_id: Any) -> None:
+        self.path, self.job_id = path, job_id
+        super().__init__(self._blocks(), content_type=media_type)
+        self["Content-Length"] = str(os.path.getsize(path))
+
+    def _blocks(self) -> Iterator[bytes]:
+        with open(self.path, "rb") as handle:
+            taken = 0
+            while block := handle.read(READ_BLOCK):
+                yield block
+                taken += 1
+                if taken == 1:
+                    lifecycle.answer_handed(self.job_id)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
-        read = sync_to_async(cast(BinaryIO, self.file_to_stream).read, thread_sensitive=False)
-        while True:
-            block = await read(READ_BLOCK)
-            if block:
+        handle = await sync_to_async(_open_binary, thread_sensitive=False)(self.path)
+        read = sync_to_async(handle.read, thread_sensitive=False)
+        try:
+            taken = 0
+            while block := await read(READ_BLOCK):
                 yield block
-            if len(block) < READ_BLOCK:  # a short read of a regular file is its end
-                return
-
-
-def audio_response(path: str, media_type: str) -> HttpResponseBase:
-    """The stored file as an answer: one of at most ``READ_BLOCK`` read now, in the
-    thread that answers, and sent as it is; a larger one read block by block as it
-    is sent (each block one more hop to a pool thread).
-    """
-    handle = open(path, "rb")  # the response closes it
-    blocks = AudioFileResponse(handle, content_type=media_type)
-    if int(blocks.get("Content-Length", str(READ_BLOCK + 1))) > READ_BLOCK:
-        return blocks
-    with handle:
-        return HttpResponse(handle.read(), headers=dict(blocks.items()))
+                taken += 1
+                if taken == 1:
+                    await sync_to_async(lifecycle.answer_handed, thread_sensitive=False)(self.job_id)
+        finally:
+            handle.close()
 
 
 def deliver(job_id: Any) -> HttpResponseBase:
@@ -182,7 +194,7 @@ def deliver(job_id: Any) -> HttpResponseBase:
         pk=job_id
     )
     if status == SynthesisJob.Status.SUCCEEDED and audio_path:
-        return audio_response(media_path(audio_path), content_type(audio_format))
+        return AnswerResponse(media_path(audio_path), content_type(audio_format), job_id)
     raise _not_delivered(SynthesisJob.objects.get(pk=job_id))
 
 

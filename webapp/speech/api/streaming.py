@@ -267,14 +267,20 @@ class JobStream:
                 self._record(final=True)
             return
         job = SynthesisJob.objects.filter(pk=self.job_id).first()
-        if job is None or job.is_finished:
-            return
-        lifecycle.abandon_job(job, *self.delivery())
+        if job is not None:
+            lifecycle.abandon_job(job, *self.delivery())  # a no-op for a job settled already
+
+    def handed_to_the_end(self) -> None:
+        """The server took the stream's last chunk: on the OpenAI route, the job is settled as a completion."""
+        self.close()
+        if self.abandon_on_close:
+            lifecycle.answer_handed(self.job_id)
 
     # -- the two ways a server iterates a response ------------------------------------------------
     # Each subscribes before its first step: what is published after that waits in the subscription.
     def __iter__(self) -> Iterator[bytes]:
         wakeups = SyncWakeups(self.job_id)
+        to_the_end = False
         try:
             while not self.done:
                 self.row_check_seconds = wakeups.row_check_seconds
@@ -284,13 +290,17 @@ class JobStream:
                     self.handed()  # the server asked for more: it took that chunk
                 elif not self.done:
                     wakeups.wait()
+            to_the_end = True
         finally:
             wakeups.close()
-            if not self.done:
+            if to_the_end:
+                self.handed_to_the_end()
+            else:
                 self.give_up()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         wakeups = await AsyncWakeups(self.job_id).open()
+        to_the_end = False
         try:
             while not self.done:
                 self.row_check_seconds = wakeups.row_check_seconds
@@ -300,10 +310,11 @@ class JobStream:
                     self.handed()  # the server sent it and asked for more
                 elif not self.done:
                     await wakeups.wait()
+            to_the_end = True
         finally:
             await asyncio.shield(wakeups.close())
-            if not self.done:
-                await asyncio.shield(sync_to_async(self.give_up)())
+            ending = self.handed_to_the_end if to_the_end else self.give_up
+            await asyncio.shield(sync_to_async(ending)())
 
 
 class JobStreamResponse(StreamingHttpResponse):
