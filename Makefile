@@ -37,10 +37,12 @@ test: bootstrap lint typecheck
 	.venv/bin/pytest -m "not load" $(PYTEST_ARGS)
 	tests/gpu/check.sh --device cpu
 
-# The images (deploy/container/) built with podman and the rendered `local` overlay run with
-# `podman kube play`: a real job through the web container, a worker container killed mid-job.
-# Installs podman, runc, catatonit and debootstrap when missing (tests/containers/prepare.sh).
+# Every overlay validated (validate-k8s), then the images (deploy/container/) built with podman and
+# the rendered `local` overlay run with `podman kube play`: a real job through the web container, a
+# worker container killed mid-job. Installs podman, runc, catatonit and debootstrap when missing
+# (tests/containers/prepare.sh).
 test-containers: bootstrap
+	deploy/k8s/validate.sh
 	tests/containers/prepare.sh
 	.venv/bin/pytest -m containers tests/containers $(PYTEST_ARGS)
 

@@ -14,7 +14,8 @@ security contexts, resources, commands and environment):
   listener binds 127.0.0.1 on a port of the test's: the web's ``--bind``, the edge's ports;
 - a Secret's key read by ``secretKeyRef`` becomes the value the test gives (a key it does not
   give fails here, as a missing key would fail the pod); a Secret volume becomes a hostPath
-  folder holding the same items;
+  folder holding the same items; ``fieldRef: status.podIP`` becomes 127.0.0.1 and ``$(NAME)``
+  references are expanded, neither of which podman 4.3 does;
 - init containers are dropped, and their command (``prepare_var``) runs in front of the main
   command: podman 4.3 restarts a finished init container under the pod's ``restartPolicy: Always``
   and never starts the main one; ``migrate --check`` has nothing to wait for after the one-off
@@ -26,6 +27,7 @@ security contexts, resources, commands and environment):
 from __future__ import annotations
 
 import copy
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -89,15 +91,32 @@ def _secret_value(plan: PodmanPlan, ref: Mapping[str, Any]) -> str | None:
     raise MissingSecretKey(f"Secret {name} has no key {key!r} (the test's stand-in for it)")
 
 
-def _env(plan: PodmanPlan, env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+# The pod's own address, read through the downward API: the host's loopback here.
+FIELDS = {"status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
+_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def _env(plan: PodmanPlan, env: list[dict[str, Any]], known: dict[str, str]) -> list[dict[str, Any]]:
+    """Literal values: Secret keys and downward-API fields resolved, ``$(NAME)`` expanded.
+
+    podman 4.3 supports neither ``fieldRef: status.podIP`` nor Kubernetes' ``$(NAME)`` references
+    to variables defined before (the ConfigMap's through envFrom, then the list's own, in order).
+    """
     out = []
+    known = dict(known)
     for item in env:
-        ref = item.get("valueFrom", {}).get("secretKeyRef")
-        if ref is None:
-            out.append(item)
+        source = item.get("valueFrom", {})
+        if "secretKeyRef" in source:
+            value = _secret_value(plan, source["secretKeyRef"])
+        elif "fieldRef" in source:
+            value = FIELDS[source["fieldRef"]["fieldPath"]]
+        elif "value" in item:
+            value = _REFERENCE.sub(lambda m: known.get(m.group(1), m.group(0)), str(item["value"]))
+        else:
+            out.append(item)  # a ConfigMap key, which podman reads itself
             continue
-        value = _secret_value(plan, ref)
         if value is not None:
+            known[item["name"]] = value
             out.append({"name": item["name"], "value": value})
     return out
 
@@ -125,13 +144,16 @@ def _loopback(plan: PodmanPlan, container: dict[str, Any]) -> None:
     container.pop("ports", None)
 
 
-def _pod(plan: PodmanPlan, spec: dict[str, Any]) -> None:
+def _pod(plan: PodmanPlan, spec: dict[str, Any], config_maps: Mapping[str, Mapping[str, str]]) -> None:
     spec["hostNetwork"] = True
     prepare = [c["command"] for c in spec.pop("initContainers", []) if "prepare_var" in c.get("command", [])]
     for container in spec["containers"]:
         for probe in PROBES:
             container.pop(probe, None)
-        container["env"] = _env(plan, container.get("env", []))
+        known: dict[str, str] = {}
+        for source in container.get("envFrom", []):
+            known.update(config_maps.get(source.get("configMapRef", {}).get("name", ""), {}))
+        container["env"] = _env(plan, container.get("env", []), known)
         _loopback(plan, container)
         if prepare and container.get("command"):
             # The init step, then the main command, in one shell: `exec` keeps the main process pid 1.
@@ -144,6 +166,14 @@ def _pod(plan: PodmanPlan, spec: dict[str, Any]) -> None:
 
 
 def for_podman(docs: list[dict[str, Any]], plan: PodmanPlan) -> list[dict[str, Any]]:
+    config_maps = {
+        d["metadata"]["name"]: {
+            **d.get("data", {}),
+            **(plan.settings if d["metadata"]["name"].startswith("tts-settings") else {}),
+        }
+        for d in docs
+        if d.get("kind") == "ConfigMap"
+    }
     out = []
     for original in docs:
         doc = copy.deepcopy(original)
@@ -158,7 +188,7 @@ def for_podman(docs: list[dict[str, Any]], plan: PodmanPlan) -> list[dict[str, A
         if kind == "Deployment":
             doc["spec"].pop("strategy", None)
             doc["spec"]["replicas"] = plan.replicas.get(name, 1)
-            _pod(plan, doc["spec"]["template"]["spec"])
+            _pod(plan, doc["spec"]["template"]["spec"], config_maps)
         out.append(doc)
     return out
 

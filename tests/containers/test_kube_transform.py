@@ -69,6 +69,8 @@ def test_podman_gets_deployments_on_loopback_with_every_secret_resolved(
             assert not {"livenessProbe", "readinessProbe", "startupProbe"} & set(container)
     web = deployments["tts-web"]["spec"]["template"]["spec"]["containers"][0]
     assert "127.0.0.1:21001" in web["command"] and "prepare_var" in web["command"][2]
+    for name, value in ((e["name"], e.get("value", "")) for e in web["env"]):
+        assert "$(" not in value and "valueFrom" not in web["env"], (name, value)
     edge_env = {
         e["name"]: e.get("value")
         for e in deployments["tts-edge"]["spec"]["template"]["spec"]["containers"][0]["env"]

@@ -35,7 +35,6 @@ from typing import Any
 import psycopg
 import pytest
 import requests
-import urllib3
 
 from deploy import stack as deploy_stack
 from deploy.stack import StackConfig, Supervisor
@@ -65,8 +64,6 @@ SETTINGS = {
     "TTS_GUNICORN_WORKERS": "1",
     "TTS_FAST_PASSWORD_HASHER": "1",
 }
-
-urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
 
 def podman(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -163,7 +160,8 @@ class Deployment:
         self.https_port = https_port
         self.session = requests.Session()
         self.session.trust_env = False  # the machine's proxy and CA variables are not ours
-        self.session.verify = False
+        # The edge's certificate, made for this run (CN localhost, SAN 127.0.0.1): TLS is checked too.
+        self.session.verify = str(VAR / "secrets" / "tts-tls" / "tls.crt")
         self.session.headers["Authorization"] = f"Bearer {key}"
 
     def url(self, path: str) -> str:
@@ -176,6 +174,17 @@ class Deployment:
             ).fetchone()
         assert row is not None, job_id
         return dict(zip(("status", "stage", "worker", "attempts"), row, strict=True))
+
+    def wait_for_voice(self, voice: str, timeout: float = 180) -> None:
+        """The workers add the built-in voices to the catalogue as they start (after their models load)."""
+
+        def listed() -> bool:
+            with contextlib.suppress(requests.RequestException):
+                response = self.session.get(self.url("/api/v1/voices?limit=100"), timeout=10)
+                return response.status_code == 200 and voice in response.text
+            return False
+
+        wait_until(f"voice {voice} listed", listed, timeout, every=2)
 
     def submit(self, text: str, voice: str, timeout: float = 240) -> str:
         """POST a job; a 503 (no worker yet: the pods are still loading their models) is retried."""
@@ -297,6 +306,19 @@ def _worker_containers() -> dict[str, str]:
     return out
 
 
+def _remove_pods(played: list[dict[str, Any]]) -> None:
+    """Every pod `kube play` made of these Deployments, also those a failed play left behind."""
+    prefixes = tuple(f"{d['metadata']['name']}-pod-" for d in played if d["kind"] == "Deployment")
+    pods = [
+        p
+        for p in podman("pod", "ps", "--format", "{{.Name}}", check=False).stdout.split()
+        if p.startswith(prefixes)
+    ]
+    if pods:
+        podman("pod", "rm", "-f", "-t", "5", *pods, timeout=300, check=False)
+    podman("volume", "rm", "-f", "tts-media", check=False)
+
+
 @pytest.fixture(scope="module")
 def deployment(data_services: StackConfig) -> Iterator[Deployment]:
     cfg = data_services
@@ -342,6 +364,7 @@ def deployment(data_services: StackConfig) -> Iterator[Deployment]:
         if d["kind"] == "Deployment" and d["metadata"]["name"] == "tts-web"
         for c in d["spec"]["template"]["spec"]["containers"]
     }
+    _remove_pods(played)  # what an interrupted run left
     try:
         t = time.monotonic()
         _one_off(web_image, env_file, "python", "manage.py", "migrate", "--noinput", "-v", "0")
@@ -370,10 +393,10 @@ def deployment(data_services: StackConfig) -> Iterator[Deployment]:
         logs.mkdir()
         for name in podman("ps", "-a", "--format", "{{.Names}}", check=False).stdout.split():
             if name.startswith("tts-"):
-                (logs / f"{name}.log").write_text(podman("logs", name, check=False).stdout)
+                done = podman("logs", name, check=False)
+                (logs / f"{name}.log").write_text(done.stdout + done.stderr)
         podman("kube", "down", str(play), timeout=300, check=False)
-        for volume in ("tts-media",):
-            podman("volume", "rm", "-f", volume, check=False)
+        _remove_pods(played)
         timings["whole run"] = time.monotonic() - t0
         (VAR / "run-timings.json").write_text(json.dumps(timings, indent=1))
         print("\n" + "\n".join(f"timing: {k} {v:.0f}s" for k, v in timings.items()))
@@ -384,10 +407,14 @@ def test_a_job_through_the_web_container_and_a_killed_worker(deployment: Deploym
     # 1. A real job: submitted through the edge and the web container, synthesised by a worker
     #    container, its audio read through the edge from the shared media volume.
     t = time.monotonic()
+    dep.wait_for_voice(ESPEAK)
+    dep.wait_for_voice(PIPER)
+    print(f"\nthe workers' voices listed {time.monotonic() - t:.1f}s after the web answered")
+    t = time.monotonic()
     first = dep.finished(dep.submit("Hello from the containers.", ESPEAK), timeout=120)
     audio = dep.audio(first)
     assert audio[:4] == b"RIFF" and len(audio) > 10_000, audio[:16]
-    print(f"\nfirst job: {time.monotonic() - t:.1f}s from submit to audio")
+    print(f"first job: {time.monotonic() - t:.1f}s from submit to audio")
 
     # 2. The worker container running a long job dies (SIGKILL: parent and children at once, as
     #    when a node fails); the job finishes on the other replica or the restarted container.
