@@ -1,33 +1,75 @@
-"""gunicorn's worker for the web tier: uvicorn's, with small write buffers on every connection.
+"""gunicorn's worker for the web tier: uvicorn's, with small write buffers on every connection,
+and an ASGI extension that says when what a connection was handed has left for Nginx.
 
-A streamed answer charges what the server took from it (webapp/speech/api/streaming.py): audio
-taken but still in a buffer between this process and the client when the client leaves is charged
-and never heard. With the defaults, uvicorn keeps up to 64 KiB per connection before it stops taking
-more, and the kernel about 200 KiB more in the socket to Nginx (which passes streams on unbuffered):
-together more than a sentence of 24 kHz PCM. With STREAM_BUFFER_BYTES each, a send returns once at
-most that much is queued here, and the kernel holds about twice that (it doubles SO_SNDBUF).
-Measured by the soak's OpenAI clients that leave at random (tests/bench/bench_soak.py).
+A streamed answer charges what the server handed on (webapp/speech/api/streaming.py): audio
+still in a buffer between this process and the client when the client leaves is charged and
+never heard. With the defaults, uvicorn keeps up to 64 KiB per connection before it stops taking
+more, and the kernel about 200 KiB more in the socket to Nginx: more than a sentence of 24 kHz
+PCM. Here uvicorn keeps STREAM_BUFFER_BYTES and the socket about twice that (the kernel doubles
+SO_SNDBUF), and ``scope["extensions"]["tts.wait_sent"]`` waits until both are empty: Nginx took
+it (it passes streams on unbuffered, to a client whose socket then has it), or says the
+connection closed first. A stream counts a chunk handed only after that wait said it left. Measured by the soak's OpenAI clients that leave at random
+(tests/bench/bench_soak.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import socket
+import struct
+import termios
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
 STREAM_BUFFER_BYTES = 16 * 1024
+# The name webapp/speech/api/streaming.py looks for (deploy is not imported by the app).
+WAIT_SENT_EXTENSION = "tts.wait_sent"
+# Polled: the kernel tells no one when a socket's queue empties. Short at first (Nginx takes a
+# chunk within a millisecond or two), then up to this while a slow client holds Nginx back.
+_POLL_FIRST, _POLL_MOST, _FAST_POLLS = 0.001, 0.05, 100
+
+
+def unsent_bytes(sock: socket.socket) -> int:
+    """Bytes written to the socket that its peer has not read yet (SIOCOUTQ, as TIOCOUTQ)."""
+    return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0])
 
 
 class SmallBufferProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         transport.set_write_buffer_limits(high=STREAM_BUFFER_BYTES)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_BUFFER_BYTES)
+        self.sock: socket.socket | None = transport.get_extra_info("socket")
+        if self.sock is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_BUFFER_BYTES)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[typeddict-item]
+        extensions[WAIT_SENT_EXTENSION] = self.wait_sent
+
+    async def wait_sent(self) -> bool:
+        """Wait until this connection's buffers are empty: True, what it was handed left for Nginx;
+        False when the connection closed first (uvicorn drops what is sent after that, silently).
+
+        The close is looked at first: once Nginx closed the socket, the kernel discards what it
+        had not read, and the queue looks empty. A chunk Nginx took in the last poll before its
+        close is not counted (the client's favour, by at most one chunk).
+        """
+        pause, polls = _POLL_FIRST, 0
+        while True:
+            if self.transport.is_closing():
+                return False
+            if self.transport.get_write_buffer_size() == 0 and (
+                self.sock is None or unsent_bytes(self.sock) == 0
+            ):
+                return True
+            await asyncio.sleep(pause)
+            polls += 1
+            if polls > _FAST_POLLS:
+                pause = min(pause * 2, _POLL_MOST)
 
 
 class Worker(UvicornWorker):

@@ -19,12 +19,15 @@ between two finished jobs.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import math
 import os
 import random
 import re
 import shutil
 import signal
+import socket
+import ssl
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -82,6 +85,9 @@ class SoakResult:
     refusals: int = 0
     leavers: int = 0  # OpenAI clients that disconnected at a random moment
     leavers_charged_more: list[str] = field(default_factory=list)  # charged past what they received
+    # Of those, charged for more than the audio that can be in transit past the web process as a
+    # client leaves (IN_TRANSIT_BYTES): what the server cannot know was not received.
+    leavers_charged_beyond_transit: list[str] = field(default_factory=list)
     leavers_charged_chars: int = 0
     leavers_received_chars: int = 0
 
@@ -98,7 +104,9 @@ class SoakResult:
             f"submissions refused during outages {self.refusals}",
             f"soak: {self.leavers} OpenAI clients disconnected at random: charged "
             f"{self.leavers_charged_chars} characters for {self.leavers_received_chars} received; "
-            f"charged more than received {len(self.leavers_charged_more)}",
+            f"charged more than received {len(self.leavers_charged_more)} (sentences whose last "
+            f"{IN_TRANSIT_BYTES // 1024} KiB or less were still in transit), "
+            f"beyond that {len(self.leavers_charged_beyond_transit)}",
         ]
 
 
@@ -201,6 +209,11 @@ LEAVER_EVERY = 50  # one OpenAI client that disconnects at random per this many 
 LEAVER_SENTENCE = "A soak sentence that the client may not hear."
 LEAVER_SENTENCES = 6
 LEAVER_TEXT = " ".join([LEAVER_SENTENCE] * LEAVER_SENTENCES)
+# What may be past the web process, not yet at the client, as it leaves: the server counts a chunk
+# handed once Nginx took it (deploy/asgi_worker.py); Nginx's buffer, its TLS record and the
+# loopback's queues hold the rest (up to 34 KB seen under the soak's load). 64 KiB is 1.4 s of the
+# streamed 24 kHz PCM, less than one of the leavers' sentences.
+IN_TRANSIT_BYTES = 64 * 1024
 
 
 @dataclass
@@ -235,24 +248,85 @@ def _sentence_bytes(stack: StackProcess, session: requests.Session) -> float:
     raise RuntimeError("no reference stream of the leavers' text")
 
 
-def _leave_at_random(stack: StackProcess, session: requests.Session) -> Leaver:
+def _dechunk(body: bytes) -> int:
+    """Bytes of payload in a chunked body, however much of it arrived (a partial last chunk counts)."""
+    payload, at = 0, 0
+    while True:
+        end = body.find(b"\r\n", at)
+        if end < 0:
+            return payload
+        size = int(body[at:end].split(b";")[0] or b"0", 16)
+        if size == 0:
+            return payload
+        start = end + 2
+        payload += min(size, len(body) - start)
+        if len(body) < start + size:
+            return payload
+        at = start + size + 2
+
+
+def _stream_then_leave(stack: StackProcess, api_key: str, idempotency_key: str, patience: float) -> int:
+    """A streamed OpenAI request read for ``patience`` seconds after its headers; returns the PCM bytes
+    its connection received: what it read, and what had reached its socket when it left (read then,
+    without waiting, before the close). A plain TLS socket: a client library's buffers and chunk
+    sizes would hide how much had arrived."""
+    body = json.dumps(
+        {"model": "tts-1", "voice": "espeak-en-us", "input": LEAVER_TEXT, "response_format": "pcm"}
+    ).encode()
+    port = stack.ports["TTS_HTTPS_PORT"]
+    head = (
+        f"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {api_key}\r\n"
+        f"Idempotency-Key: {idempotency_key}\r\nX-Stainless-Raw-Response: stream\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as conn:
+            conn.sendall(head.encode() + body)
+            received = bytearray()
+            while b"\r\n\r\n" not in received:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return 0
+                received += chunk
+            status_line, _, rest = bytes(received).partition(b"\r\n\r\n")
+            if int(status_line.split()[1]) != 200:
+                return 0
+            answer = bytearray(rest)
+            deadline = time.monotonic() + patience
+            while (left := deadline - time.monotonic()) > 0:
+                conn.settimeout(left)
+                try:
+                    chunk = conn.recv(65536)
+                except TimeoutError:
+                    break
+                if not chunk:
+                    break
+                answer += chunk
+            conn.setblocking(False)  # leaving: what is here already was received
+            while True:
+                try:
+                    chunk = conn.recv(65536)
+                except (ssl.SSLWantReadError, BlockingIOError):
+                    break
+                if not chunk:
+                    break
+                answer += chunk
+    return _dechunk(bytes(answer))
+
+
+def _leave_at_random(stack: StackProcess, session: requests.Session, api_key: str) -> Leaver:
     """A client that stops at a random moment: a stream read until then, or a whole file not waited for."""
     leaver = Leaver(key=str(uuid.uuid4()), streamed=random.random() < 0.7)
     patience = random.uniform(0.2, 4.0)
     try:
         if leaver.streamed:
-            response = _openai(stack, session, leaver.key, True, timeout=(10, 30))
-            deadline = time.monotonic() + patience
-            if response.status_code == 200:
-                for chunk in response.iter_content(chunk_size=4096):
-                    leaver.received_bytes += len(chunk)
-                    if time.monotonic() >= deadline:
-                        break
-            response.close()  # gone, mid-stream or not
+            leaver.received_bytes = _stream_then_leave(stack, api_key, leaver.key, patience)
         else:
             response = _openai(stack, session, leaver.key, False, timeout=(10, patience))
             leaver.whole_file = response.status_code == 200
-    except requests.RequestException:
+    except (requests.RequestException, OSError):
         pass  # the read timed out (the client gave up), or an outage: nothing received
     return leaver
 
@@ -261,14 +335,14 @@ class Leavers:
     """Sends a leaving OpenAI client whenever LEAVER_EVERY more soak jobs were submitted."""
 
     def __init__(self, stack: StackProcess, key: str) -> None:
-        self.stack, self.session = stack, api_session(key)
+        self.stack, self.session, self.key = stack, api_session(key), key
         self.sentence_bytes = _sentence_bytes(stack, self.session)
         self.pool = concurrent.futures.ThreadPoolExecutor(2)
         self.sent: list[concurrent.futures.Future[Leaver]] = []
 
     def on_submitted(self, n: int) -> None:
         if n and n % LEAVER_EVERY == 0:
-            self.sent.append(self.pool.submit(_leave_at_random, self.stack, self.session))
+            self.sent.append(self.pool.submit(_leave_at_random, self.stack, self.session, self.key))
 
     def finish(self) -> list[Leaver]:
         self.pool.shutdown(wait=True)
@@ -307,7 +381,13 @@ def _check_leavers(books: Books, leavers: Leavers, done: list[Leaver], result: S
         result.leavers_charged_chars += chars
         result.leavers_received_chars += allowed
         if chars > allowed:
-            result.leavers_charged_more.append(f"{job_id}: charged {chars}, received {allowed}")
+            how = f"streamed, {leaver.received_bytes} bytes read" if leaver.streamed else "whole file"
+            result.leavers_charged_more.append(f"{job_id} ({how}): charged {chars}, received {allowed}")
+            # The bytes the charged sentences hold that never arrived (all of them for a whole file).
+            sentences = math.ceil(chars * LEAVER_SENTENCES / text_chars)
+            short = sentences * leavers.sentence_bytes - leaver.received_bytes
+            if not leaver.streamed or short > IN_TRANSIT_BYTES:
+                result.leavers_charged_beyond_transit.append(f"{job_id} ({how}): {short:.0f} bytes short")
 
 
 def _drive(

@@ -37,7 +37,13 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.problems import render
 from webapp.speech import lifecycle
 from webapp.speech.api.serializers import OpenAISpeechSerializer
-from webapp.speech.api.streaming import STREAMABLE, JobStream, JobStreamResponse, wants_stream
+from webapp.speech.api.streaming import (
+    STREAMABLE,
+    JobStream,
+    JobStreamResponse,
+    server_wait_sent,
+    wants_stream,
+)
 from webapp.speech.api.views import TenantAPIView, submit
 from webapp.speech.api.waiting import Wait, WaiterLease, WaitingAPIView, WaitSlot, wait_view
 from webapp.speech.models import SynthesisJob
@@ -113,7 +119,13 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
         try:
             job = _submit(request, self.organization, serializer.validated_data)
             if wants_stream(request, serializer.validated_data) and job.format in STREAMABLE:
-                stream = JobStream(job.pk, job.format, abandon_on_close=True, start_within=wait)
+                stream = JobStream(
+                    job.pk,
+                    job.format,
+                    abandon_on_close=True,
+                    start_within=wait,
+                    wait_sent=server_wait_sent(request),
+                )
                 return slot.given_back_on_close(JobStreamResponse(stream))
         except BaseException:
             slot.give_back()  # refused, or broken: nothing waits

@@ -20,7 +20,7 @@ import asyncio
 import math
 import struct
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, BinaryIO, cast
 
 from asgiref.sync import sync_to_async
@@ -112,11 +112,29 @@ class LiveEncoder:
         return self.sink.take()
 
 
+WaitSent = Callable[[], Awaitable[bool]]
+# The name under which gunicorn's worker (deploy/asgi_worker.py) offers its wait in the ASGI scope.
+WAIT_SENT_EXTENSION = "tts.wait_sent"
+
+
+def server_wait_sent(request: Any) -> WaitSent | None:
+    """The server's wait until what a connection was handed left the process (None: it has none,
+    as under WSGI or in Django's test client, where a chunk counts as handed once taken)."""
+    extensions = (getattr(request, "scope", None) or {}).get("extensions") or {}
+    wait = extensions.get(WAIT_SENT_EXTENSION)
+    return cast(WaitSent, wait) if callable(wait) else None
+
+
 class JobStream:
     """One client's stream of one job: ``step()`` returns what can be sent now, until ``done``."""
 
     def __init__(
-        self, job_id: Any, fmt: str, abandon_on_close: bool = False, start_within: float | None = None
+        self,
+        job_id: Any,
+        fmt: str,
+        abandon_on_close: bool = False,
+        start_within: float | None = None,
+        wait_sent: WaitSent | None = None,
     ):
         self.job_id = job_id
         self.format = fmt
@@ -133,6 +151,9 @@ class JobStream:
         self.recorded: tuple[int, float] = (0, 0.0)  # the delivery last written to the job's row
         self.text_chars = 0  # the job's billable characters (its row's, read when the attempt opens)
         self.next_lease_renewal = 0.0
+        # The server's wait until what it was handed left the process, where it offers one (the
+        # ASGI extension of deploy/asgi_worker.py): a chunk counts as handed after it.
+        self.wait_sent = wait_sent
         self.next_row_check = 0.0
         self.row_check_seconds = POLL_ROW_CHECK_SECONDS  # the iterator sets it from its wake-ups
 
@@ -307,10 +328,15 @@ class JobStream:
                 chunk = await sync_to_async(self.step)(wakeups.take_row_changed())
                 if chunk:
                     yield chunk
+                    # Handed once it left the web process (deploy/asgi_worker.py); a connection
+                    # closed meanwhile took nothing more (the server drops what it is sent then).
+                    if self.wait_sent is not None and not await self.wait_sent():
+                        break
                     self.handed()  # the server sent it and asked for more
                 elif not self.done:
                     await wakeups.wait()
-            to_the_end = True
+            else:
+                to_the_end = True
         finally:
             await asyncio.shield(wakeups.close())
             ending = self.handed_to_the_end if to_the_end else self.give_up
@@ -358,12 +384,13 @@ class SpeechStreamView(TenantAPIView):
         if job.status in (SynthesisJob.Status.FAILED, SynthesisJob.Status.CANCELED):
             raise DomainError(ErrorCode.AUDIO_NOT_READY, f"The job is {job.status}; it has no audio.")
         if job.is_finished:  # its stored file, sent at once: no wait
-            return JobStreamResponse(JobStream(job.pk, job.format))
+            return JobStreamResponse(JobStream(job.pk, job.format, wait_sent=server_wait_sent(request)))
         # A stream of a job still being made waits on it like a long-poll: one of the tenant's
         # wait slots (429 too_many_waits), held until the response closes. It lasts as long as
         # the job may run; a stream still open after that ages out of the count.
         slot = WaitSlot.take(self.organization, _stream_slot_seconds(job))
-        return slot.given_back_on_close(JobStreamResponse(JobStream(job.pk, job.format)))
+        stream = JobStream(job.pk, job.format, wait_sent=server_wait_sent(request))
+        return slot.given_back_on_close(JobStreamResponse(stream))
 
 
 def _stream_slot_seconds(job: SynthesisJob) -> float:
