@@ -318,7 +318,7 @@ def nginx_values(
         # The same folders deploy.provision.StackConfig.django_env() gives Django.
         "STATIC_ROOT": str(cfg.path("static")),
         "MEDIA_ROOT": str(cfg.path("media")),
-        "GUNICORN_SOCKET": str(cfg.gunicorn_socket),
+        "UPSTREAM": f"unix:{cfg.gunicorn_socket}",
         "SNIPPETS": str(out_dir / "snippets"),
         "PROBLEM_BASE": PROBLEM_BASE,
         "METRICS_ALLOW": metrics_allow(env.get("TTS_METRICS_ALLOWED_IPS") or "127.0.0.1,::1"),
@@ -354,7 +354,7 @@ def render_nginx_conf(
     """Write var/<name>/nginx.conf and its snippets; returns the config path.
 
     ``name`` lets tests run extra instances (other settings, other ports) next
-    to the main one; ``overrides`` replaces computed values (e.g. GUNICORN_SOCKET).
+    to the main one; ``overrides`` replaces computed values (e.g. UPSTREAM).
     """
     values = nginx_values(cfg, env, name)
     values.update(overrides or {})

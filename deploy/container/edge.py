@@ -6,7 +6,7 @@ location, which serves audio from the media volume (``TTS_MEDIA_ROOT``, mounted 
 Three things differ from the local stack, each set here:
 
 - the upstream is gunicorn over TCP (``TTS_EDGE_UPSTREAM``, default ``web:8000``, the web
-  Service), not a Unix socket: the template's one ``server unix:...`` line is rewritten;
+  Service), not a Unix socket;
 - static files are the ones collected into the image (``TTS_STATIC_ROOT``);
 - the certificate is the mounted Secret (``TTS_TLS_CERT``/``TTS_TLS_KEY``) and the DH group the
   file baked at build (RFC 7919 ffdhe2048, public), so nothing is generated at start.
@@ -24,8 +24,6 @@ import types
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2]
-UNIX_UPSTREAM = "server unix:{{GUNICORN_SOCKET}}"
-TCP_UPSTREAM = "server {{GUNICORN_SOCKET}}"
 
 
 def _without_package_init() -> None:
@@ -53,23 +51,19 @@ def render(env: dict[str, str]) -> Path:
     values = nginx.nginx_values(cfg, env, "nginx")
     values.update(
         {
-            "GUNICORN_SOCKET": env.get("TTS_EDGE_UPSTREAM", "web:8000"),
+            "UPSTREAM": env.get("TTS_EDGE_UPSTREAM", "web:8000"),
             "STATIC_ROOT": env.get("TTS_STATIC_ROOT", str(APP / "static")),
             "MEDIA_ROOT": env.get("TTS_MEDIA_ROOT", str(var_dir / "media")),
         }
     )
     template = (nginx.TEMPLATE_DIR / "nginx.conf.template").read_text()
-    if template.count(UNIX_UPSTREAM) != 1:
-        raise SystemExit(
-            f"edge: nginx.conf.template no longer has one {UNIX_UPSTREAM!r} line to point at TCP"
-        )
     out = Path(values["NGINX_DIR"])
     for sub in ("snippets", "tmp/client_body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     for snippet in sorted(nginx.SNIPPET_DIR.glob("*.conf")):
         (out / "snippets" / snippet.name).write_text(nginx.render(snippet.read_text(), values))
     conf = out / "nginx.conf"
-    conf.write_text(nginx.render(template.replace(UNIX_UPSTREAM, TCP_UPSTREAM), values))
+    conf.write_text(nginx.render(template, values))
     return conf
 
 

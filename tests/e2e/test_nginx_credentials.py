@@ -47,7 +47,7 @@ def edge(stack: Stack, django_db_setup: None) -> Iterator[NginxInstance]:
         stack,
         "nginx-credentials",
         env={"TTS_NGINX_RATE_GENERAL": "1r/m", "TTS_NGINX_BURST_GENERAL": "3"},
-        overrides={"GUNICORN_SOCKET": str(PAIR_CFG.gunicorn_socket)},
+        overrides={"UPSTREAM": f"unix:{PAIR_CFG.gunicorn_socket}"},
     )
     try:
         yield nginx

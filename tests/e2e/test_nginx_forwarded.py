@@ -68,7 +68,7 @@ def recorder_socket() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def edge(stack: Stack, recorder_socket: str) -> Iterator[NginxInstance]:
-    instance = start_nginx(stack, "nginx-edge", overrides={"GUNICORN_SOCKET": recorder_socket})
+    instance = start_nginx(stack, "nginx-edge", overrides={"UPSTREAM": f"unix:{recorder_socket}"})
     try:
         yield instance
     finally:
@@ -82,7 +82,7 @@ def behind_balancer(stack: Stack, recorder_socket: str) -> Iterator[NginxInstanc
         stack,
         "nginx-realip",
         env={"TTS_NGINX_REAL_IP_FROM": "127.0.0.2"},
-        overrides={"GUNICORN_SOCKET": recorder_socket},
+        overrides={"UPSTREAM": f"unix:{recorder_socket}"},
     )
     try:
         yield instance

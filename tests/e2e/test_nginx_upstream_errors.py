@@ -44,7 +44,7 @@ def pair(stack: Stack, django_db_setup: None) -> Iterator[tuple[Service, NginxIn
             "TTS_NGINX_OPENAI_READ_TIMEOUT": "1s",
             "TTS_NGINX_CONN_PER_IP": "2",
         },
-        overrides={"GUNICORN_SOCKET": str(FAULT_CFG.gunicorn_socket)},
+        overrides={"UPSTREAM": f"unix:{FAULT_CFG.gunicorn_socket}"},
     )
     # The first requests import Django's URL tree and open the database: slower than 1 s.
     deadline = time.monotonic() + 30
