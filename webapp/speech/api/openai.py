@@ -11,6 +11,11 @@ it waits: a client that disconnects abandons the job at once, and one whose web
 process died is abandoned by the reaper once the lease lapses. ``Idempotency-Key``
 is honoured as on ``POST /api/v1/speech``: a retry gets the same job.
 
+``stream_format: "audio"`` streams the audio chunked as sentences finish, ``"sse"`` as OpenAI's
+server-sent events (``SSEJobStream``: the same stream, each chunk one event); either way the
+stream settles the job as a chunked one does. flac cannot be cut while it is made: it waits
+for the whole file like an ordinary answer (504 on the timeout), and as SSE is then one event.
+
 Errors use OpenAI's shape ``{"error": {"message","type","param","code"}}``
 (rendered by ``webapp.problems``, which picks the shape by path) so OpenAI's
 clients show them; unknown body fields are ignored because OpenAI's newer
@@ -28,7 +33,7 @@ from django.conf import settings
 from django.http import HttpRequest, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 
@@ -41,6 +46,7 @@ from webapp.speech.api.streaming import (
     STREAMABLE,
     JobStream,
     JobStreamResponse,
+    SSEJobStream,
     server_wait_sent,
     wants_stream,
 )
@@ -49,6 +55,15 @@ from webapp.speech.api.waiting import Wait, WaiterLease, WaitingAPIView, WaitSlo
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services.files import media_path
 from webapp.tenants.models import Organization
+
+SSE = "sse"  # Wait.seen of a request that asked for server-sent events (a flac answer, sent whole)
+
+SSE_SCHEMA = (
+    'The audio bytes (chunked as sentences finish with stream_format "audio"). With stream_format '
+    '"sse", text/event-stream: `data: {"type": "speech.audio.delta", "audio": "<base64>"}` events, '
+    'then `data: {"type": "speech.audio.done", "usage": {"input_tokens": N, "output_tokens": 0, '
+    '"total_tokens": N}}`, N the billable characters the job was charged.'
+)
 
 # OpenAI response_format -> (our format, sample rate). OpenAI defines opus as
 # Ogg/Opus and pcm as headerless 24 kHz 16-bit little-endian.
@@ -103,7 +118,10 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
 
     @extend_schema(
         request=OpenAISpeechSerializer,
-        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description=SSE_SCHEMA),
+            (200, "text/event-stream"): OpenApiResponse(OpenApiTypes.STR, description=SSE_SCHEMA),
+        },
         parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER)],
         summary="OpenAI-compatible synchronous speech",
     )
@@ -118,8 +136,9 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
         slot = WaitSlot.take(self.organization, wait)
         try:
             job = _submit(request, self.organization, serializer.validated_data)
-            if wants_stream(request, serializer.validated_data) and job.format in STREAMABLE:
-                stream = JobStream(
+            sse = serializer.validated_data.get("stream_format") == "sse"
+            if (sse or wants_stream(request, serializer.validated_data)) and job.format in STREAMABLE:
+                stream = (SSEJobStream if sse else JobStream)(
                     job.pk,
                     job.format,
                     abandon_on_close=True,
@@ -135,7 +154,15 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
         lease = WaiterLease(
             renew=lifecycle.renew_waiter, leave=_leave, every=settings.TTS_WAITER_LEASE_SECONDS / 3
         )
-        return Wait(job.pk, wait, lambda now: now[0] in SynthesisJob.FINISHED, slot=slot, lease=lease)
+        # (flac, sent whole, waits here too; as SSE its file is then one event: ``seen``.)
+        return Wait(
+            job.pk,
+            wait,
+            lambda now: now[0] in SynthesisJob.FINISHED,
+            slot=slot,
+            lease=lease,
+            seen=SSE if sse else None,
+        )
 
 
 def _leave(job_id: Any) -> None:
@@ -199,12 +226,21 @@ class AnswerResponse(StreamingHttpResponse):
             handle.close()
 
 
-def deliver(job_id: Any) -> HttpResponseBase:
-    """The audio of a finished job, or the error that says why there is none (cancels a job still going)."""
+def deliver(job_id: Any, sse_for: HttpRequest | None = None) -> HttpResponseBase:
+    """The audio of a finished job, or the error that says why there is none (cancels a job still going).
+
+    ``sse_for``: the request asked for server-sent events; the stored file is then sent by an
+    ``SSEJobStream`` (one event for a compressed file), settled once it was all handed.
+    """
     # Only what the audio needs: every request answers here; the whole row only when there is none.
     status, audio_path, audio_format = SynthesisJob.objects.values_list("status", "audio_path", "format").get(
         pk=job_id
     )
+    if status == SynthesisJob.Status.SUCCEEDED and audio_path and sse_for is not None:
+        stream = SSEJobStream(
+            job_id, audio_format, abandon_on_close=True, wait_sent=server_wait_sent(sse_for)
+        )
+        return JobStreamResponse(stream)
     if status == SynthesisJob.Status.SUCCEEDED and audio_path:
         return AnswerResponse(media_path(audio_path), content_type(audio_format), job_id)
     raise _not_delivered(SynthesisJob.objects.get(pk=job_id))
@@ -232,7 +268,7 @@ def _not_delivered(job: SynthesisJob) -> DomainError:
 def answer_after_wait(request: HttpRequest, wait: Wait) -> HttpResponseBase:
     """The OpenAI endpoint's answer once its wait is over: the audio, or the error in OpenAI's shape."""
     try:
-        response = deliver(wait.job_id)
+        response = deliver(wait.job_id, request if wait.seen == SSE else None)
     except DomainError as error:
         response = render(request, error)
         if error.code == ErrorCode.TIMEOUT:

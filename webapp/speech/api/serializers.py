@@ -217,5 +217,9 @@ class OpenAISpeechSerializer(serializers.Serializer):
     speed = StrictNumberField(required=False, min_value=0.25, max_value=4.0)
     instructions = StrictCharField(required=False, allow_blank=True, max_length=4096)
     stream_format = serializers.ChoiceField(
-        choices=("audio",), required=False, help_text='"audio": chunked audio as the sentences finish.'
+        choices=("audio", "sse"),
+        required=False,
+        help_text='"audio": chunked audio as the sentences finish; "sse": the same as server-sent events '
+        "(text/event-stream), a speech.audio.delta event (base64 audio) per chunk, then speech.audio.done "
+        "with usage (input_tokens = total_tokens = the billable characters charged).",
     )

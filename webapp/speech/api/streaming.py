@@ -12,11 +12,18 @@ A finished job streams its stored file.
 
 The same steps run under WSGI (a generator) and ASGI (an async generator
 that runs each step in the request's thread), picked by the server.
+
+``SSEJobStream`` is the same stream framed as OpenAI's server-sent events: each
+step's audio is one ``speech.audio.delta`` event, so what counts as handed (and
+charged) is the same per event as per chunk; after the settlement at its end, a
+``speech.audio.done`` event says what the job was charged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import math
 import struct
 import time
@@ -38,7 +45,7 @@ from webapp.speech import lifecycle
 from webapp.speech.api.stream_wakeups import POLL_ROW_CHECK_SECONDS, AsyncWakeups, SyncWakeups
 from webapp.speech.api.views import TenantAPIView
 from webapp.speech.api.waiting import WaitSlot
-from webapp.speech.models import SynthesisJob
+from webapp.speech.models import SynthesisJob, UsageEvent
 from webapp.speech.services.files import media_path
 from webapp.speech.services.outputs import attempt_path
 
@@ -156,6 +163,14 @@ class JobStream:
         self.wait_sent = wait_sent
         self.next_row_check = 0.0
         self.row_check_seconds = POLL_ROW_CHECK_SECONDS  # the iterator sets it from its wake-ups
+
+    @property
+    def media_type(self) -> str:
+        return content_type(self.format)
+
+    def closing(self) -> bytes:
+        """Sent after the stream's normal end and its settlement (nothing for chunked audio)."""
+        return b""
 
     def _row(self) -> dict[str, Any] | None:
         return SynthesisJob.objects.filter(pk=self.job_id).values(*ROW_FIELDS).first()
@@ -318,6 +333,8 @@ class JobStream:
                 self.handed_to_the_end()
             else:
                 self.give_up()
+        if to_the_end and (closing := self.closing()):
+            yield closing
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         wakeups = await AsyncWakeups(self.job_id).open()
@@ -341,13 +358,70 @@ class JobStream:
             await asyncio.shield(wakeups.close())
             ending = self.handed_to_the_end if to_the_end else self.give_up
             await asyncio.shield(sync_to_async(ending)())
+        if to_the_end and (closing := await sync_to_async(self.closing)()):
+            yield closing
+
+
+# Formats whose stored file an SSE stream sends in blocks: cut anywhere on a sample, each block
+# plays alone (a WAV's header is in the first). A compressed file cut at 64 KB is not, so a
+# finished job's mp3, Ogg, AAC or FLAC goes out as one event.
+SSE_STORED_IN_BLOCKS = ("pcm", "wav")
+
+
+def sse_event(event: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+def charged_characters(job_id: Any) -> int:
+    """What the job's settlement charged (0 for a release, or while it is not settled)."""
+    charge = UsageEvent.objects.filter(job_key=job_id, kind=UsageEvent.Kind.CHARGE).values_list(
+        "characters", flat=True
+    )
+    return int(charge.first() or 0)
+
+
+class SSEJobStream(JobStream):
+    """A ``JobStream`` framed as OpenAI's speech events (``stream_format: "sse"``).
+
+    Each step's audio is one ``speech.audio.delta`` event (base64), so ``handed()`` and the
+    server's ``wait_sent`` count events as they count chunks: a client that leaves pays for the
+    sentences whose events left the process. Live, a delta is what the chunked stream would send
+    in that step (PCM samples, the WAV's streaming header in the first, the live encoder's whole
+    mp3/AAC frames and Ogg pages). The stream's normal end settles the job (``handed_to_the_end``)
+    before ``speech.audio.done`` is built, so its usage is the charge itself: ``input_tokens`` and
+    ``total_tokens`` are the billable characters charged, ``output_tokens`` 0.
+    """
+
+    @property
+    def media_type(self) -> str:
+        return "text/event-stream"
+
+    def step(self, row_changed: bool = False) -> bytes:
+        audio = super().step(row_changed)
+        if not audio:
+            return b""
+        return sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(audio).decode("ascii")})
+
+    def _stored_block(self) -> bytes:
+        if self.format in SSE_STORED_IN_BLOCKS:
+            return super()._stored_block()
+        assert self.stored is not None
+        whole = self.stored.read()  # compressed: at most a few MB for OpenAI's 4096 characters
+        self.done = True
+        self.close()
+        return whole
+
+    def closing(self) -> bytes:
+        chars = charged_characters(self.job_id)
+        usage = {"input_tokens": chars, "output_tokens": 0, "total_tokens": chars}
+        return sse_event({"type": "speech.audio.done", "usage": usage})
 
 
 class JobStreamResponse(StreamingHttpResponse):
-    """Chunked audio of one job: a generator under WSGI, an async generator under ASGI."""
+    """Chunked audio (or its server-sent events) of one job: a generator under WSGI, an async one under ASGI."""
 
     def __init__(self, stream: JobStream) -> None:
-        super().__init__(iter(stream), content_type=content_type(stream.format))
+        super().__init__(iter(stream), content_type=stream.media_type)
         self.job_stream = stream
         self["Cache-Control"] = "no-store"
         self["X-Accel-Buffering"] = "no"  # Nginx passes each chunk on at once
@@ -359,8 +433,9 @@ class JobStreamResponse(StreamingHttpResponse):
 
 
 def wants_stream(request: Any, data: dict[str, Any]) -> bool:
-    """Streaming on /v1/audio/speech: ``stream_format: "audio"`` in the body, or the official client's
-    ``with_streaming_response`` (it sends ``X-Stainless-Raw-Response: stream``)."""
+    """Chunked streaming on /v1/audio/speech: ``stream_format: "audio"`` in the body, or the official
+    client's ``with_streaming_response`` (it sends ``X-Stainless-Raw-Response: stream``); ``"sse"``
+    is asked for in the body only (the view checks it first)."""
     if data.get("stream_format") == "audio":
         return True
     return str(request.headers.get("X-Stainless-Raw-Response", "")).lower() == "stream"
