@@ -32,12 +32,12 @@ def test_catalog_needs_a_key_and_answers_in_openai_error_shape(make_tenant: Any)
     assert r.json()["error"]["code"] in ("invalid_api_key", "not_authenticated")
 
 
-def test_stream_format_sse_is_refused_with_an_openai_error(
+def test_a_stream_format_other_than_audio_or_sse_is_refused_with_an_openai_error(
     make_tenant: Any, builtin_voices: list[str]
 ) -> None:
-    t = make_tenant()
+    t = make_tenant()  # ("sse" is served since issue 33: tests/integration/api/test_openai_sse.py)
     r = t.client.post(
-        "/v1/audio/speech", {"model": "tts-1", "voice": "alloy", "input": "Hi.", "stream_format": "sse"}
+        "/v1/audio/speech", {"model": "tts-1", "voice": "alloy", "input": "Hi.", "stream_format": "bogus"}
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_format"
 
