@@ -3,8 +3,9 @@
 The same stream as the chunked one, framed as OpenAI's server-sent events: the
 deltas carry the stored file's audio, the done event's usage is the job's
 charge in the ledger, and a client that leaves after its first event pays no
-more than the sentences it was handed. A small SSE parser reads the events (the
-official client hands SSE back as raw bytes).
+more than the sentences it was handed; mp3, Ogg/Opus and AAC deltas are whole
+frames, flac is one delta after the usual wait (504 when it times out). A small
+SSE parser reads the events (the official client hands SSE back as raw bytes).
 """
 
 from __future__ import annotations
@@ -190,3 +191,49 @@ def test_sse_flac_is_one_delta_of_the_whole_file(live_tenant: Any) -> None:
     job = SynthesisJob.objects.get(organization=t.org)
     assert audio[:4] == b"fLaC" and audio == _stored(job)
     _check_usage(usage, job)
+
+
+def test_sse_mp3_opus_and_aac_deltas_decode_and_the_first_plays_alone(live_tenant: Any, web: Any) -> None:
+    import io
+
+    import av
+
+    def seconds(data: bytes) -> float:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            samples = sum(frame.samples for frame in container.decode(audio=0))
+            return float(samples / container.streams.audio[0].rate)
+
+    t = live_tenant()
+    for fmt in ("mp3", "opus", "aac"):
+        response = _post(
+            web, t.raw_key, {"input": TEXT, "response_format": fmt, "stream_format": "sse"}, stream=True
+        )
+        assert response.status_code == 200, (fmt, response.text)
+        events = list(sse_events(response.iter_content(chunk_size=None)))
+        audio, usage = _audio_and_usage(events)
+        assert 2.0 < seconds(audio) < 12.0, fmt
+        # Whole frames (Ogg pages, the container's header first): the first delta decodes by itself.
+        assert seconds(base64.b64decode(events[0]["audio"])) > 0, fmt
+        assert usage["total_tokens"] == len(TEXT)
+
+
+def test_sse_flac_not_finished_in_time_is_the_usual_504(live_tenant: Any, settings: Any) -> None:
+    from django.test import Client
+
+    from webapp.speech.models import SynthesisJob, UsagePeriod
+
+    settings.TTS_OPENAI_WAIT_SECONDS = 0
+    t = live_tenant()
+    body = {"model": "tts-1", "voice": "alloy", "input": "Not waited for.", "response_format": "flac"}
+    response = Client().post(
+        "/v1/audio/speech",
+        {**body, "stream_format": "sse"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {t.raw_key}",
+    )
+    assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
+    assert response["x-should-retry"] == "false"
+    job = SynthesisJob.objects.get(organization=t.org)
+    assert job.cancel_requested or job.status == "canceled"
+    row = UsagePeriod.objects.get(organization=t.org)
+    assert row.characters_reserved == 0 and row.characters_used == 0
