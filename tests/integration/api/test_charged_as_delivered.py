@@ -27,6 +27,11 @@ LONG_TEXT = " ".join(
     f"This is sentence number {n} of a text that keeps the worker busy." for n in range(1, 25)
 )
 PCM_RATE = 22050  # the streamed PCM of the test voice (16-bit mono)
+# The native stream tests read, cancel, reconnect and delete while the job runs: 60 sentences
+# take Piper about 11 s on an idle machine (24 took 4.5 s, and the job could end before the test).
+STREAMED_TEXT = " ".join(
+    f"This is sentence number {n:02d} of a text that keeps the worker busy." for n in range(1, 61)
+)  # sentences of one length: n of them hold n/60 of the characters
 
 
 def _post_openai(web: Any, key: str, body: dict[str, Any], **kwargs: Any) -> requests.Response:
@@ -232,7 +237,7 @@ def test_a_failing_dispatch_after_commit_is_not_a_500(
 # --------------------------------------------------------------------- /api/v1/speech/{id}/stream
 
 
-def _native_job(web: Any, key: str, text: str = LONG_TEXT) -> str:
+def _native_job(web: Any, key: str, text: str = STREAMED_TEXT) -> str:
     r = requests.post(
         f"{base_url(web)}/api/v1/speech",
         json={"text": text, "voice": "en_US-joe-medium", "format": "pcm"},
@@ -281,7 +286,11 @@ def test_stream_then_cancel_charges_the_sentences_delivered(live_tenant: Any, we
     t = live_tenant()
     job_id = _native_job(web, t.raw_key)
     stream = _open_stream(web, t.raw_key, job_id)
-    _read(stream, PCM_RATE * 2 * 3)  # about three sentences heard, the stream still open
+    _read(stream, PCM_RATE * 2 * 12)  # about three sentences heard, the stream still open
+    # The stream writes what it handed to the row once a sentence more left the web process.
+    _wait_until(
+        lambda: SynthesisJob.objects.get(id=job_id).delivered_chars > 0, 15, "the delivery on the row"
+    )
     assert _api(web, t.raw_key, "POST", f"{job_id}/cancel").status_code in (200, 202)
     time.sleep(1)  # the worker stops at its next sentence; the stream still open meanwhile
     stream.close()
@@ -304,7 +313,7 @@ def test_disconnect_reconnect_then_delete_charges_the_sentences_once(live_tenant
     t = live_tenant()
     job_id = _native_job(web, t.raw_key)
     first = _open_stream(web, t.raw_key, job_id)
-    _read(first, PCM_RATE * 2 * 8)  # two sentences or more
+    _read(first, PCM_RATE * 2 * 14)  # two sentences or more (one is about 4.5 s)
     first.close()  # the client went away: the job goes on, what it was handed is on the row
     # Nginx notices at its next write to the client, a sentence or so later.
     time.sleep(5)
@@ -314,7 +323,7 @@ def test_disconnect_reconnect_then_delete_charges_the_sentences_once(live_tenant
     again.close()
     time.sleep(1.5)
     job = SynthesisJob.objects.get(id=job_id)
-    sentences = LONG_TEXT.count(".")
+    sentences = STREAMED_TEXT.count(".")
     made = round(job.progress * sentences) + 1  # (the one being written may be streamed already)
     assert _api(web, t.raw_key, "DELETE", job_id).status_code == 204
     event = _settlement(job_id)

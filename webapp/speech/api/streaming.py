@@ -132,6 +132,11 @@ def server_wait_sent(request: Any) -> WaitSent | None:
     return cast(WaitSent, wait) if callable(wait) else None
 
 
+async def _ended(wakeups: AsyncWakeups, ending: Callable[[], None]) -> None:
+    await wakeups.close()
+    await sync_to_async(ending)()
+
+
 class JobStream:
     """One client's stream of one job: ``step()`` returns what can be sent now, until ``done``."""
 
@@ -153,6 +158,7 @@ class JobStream:
         self.stored: BinaryIO | None = None
         self.encoder: LiveEncoder | None = None
         self.read_pcm = 0  # PCM bytes of the attempt read from its stream file
+        self.backlog = b""  # of those, not yet given to a step (more than BLOCK arrived at once)
         self.unhanded = 0  # of those, not yet taken by the server (in the last chunk, or the encoder)
         self.delivered = 0  # PCM bytes of the attempt the server took from this stream
         self.recorded: tuple[int, float] = (0, 0.0)  # the delivery last written to the job's row
@@ -182,8 +188,14 @@ class JobStream:
             return self._stored_block()
         if self.reader is None:
             return self._start()
-        out = self._live(self.reader.read())
-        if self.reader.ended or row_changed or time.monotonic() >= self.next_row_check:
+        # At most BLOCK of PCM a step: what the server took is counted chunk by chunk, and a
+        # client that stops reading holds back one chunk, not every sentence made so far.
+        self.backlog += self.reader.read()
+        out = b""
+        while not out and self.backlog:
+            pcm, self.backlog = self.backlog[:BLOCK], self.backlog[BLOCK:]
+            out = self._live(pcm)  # (an encoder may hold back a small piece)
+        if not self.backlog and (self.reader.ended or row_changed or time.monotonic() >= self.next_row_check):
             out += self._check_attempt()
         return out
 
@@ -355,9 +367,10 @@ class JobStream:
             else:
                 to_the_end = True
         finally:
-            await asyncio.shield(wakeups.close())
+            # One shielded step: the server cancels this response once it sees the client gone,
+            # which may be while the wake-ups close; what the stream handed must be settled anyway.
             ending = self.handed_to_the_end if to_the_end else self.give_up
-            await asyncio.shield(sync_to_async(ending)())
+            await asyncio.shield(_ended(wakeups, ending))
         if to_the_end and (closing := await sync_to_async(self.closing)()):
             yield closing
 
