@@ -8,8 +8,8 @@ more, and the kernel about 200 KiB more in the socket to Nginx: more than a sent
 PCM. Here uvicorn keeps STREAM_BUFFER_BYTES and the socket about twice that (the kernel doubles
 SO_SNDBUF), and ``scope["extensions"]["tts.wait_sent"]`` waits until both are empty: Nginx took
 it (it passes streams on unbuffered, to a client whose socket then has it), or says the
-connection closed first. A stream counts a chunk handed only after that wait said it left. Measured by the soak's OpenAI clients that leave at random
-(tests/bench/bench_soak.py).
+connection closed first. A stream counts a chunk handed only after that wait said it left.
+Measured by the soak's OpenAI clients that leave at random (tests/bench/bench_soak.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
 STREAM_BUFFER_BYTES = 16 * 1024
-# The name webapp/speech/api/streaming.py looks for (deploy is not imported by the app).
+# The name webapp/speech/api/streaming.py looks for: the app imports nothing of deploy/, so the
+# name is written twice, and tests/integration/api/test_wait_sent.py checks the two agree.
 WAIT_SENT_EXTENSION = "tts.wait_sent"
 # Polled: the kernel tells no one when a socket's queue empties. Short at first (Nginx takes a
 # chunk within a millisecond or two), then up to this while a slow client holds Nginx back.
