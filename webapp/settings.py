@@ -76,6 +76,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "webapp.tenants",
+    "webapp.dictionaries",
+    "webapp.webhooks",
     "webapp.speech",
     "webapp.housekeeping",
     "django_otp",

@@ -1,0 +1,11 @@
+"""A submit's own webhook URL (issue 34)."""
+
+from django.db import migrations
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("speech", "0011_pinned_dictionaries"),
+    ]
+
+    operations: list[migrations.operations.base.Operation] = []

@@ -1,0 +1,11 @@
+"""Usage events carry key, voice, source and member (issue 35)."""
+
+from django.db import migrations
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("speech", "0012_job_webhook"),
+    ]
+
+    operations: list[migrations.operations.base.Operation] = []

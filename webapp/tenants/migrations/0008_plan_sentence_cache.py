@@ -1,0 +1,11 @@
+"""The plan's sentence cache settings (issue 33)."""
+
+from django.db import migrations
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("tenants", "0007_apikey_parent"),
+    ]
+
+    operations: list[migrations.operations.base.Operation] = []

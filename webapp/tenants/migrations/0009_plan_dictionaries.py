@@ -1,0 +1,11 @@
+"""The plan's dictionary limits (issue 34)."""
+
+from django.db import migrations
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("tenants", "0008_plan_sentence_cache"),
+    ]
+
+    operations: list[migrations.operations.base.Operation] = []
