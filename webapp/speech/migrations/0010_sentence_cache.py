@@ -8,4 +8,4 @@ class Migration(migrations.Migration):
         ("speech", "0009_job_engine_active_index"),
     ]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = []  # type: ignore[var-annotated]

@@ -8,4 +8,4 @@ class Migration(migrations.Migration):
         ("speech", "0010_sentence_cache"),
     ]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = []  # type: ignore[var-annotated]

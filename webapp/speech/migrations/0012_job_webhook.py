@@ -8,4 +8,4 @@ class Migration(migrations.Migration):
         ("speech", "0011_pinned_dictionaries"),
     ]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = []  # type: ignore[var-annotated]

@@ -8,4 +8,4 @@ class Migration(migrations.Migration):
         ("speech", "0012_job_webhook"),
     ]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = []  # type: ignore[var-annotated]

@@ -8,4 +8,4 @@ class Migration(migrations.Migration):
         ("tenants", "0007_apikey_parent"),
     ]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = []  # type: ignore[var-annotated]

@@ -8,4 +8,4 @@ class Migration(migrations.Migration):
         ("tenants", "0008_plan_sentence_cache"),
     ]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = []  # type: ignore[var-annotated]

@@ -8,4 +8,4 @@ class Migration(migrations.Migration):
         ("tenants", "0009_plan_dictionaries"),
     ]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = []  # type: ignore[var-annotated]
