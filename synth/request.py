@@ -16,6 +16,7 @@ from typing import Any
 from synth.engines.base import VoiceParams, VoicePrompt
 from synth.errors import EngineUnavailable, InvalidText, UnsupportedControl, UnsupportedFormat
 from synth.instructions import Instructions, parse_instructions
+from synth.lexicon import Lexicon
 from synth.registry import (
     DEFAULT_VOICE,
     FORMATS,
@@ -51,6 +52,8 @@ class SynthesisRequest:
     noise_w: float | None = None
     seed: int | None = None  # noise seed; the torch runtime honours it (same seed, same audio)
     prompt: VoicePrompt | None = None  # an uploaded voice to clone (zero_shot); needs the cloning capability
+    # Pronunciation dictionaries, in precedence order, applied before the text is cut (synth.lexicon).
+    dictionaries: tuple[Lexicon, ...] = ()
 
 
 @dataclass
@@ -71,6 +74,11 @@ class SynthesisResult:
     applied: list[str] = field(default_factory=list)
     not_applied: list[str] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)  # per sentence: the batch it ran in (batching only)
+    # Served from the sentence cache (synth.cache): the characters of those sentences, and how many.
+    cached_characters: int = 0
+    cached_sentences: int = 0
+    # Per pronunciation dictionary: id, version, name, rules_applied, replacements (synth.lexicon).
+    dictionaries: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

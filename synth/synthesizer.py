@@ -10,11 +10,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from synth.cache import CacheStats, SentenceStore, cached_sentences, key_basis, sentence_key
 from synth.engines.base import CancelFn, Engine, ProgressFn
 from synth.errors import InvalidText, SynthError, UnknownVoice
+from synth.lexicon import Rewrite, apply_lexicons
 from synth.normalize import detect_language, is_chinese_language, split_sentences
 from synth.registry import DEFAULT_VOICE, ENGINES, VoiceInfo, get_voice, list_voices
 from synth.request import Plan, SynthesisRequest, SynthesisResult, plan_controls, validate_request
@@ -71,9 +73,16 @@ class _Job:
     sentences: int
     native_rate: int
     out_rate: int
+    # The text as spoken: the request's with its pronunciation dictionaries applied (synth.lexicon);
+    # ``rewrite.to_source`` maps its positions back to the submitted text.
+    rewrite: Rewrite
+    # The sentence cache (synth.cache): None renders every sentence; ``cache_basis`` keys this job's.
+    cache: SentenceStore | None = None
+    cache_basis: str = ""
+    cache_stats: CacheStats = field(default_factory=CacheStats)
 
     def chunks(self) -> Iterator[str]:
-        return split_sentences(self.request.text, self.split_language, MAX_CHUNK_CHARS)
+        return split_sentences(self.rewrite.text, self.split_language, MAX_CHUNK_CHARS)
 
 
 class Synthesizer:
@@ -179,7 +188,7 @@ class Synthesizer:
         """Resolve the voice and the controls (raises on a request the voice cannot serve)."""
         return plan_controls(request, self.voice(request.voice), self._served_voice)
 
-    def _prepare(self, request: SynthesisRequest) -> _Job:
+    def _prepare(self, request: SynthesisRequest, cache: SentenceStore | None = None) -> _Job:
         from synth.audio import output_rate
 
         plan = self.plan(request)
@@ -187,12 +196,37 @@ class Synthesizer:
         plan.not_applied.extend(eng.notes(plan.params))
         chinese = is_chinese_language(plan.voice.language) or detect_language(request.text) == "zh"
         split_language = "zh" if chinese else "en"
-        sentences = sum(1 for _ in split_sentences(request.text, split_language, MAX_CHUNK_CHARS))
+        rewrite = self._apply_dictionaries(request, plan)
+        sentences = sum(1 for _ in split_sentences(rewrite.text, split_language, MAX_CHUNK_CHARS))
         if sentences == 0:
             raise InvalidText("text has nothing speakable")
         native = int(eng.sample_rate(plan.voice.id))
         out_rate = output_rate(request.format, request.sample_rate, native)
-        return _Job(request, plan, eng, split_language, sentences, native, out_rate)
+        job = _Job(request, plan, eng, split_language, sentences, native, out_rate, rewrite)
+        if cache is not None:
+            job.cache = cache
+            job.cache_basis = key_basis(
+                plan.voice, plan.params, native, plan.voice.engine, self.piper_runtime
+            )
+        return job
+
+    @staticmethod
+    def _apply_dictionaries(request: SynthesisRequest, plan: Plan) -> Rewrite:
+        """The request's dictionaries applied before sentences (and their cache keys) are made.
+
+        Phoneme rules need a voice speaking their language (ARPAbet and IPA English, pinyin
+        Chinese); the others are reported not applied, as instructions are.
+        """
+        language = (plan.params.language or plan.voice.language or "").lower()
+        rewrite = apply_lexicons(
+            request.text,
+            list(request.dictionaries),
+            english=language.startswith("en"),
+            chinese=is_chinese_language(language),
+        )
+        plan.applied.extend(rewrite.applied)
+        plan.not_applied.extend(rewrite.not_applied)
+        return rewrite
 
     @staticmethod
     def _audio_with_gaps(
@@ -205,9 +239,29 @@ class Synthesizer:
         chunks = list(job.chunks())
         if stream is not None:
             stream.open(job.out_rate, sum(len(c) for c in chunks))
-        audio = job.engine.synthesize(
-            iter(chunks), job.plan.params, progress=progress, should_cancel=should_cancel, total=job.sentences
-        )
+        if job.cache is None:
+            audio = job.engine.synthesize(
+                iter(chunks),
+                job.plan.params,
+                progress=progress,
+                should_cancel=should_cancel,
+                total=job.sentences,
+            )
+        else:
+            # Only the sentences the cache lacks go to the engine; the key is the text the engine gets
+            # (after the dictionaries), hits are the stored samples, the gaps are added below as ever.
+            audio = cached_sentences(
+                chunks,
+                [sentence_key(job.cache_basis, c) for c in chunks],
+                job.cache,
+                lambda misses, total: job.engine.synthesize(
+                    misses, job.plan.params, should_cancel=should_cancel, total=total
+                ),
+                job.native_rate,
+                job.cache_stats,
+                progress=progress,
+                should_cancel=should_cancel,
+            )
         for i, sentence in enumerate(audio):
             if i and gap.size:
                 yield gap
@@ -260,13 +314,17 @@ class Synthesizer:
         progress: ProgressFn | None = None,
         should_cancel: CancelFn | None = None,
         stream: StreamWriter | None = None,
+        cache: SentenceStore | None = None,
     ) -> SynthesisResult:
-        """Synthesise into ``out_path``; ``stream`` also gets the audio as it is encoded (synth.stream)."""
+        """Synthesise into ``out_path``; ``stream`` also gets the audio as it is encoded (synth.stream).
+
+        ``cache``: a sentence store (synth.cache); sentences found there are not rendered again.
+        """
         from synth.batching import recording
         from synth.telemetry import PeakMemory
 
         started = time.monotonic()
-        job = self._prepare(request)
+        job = self._prepare(request, cache)
         out_path = os.path.abspath(out_path)
         directory, base = os.path.split(out_path)
         tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.part")
@@ -303,6 +361,9 @@ class Synthesizer:
             applied=job.plan.applied,
             not_applied=job.plan.not_applied,
             batch_sizes=batches.sizes,
+            cached_characters=job.cache_stats.cached_characters,
+            cached_sentences=job.cache_stats.hits,
+            dictionaries=job.rewrite.dictionaries,
         )
 
 
