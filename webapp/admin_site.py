@@ -20,12 +20,16 @@ from typing import Any
 
 from axes.backends import AxesStandaloneBackend
 from axes.exceptions import AxesBackendPermissionDenied
+from django import forms
 from django.conf import settings
 from django.contrib.admin import AdminSite
 from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth.signals import user_login_failed
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver, path, reverse
 from django_otp.admin import OTPAdminAuthenticationForm
+from django_otp.models import Device
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from webapp import login_guard
 
@@ -46,6 +50,54 @@ class AdminPage:
 
 def otp_required() -> bool:
     return bool(getattr(settings, "TTS_ADMIN_REQUIRE_OTP", False))
+
+
+class OperatorLoginForm(OTPAdminAuthenticationForm):
+    """User name, password and the authenticator's code, checked in one submission.
+
+    django-otp's form asks the operator to pick a device, and lists the devices
+    only after a first, failed submission. An operator has one authenticator
+    (``manage.py enroll_totp``), so without a choice the form uses the user's
+    confirmed TOTP device; a device named in ``otp_device`` (django-otp's own
+    field, still accepted) must be theirs, as django-otp checks. The password is
+    checked first, through django-axes (the lockout and slow-down rules); a
+    wrong code after the right password counts as a failed log-in for the same
+    rules, so the code cannot be guessed faster than a password.
+    """
+
+    otp_token = forms.CharField(
+        required=False,
+        label="Authentication code",
+        widget=forms.TextInput(
+            attrs={"autocomplete": "one-time-code", "inputmode": "numeric", "autocapitalize": "none"}
+        ),
+    )
+
+    def _chosen_device(self, user: Any) -> Device | None:
+        chosen: Device | None = super()._chosen_device(user)
+        if chosen is not None:
+            return chosen
+        device: Device | None = (
+            TOTPDevice.objects.filter(user_id=user.pk, confirmed=True).order_by("pk").first()
+        )
+        if device is None:
+            raise forms.ValidationError(
+                "This account has no authenticator yet; an operator enrols one with manage.py enroll_totp.",
+                code="no_device",
+            )
+        return device
+
+    def clean_otp(self, user: Any) -> None:
+        try:
+            super().clean_otp(user)
+        except forms.ValidationError:
+            if user is not None and self.cleaned_data.get("otp_token"):
+                user_login_failed.send(
+                    sender=type(self),
+                    credentials={"username": self.cleaned_data.get("username")},
+                    request=self.request,
+                )
+            raise
 
 
 class OperatorAdminSite(AdminSite):
@@ -69,11 +121,11 @@ class OperatorAdminSite(AdminSite):
     # test that turns the setting on must see the second factor at once.
     @property
     def login_form(self) -> type[AdminAuthenticationForm]:  # type: ignore[override]
-        return OTPAdminAuthenticationForm if otp_required() else AdminAuthenticationForm
+        return OperatorLoginForm if otp_required() else AdminAuthenticationForm
 
     @property
     def login_template(self) -> str:  # type: ignore[override]
-        return "otp/admin111/login.html" if otp_required() else "admin/login.html"
+        return "admin/operator_login.html" if otp_required() else "admin/login.html"
 
     # ------------------------------------------------------------------ pages
 

@@ -129,6 +129,38 @@ def test_staff_need_the_totp_code_when_the_second_factor_is_on(operator: Any) ->
 
 
 @override_settings(TTS_ADMIN_REQUIRE_OTP=True)
+def test_it_signs_an_operator_in_with_password_and_code_in_one_submission(operator: Any) -> None:
+    device = _totp_device(operator)
+    client = _client()
+    page = client.get("/admin/login/").content.decode()
+    assert 'name="otp_token"' in page and 'name="otp_device"' not in page
+    right = _login(client, "operator", PASSWORD, otp_token=_current_code(device))
+    assert right.status_code == 302 and right["Location"] == "/admin/" and _in_admin(client)
+
+
+@override_settings(TTS_ADMIN_REQUIRE_OTP=True, AXES_FAILURE_LIMIT=3)
+def test_it_counts_wrong_codes_after_the_right_password_toward_the_lockout(operator: Any) -> None:
+    device = _totp_device(operator)
+    client = _client()
+    for _ in range(2):
+        wrong = _login(client, "operator", PASSWORD, otp_token="000000")
+        assert wrong.status_code == 200 and not _in_admin(client)
+        device.refresh_from_db()
+        device.throttling_failure_count = 0  # django-otp's own back-off is not what is tested here
+        device.throttling_failure_timestamp = None
+        device.save()
+    assert _login(client, "operator", PASSWORD, otp_token="000000").status_code in (200, 429)
+    locked = _login(client, "operator", PASSWORD, otp_token=_current_code(device))
+    assert locked.status_code == 429 and not _in_admin(client)
+
+
+@override_settings(TTS_ADMIN_REQUIRE_OTP=True)
+def test_it_says_so_when_an_operator_has_no_authenticator(operator: Any) -> None:
+    response = _login(_client(), "operator", PASSWORD, otp_token="123456")
+    assert response.status_code == 200 and "enroll_totp" in response.content.decode()
+
+
+@override_settings(TTS_ADMIN_REQUIRE_OTP=True)
 def test_a_session_without_the_second_factor_is_not_let_in(operator: Any) -> None:
     client = _client()
     client.force_login(operator)  # a password-only session, e.g. from before the setting was turned on
