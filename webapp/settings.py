@@ -26,6 +26,7 @@ from webapp.env import (
     env_int,
     env_list,
     env_map,
+    env_networks,
     env_origin,
     env_str,
     worker_queues,
@@ -488,6 +489,30 @@ TTS_OPERATIONS_SNAPSHOT_HOURS = env_int("TTS_OPERATIONS_SNAPSHOT_HOURS", 48)
 # Who may read /metrics (addresses or CIDRs); Nginx enforces the same list (webapp/metrics/).
 TTS_METRICS_ALLOWED_IPS = env_list("TTS_METRICS_ALLOWED_IPS", "127.0.0.1,::1")
 
+# Webhooks (webapp/webhooks, docs/api.md "Webhooks"): sent by the `webhooks` worker, never a synthesis one.
+# Addresses or CIDRs a webhook URL may reach although they are internal (loopback, private, ...), comma
+# separated, e.g. "127.0.0.1,10.20.0.0/16,fd00::/8"; plain http is allowed only to these. Empty: none.
+TTS_WEBHOOK_ALLOW_PRIVATE = env_networks("TTS_WEBHOOK_ALLOW_PRIVATE", "")
+# A PEM file of extra CAs trusted for https webhook receivers (besides the system's).
+TTS_WEBHOOK_CA_FILE = env_str("TTS_WEBHOOK_CA_FILE", "")
+TTS_WEBHOOK_CONNECT_TIMEOUT_SECONDS = env_float("TTS_WEBHOOK_CONNECT_TIMEOUT_SECONDS", 5.0)
+TTS_WEBHOOK_READ_TIMEOUT_SECONDS = env_float("TTS_WEBHOOK_READ_TIMEOUT_SECONDS", 10.0)
+# Retries: the first after BASE seconds, each next twice as long (at most MAX), with jitter, until
+# the message is this old; an endpoint failing for DISABLE_AFTER seconds is disabled and its owners mailed.
+TTS_WEBHOOK_RETRY_BASE_SECONDS = env_float("TTS_WEBHOOK_RETRY_BASE_SECONDS", 5.0)
+TTS_WEBHOOK_RETRY_MAX_SECONDS = env_float("TTS_WEBHOOK_RETRY_MAX_SECONDS", 3600.0)
+TTS_WEBHOOK_RETRY_WINDOW_SECONDS = env_int("TTS_WEBHOOK_RETRY_WINDOW_SECONDS", 24 * 3600)
+TTS_WEBHOOK_DISABLE_AFTER_SECONDS = env_int("TTS_WEBHOOK_DISABLE_AFTER_SECONDS", 24 * 3600)
+# The beat sweep runs this often and sends again every due message not sent within RESEND seconds
+# (a Celery message lost with Redis or with its worker).
+TTS_WEBHOOK_SWEEP_SECONDS = env_int("TTS_WEBHOOK_SWEEP_SECONDS", 15)
+TTS_WEBHOOK_RESEND_SECONDS = env_int("TTS_WEBHOOK_RESEND_SECONDS", 60)
+# How long an old secret keeps signing after a rotation.
+TTS_WEBHOOK_SECRET_OVERLAP_SECONDS = env_int("TTS_WEBHOOK_SECRET_OVERLAP_SECONDS", 24 * 3600)
+TTS_WEBHOOK_CONCURRENCY = env_int("TTS_WEBHOOK_CONCURRENCY", 4)
+if TTS_WORKER_ROLE == "webhooks":
+    CELERY_WORKER_CONCURRENCY = TTS_WEBHOOK_CONCURRENCY
+
 # Logging: stdout and a size-rotated file per process (TTS_PROCESS_NAME) under TTS_LOG_DIR.
 TTS_PROCESS_NAME = env_str("TTS_PROCESS_NAME", "django")
 LOG_MAX_BYTES = env_int("TTS_LOG_MAX_BYTES", 10 * 1024 * 1024)
@@ -544,6 +569,9 @@ DEFAULT_FROM_EMAIL = env_str("DJANGO_DEFAULT_FROM_EMAIL", "tts@localhost")
 # local stack (DEBUG); a production site signs people up by invitation only.
 TTS_SIGNUP = env_str("TTS_SIGNUP", "open" if DEBUG else "invite")
 TTS_SIGNUP_PER_IP_HOURLY = env_int("TTS_SIGNUP_PER_IP_HOURLY", 5)
+# Who to ask for an account when sign-up is by invitation: one line the front page and the
+# closed sign-up page show (an address, a team, a form's URL), set by the operator.
+TTS_SIGNUP_CONTACT = env_str("TTS_SIGNUP_CONTACT", "")
 # Invitations (a pending row until the link is followed) per inviter and per tenant per hour,
 # and how long a link works.
 TTS_INVITATIONS_PER_INVITER_HOURLY = env_int("TTS_INVITATIONS_PER_INVITER_HOURLY", 20)
@@ -567,4 +595,10 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"queue": "housekeeping", "expires": float(every)},
     }
     for job, every in TTS_HOUSEKEEPING_EVERY.items()
+}
+# The webhook outbox's sweep, on the webhooks queue (its worker, not housekeeping, sends them).
+CELERY_BEAT_SCHEDULE["webhooks.sweep"] = {
+    "task": "webhooks.sweep",
+    "schedule": float(TTS_WEBHOOK_SWEEP_SECONDS),
+    "options": {"queue": "webhooks", "expires": float(TTS_WEBHOOK_SWEEP_SECONDS)},
 }

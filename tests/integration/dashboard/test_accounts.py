@@ -41,6 +41,22 @@ def test_signed_in_people_land_on_synthesize(owner: tuple[Any, Any]) -> None:
     assert redirect_url(client_for(owner[0]).get("/")) == "/app/synthesize/"
 
 
+@override_settings(TTS_SIGNUP="invite", TTS_SIGNUP_CONTACT="accounts@example.com")
+def test_it_tells_a_newcomer_on_an_invite_only_site_whom_to_ask(db: None) -> None:
+    for path, status in (("/", 200), ("/accounts/signup/", 403)):
+        page = Client().get(path)
+        assert page.status_code == status
+        html = page.content.decode()
+        assert "Accounts here are by invitation" in html
+        assert 'href="mailto:accounts@example.com"' in html and "/api/docs" in html
+        assert 'href="/accounts/signup/"' not in html
+
+
+@override_settings(TTS_SIGNUP="invite", TTS_SIGNUP_CONTACT="")
+def test_it_names_the_organisations_owners_when_no_contact_is_set(db: None) -> None:
+    assert "Ask an owner or admin of your organisation" in Client().get("/").content.decode()
+
+
 @override_settings(TTS_SIGNUP="invite")
 def test_invite_only_site_refuses_sign_up(db: None) -> None:
     response = Client().post("/accounts/signup/", SIGNUP)

@@ -35,13 +35,18 @@ PASSWORD_BACKEND = "django.contrib.auth.backends.ModelBackend"
 def home(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("dashboard:synthesize")
-    return render(request, "dashboard/home.html", {"signup_open": settings.TTS_SIGNUP == "open"})
+    return render(request, "dashboard/home.html", _front_door())
+
+
+def _front_door() -> dict[str, Any]:
+    """Whether anyone may sign up and, if not, the operator's line on whom to ask."""
+    return {"signup_open": settings.TTS_SIGNUP == "open", "signup_contact": settings.TTS_SIGNUP_CONTACT}
 
 
 @require_http_methods(["GET", "POST"])
 def signup(request: HttpRequest) -> HttpResponse:
     if settings.TTS_SIGNUP != "open":
-        return render(request, "dashboard/signup_closed.html", status=403)
+        return render(request, "dashboard/signup_closed.html", _front_door(), status=403)
     form = SignUpForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         if not accounts.signup_allowed(request):
