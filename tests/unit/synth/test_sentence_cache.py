@@ -1,0 +1,192 @@
+"""The sentence cache, synth side (synth.cache): entries, keys, and jobs stitched from hits and misses.
+
+Real engines: Piper (onnxruntime, not seeded: a fresh render differs from a
+stored one) and eSpeak NG; the store is synth.cache.MemoryStore, which keeps
+entries encoded exactly as the webapp's disk store does.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from synth import SynthesisRequest, Synthesizer
+from synth.cache import (
+    MemoryStore,
+    SentenceEntry,
+    decode_entry,
+    encode_entry,
+    key_basis,
+    sentence_key,
+)
+from synth.engines.base import VoiceParams
+
+SENTENCES = [
+    "Your package has been shipped.",
+    "It will arrive on Tuesday between nine and noon.",
+    "Reply stop to end these messages.",
+]
+TEXT = " ".join(SENTENCES)
+
+
+def _render(s: Synthesizer, tmp: Path, name: str, text: str, store: Any, **kw: Any) -> tuple[Any, np.ndarray]:
+    kw.setdefault("voice", "en_US-joe-medium")
+    result = s.synthesize(SynthesisRequest(text=text, format="wav", **kw), str(tmp / name), cache=store)
+    audio, _ = sf.read(result.path, dtype="int16")
+    return result, audio
+
+
+def _layout(
+    s: Synthesizer, store: MemoryStore, sentences: list[str], silence: float = 0.2, **kw: Any
+) -> np.ndarray:
+    """What a job of ``sentences`` must be, sample for sample: each stored entry, the pause between."""
+    from synth.audio import pcm16_samples
+
+    basis = _basis(s, **kw)
+    gap = np.zeros(int(round(silence * 22050)), np.float32)
+    parts: list[np.ndarray] = []
+    for i, sentence in enumerate(sentences):
+        entry = store.get(sentence_key(basis, sentence))
+        assert entry is not None, sentence
+        parts += [gap, entry.audio] if i else [entry.audio]
+    return pcm16_samples(np.clip(np.concatenate(parts), -1.0, 1.0))
+
+
+def _basis(s: Synthesizer, voice: str = "en_US-joe-medium", **kw: Any) -> str:
+    info = s.voice(voice)
+    plan = s.plan(SynthesisRequest(text="x", voice=voice, **kw))
+    return key_basis(
+        info, plan.params, int(s.engine(info.engine).sample_rate(voice)), info.engine, s.piper_runtime
+    )
+
+
+def test_an_entry_round_trips_bit_for_bit_with_its_sidecar() -> None:
+    audio = np.random.default_rng(1).standard_normal(1234).astype(np.float32)
+    entry = decode_entry(encode_entry(SentenceEntry(audio, 22050, {"words": [[0, 3, 0.0, 0.2]]})))
+    assert entry is not None and entry.sample_rate == 22050 and entry.meta == {"words": [[0, 3, 0.0, 0.2]]}
+    assert entry.audio.tobytes() == audio.tobytes()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "garbage", "empty", "header"])
+def test_a_damaged_entry_decodes_to_a_miss(damage: str) -> None:
+    data = bytearray(encode_entry(SentenceEntry(np.ones(100, np.float32), 16000)))
+    if damage == "truncated":
+        data = data[:-7]
+    elif damage == "flipped":
+        data[-5] ^= 0x40
+    elif damage == "garbage":
+        data = bytearray(b"\x00" * 64)
+    elif damage == "empty":
+        data = bytearray()
+    else:
+        data = data[:10] + b"{not json" + data[20:]
+    assert decode_entry(bytes(data)) is None
+
+
+def test_the_key_changes_with_text_controls_voice_and_rate(synthesizer: Synthesizer) -> None:
+    voice = synthesizer.voice("en_US-joe-medium")
+    base = key_basis(voice, VoiceParams(voice=voice.id), 22050, "piper", "onnxruntime")
+    assert base == key_basis(voice, VoiceParams(voice=voice.id), 22050, "piper", "onnxruntime")
+    others = [
+        key_basis(voice, VoiceParams(voice=voice.id, speed=1.1), 22050, "piper", "onnxruntime"),
+        key_basis(voice, VoiceParams(voice=voice.id, pitch=1.0), 22050, "piper", "onnxruntime"),
+        key_basis(voice, VoiceParams(voice=voice.id, noise_scale=0.5), 22050, "piper", "onnxruntime"),
+        key_basis(voice, VoiceParams(voice=voice.id), 16000, "piper", "onnxruntime"),
+        key_basis(voice, VoiceParams(voice=voice.id), 22050, "piper", "torch"),
+        key_basis(synthesizer.voice("espeak-en-us"), VoiceParams(voice="espeak-en-us"), 22050, "espeak", ""),
+    ]
+    assert len({base, *others}) == len(others) + 1
+    assert sentence_key(base, "Hello.") != sentence_key(base, "Hello!")
+
+
+def test_a_job_served_wholly_from_the_cache_is_the_job_that_filled_it(
+    synthesizer: Synthesizer, tmp_path: Path
+) -> None:
+    store = MemoryStore()
+    first, first_audio = _render(synthesizer, tmp_path, "a.wav", TEXT, store)
+    assert (first.cached_sentences, len(store.entries)) == (0, 3)
+    again, again_audio = _render(synthesizer, tmp_path, "b.wav", TEXT, store)
+    assert again.cached_sentences == 3 and again.cached_characters == sum(len(s) for s in SENTENCES)
+    assert again.duration_seconds == first.duration_seconds
+    assert Path(again.path).read_bytes() == Path(first.path).read_bytes()
+    # The cached job is its stored entries, bit for bit, with the pause between them.
+    assert again_audio.tobytes() == _layout(synthesizer, store, SENTENCES).tobytes()
+
+
+def test_a_partial_hit_renders_only_the_changed_sentence_with_the_same_pauses(
+    synthesizer: Synthesizer, tmp_path: Path
+) -> None:
+    store = MemoryStore()
+    _render(synthesizer, tmp_path, "a.wav", TEXT, store)
+    changed = [SENTENCES[0], "It will arrive on Friday before noon.", SENTENCES[2]]
+    fresh, fresh_audio = _render(
+        synthesizer, tmp_path, "b.wav", " ".join(changed), store, sentence_silence=0.3
+    )
+    assert fresh.cached_sentences == 2
+    assert fresh.cached_characters == len(SENTENCES[0]) + len(SENTENCES[2])
+    assert len(store.entries) == 4
+    # Seamless joins: the job is the stored sentences (two old, one new) and exact pauses, nothing else.
+    assert fresh_audio.tobytes() == _layout(synthesizer, store, changed, silence=0.3).tobytes()
+
+
+def test_espeak_entries_hit_too_and_loudness_runs_after_stitching(
+    synthesizer: Synthesizer, tmp_path: Path
+) -> None:
+    store = MemoryStore()
+    first, _ = _render(synthesizer, tmp_path, "a.wav", TEXT, store, voice="espeak-en-us", loudness_lufs=-20.0)
+    again, _ = _render(synthesizer, tmp_path, "b.wav", TEXT, store, voice="espeak-en-us", loudness_lufs=-20.0)
+    assert again.cached_sentences == 3
+    assert Path(again.path).read_bytes() == Path(first.path).read_bytes()
+    # Another target: the same cached sentences, normalised to it as a whole job.
+    other, _ = _render(synthesizer, tmp_path, "c.wav", TEXT, store, voice="espeak-en-us", loudness_lufs=-30.0)
+    assert other.cached_sentences == 3 and Path(other.path).read_bytes() != Path(first.path).read_bytes()
+
+
+def test_a_corrupt_entry_is_a_miss_and_is_rendered_again(synthesizer: Synthesizer, tmp_path: Path) -> None:
+    store = MemoryStore()
+    _render(synthesizer, tmp_path, "a.wav", TEXT, store)
+    key = sentence_key(_basis(synthesizer), SENTENCES[1])
+    store.entries[key] = store.entries[key][:-100]
+    again, _ = _render(synthesizer, tmp_path, "b.wav", TEXT, store)
+    assert again.cached_sentences == 2
+    assert store.get(key) is not None  # stored anew
+
+
+class FullDisk(MemoryStore):
+    def put(self, key: str, entry: SentenceEntry) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_store_that_cannot_write_leaves_the_job_uncached_and_whole(
+    synthesizer: Synthesizer, tmp_path: Path
+) -> None:
+    result, audio = _render(synthesizer, tmp_path, "a.wav", TEXT, FullDisk())
+    assert result.cached_sentences == 0 and result.duration_seconds > 2 and audio.any()
+
+
+def test_progress_and_cancel_are_checked_per_sentence_hit_or_miss(
+    synthesizer: Synthesizer, tmp_path: Path
+) -> None:
+    from synth.errors import Cancelled
+
+    store = MemoryStore()
+    _render(synthesizer, tmp_path, "a.wav", " ".join(SENTENCES[:2]), store)
+    seen: list[tuple[int, int]] = []
+    request = SynthesisRequest(text=TEXT, format="wav")
+    synthesizer.synthesize(
+        request, str(tmp_path / "b.wav"), progress=lambda d, t: seen.append((d, t)), cache=store
+    )
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+    with pytest.raises(Cancelled):
+        synthesizer.synthesize(
+            request,
+            str(tmp_path / "c.wav"),
+            should_cancel=lambda: len(seen) >= 4,
+            progress=lambda d, t: seen.append((d, t)),
+            cache=store,
+        )
