@@ -8,7 +8,7 @@ bounded whatever the length. Standard library only.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from synth.text import is_speakable
 
@@ -177,25 +177,88 @@ def _date(year: int, month: int, day: int) -> str | None:
     return f"{_MONTHS[month - 1]} {ordinal_words(day)}, {_year_words(year)}"
 
 
-def normalize_english(text: str) -> str:
-    """Spell out numbers, currency, dates, percentages and common abbreviations."""
-    text = _ABBR_RE.sub(lambda m: _ABBREVIATIONS[m.group(1)], text)
-    text = _ISO_DATE_RE.sub(
-        lambda m: _date(int(m.group(1)), int(m.group(2)), int(m.group(3))) or m.group(0), text
+class Mapped:
+    """Text with, for each character, the span ``[start, end)`` of the input it came from.
+
+    Every rewrite of the text goes through :meth:`sub` / :meth:`replace`, which give the
+    characters of a replacement the span of everything the match covered: "42" spelled
+    "forty-two" maps each of its letters back to the two digits. Word timestamps report
+    offsets into the text as submitted through this map (synth.timestamps).
+    """
+
+    __slots__ = ("spans", "text")
+
+    def __init__(self, text: str, spans: list[tuple[int, int]]) -> None:
+        self.text = text
+        self.spans = spans
+
+    @classmethod
+    def of(cls, text: str, offset: int = 0) -> Mapped:
+        return cls(text, [(offset + i, offset + i + 1) for i in range(len(text))])
+
+    def sub(self, pattern: re.Pattern[str], repl: str | Callable[[re.Match[str]], str]) -> Mapped:
+        """``pattern.sub(repl, text)``, carrying the spans."""
+        parts: list[str] = []
+        spans: list[tuple[int, int]] = []
+        pos = 0
+        for m in pattern.finditer(self.text):
+            start, end = m.span()
+            parts.append(self.text[pos:start])
+            spans.extend(self.spans[pos:start])
+            new = repl(m) if callable(repl) else m.expand(repl)
+            parts.append(new)
+            if start < end:
+                covered = (self.spans[start][0], self.spans[end - 1][1])
+            elif self.spans:  # an empty match: the character it sits before (or the last one)
+                covered = self.spans[min(start, len(self.spans) - 1)]
+            else:
+                covered = (0, 0)
+            spans.extend([covered] * len(new))
+            pos = end
+        if not parts:
+            return self
+        parts.append(self.text[pos:])
+        spans.extend(self.spans[pos:])
+        return Mapped("".join(parts), spans)
+
+    def replace(self, old: str, new: str) -> Mapped:
+        return self.sub(re.compile(re.escape(old)), lambda _m: new) if old in self.text else self
+
+    def translate(self, table: dict[int, str]) -> Mapped:
+        """``str.translate`` with one-character replacements (length-preserving, spans kept)."""
+        out = self.text.translate(table)
+        if len(out) != len(self.text):
+            raise ValueError("translate must keep the length")
+        return Mapped(out, self.spans)
+
+
+def _normalize_english(text: Mapped) -> Mapped:
+    text = text.sub(_ABBR_RE, lambda m: _ABBREVIATIONS[m.group(1)])
+    text = text.sub(
+        _ISO_DATE_RE, lambda m: _date(int(m.group(1)), int(m.group(2)), int(m.group(3))) or m.group(0)
     )
-    text = _US_DATE_RE.sub(
-        lambda m: _date(int(m.group(3)), int(m.group(1)), int(m.group(2))) or m.group(0), text
+    text = text.sub(
+        _US_DATE_RE, lambda m: _date(int(m.group(3)), int(m.group(1)), int(m.group(2))) or m.group(0)
     )
-    text = _CURRENCY_RE.sub(_currency, text)
-    text = _PERCENT_RE.sub(lambda m: f"{m.group(1)} percent", text)
-    text = _ORDINAL_RE.sub(lambda m: ordinal_words(int(m.group(1))), text)
-    text = _DECIMAL_RE.sub(
-        lambda m: f"{_int_words(m.group(1))} point {' '.join(_DIGIT_WORDS[int(d)] for d in m.group(2))}", text
+    text = text.sub(_CURRENCY_RE, _currency)
+    text = text.sub(_PERCENT_RE, lambda m: f"{m.group(1)} percent")
+    text = text.sub(_ORDINAL_RE, lambda m: ordinal_words(int(m.group(1))))
+    text = text.sub(
+        _DECIMAL_RE,
+        lambda m: f"{_int_words(m.group(1))} point {' '.join(_DIGIT_WORDS[int(d)] for d in m.group(2))}",
     )
-    text = _NUMBER_RE.sub(lambda m: f" {_int_words(m.group(0))} ", text)
+    text = text.sub(_NUMBER_RE, lambda m: f" {_int_words(m.group(0))} ")
     for sym, word in _EN_SYMBOLS.items():
         text = text.replace(sym, word)
-    return re.sub(r"[ \t]{2,}", " ", text)
+    return text.sub(_SPACES, " ")
+
+
+_SPACES = re.compile(r"[ \t]{2,}")
+
+
+def normalize_english(text: str) -> str:
+    """Spell out numbers, currency, dates, percentages and common abbreviations."""
+    return _normalize_english(Mapped.of(text)).text
 
 
 _ZH_DIGITS = "零一二三四五六七八九"
@@ -273,26 +336,39 @@ def _zh_decimal(m: re.Match[str]) -> str:
     return _zh_int(m.group(1)) + "点" + "".join(_ZH_DIGITS[int(d)] for d in m.group(2))
 
 
-def normalize_chinese(text: str) -> str:
-    """Digits and common symbols to Chinese words (年 years digit by digit)."""
-    text = _ZH_PERCENT_RE.sub(lambda m: "百分之" + _ZH_DECIMAL_RE.sub(_zh_decimal, m.group(1)), text)
-    text = _ZH_PERCENT_RE.sub(lambda m: m.group(0), text)
-    text = _ZH_YEAR_RE.sub(lambda m: "".join(_ZH_DIGITS[int(d)] for d in m.group(1)) + "年", text)
-    text = _ZH_DECIMAL_RE.sub(_zh_decimal, text)
-    text = re.sub(r"百分之(\d+)", lambda m: "百分之" + _zh_int(m.group(1)), text)
-    text = _ZH_INT_RE.sub(lambda m: _zh_int(m.group(0)), text)
+_BAIFENZHI_RE = re.compile(r"百分之(\d+)")
+
+
+def _normalize_chinese(text: Mapped) -> Mapped:
+    text = text.sub(_ZH_PERCENT_RE, lambda m: "百分之" + _ZH_DECIMAL_RE.sub(_zh_decimal, m.group(1)))
+    text = text.sub(_ZH_PERCENT_RE, lambda m: m.group(0))
+    text = text.sub(_ZH_YEAR_RE, lambda m: "".join(_ZH_DIGITS[int(d)] for d in m.group(1)) + "年")
+    text = text.sub(_ZH_DECIMAL_RE, _zh_decimal)
+    text = text.sub(_BAIFENZHI_RE, lambda m: "百分之" + _zh_int(m.group(1)))
+    text = text.sub(_ZH_INT_RE, lambda m: _zh_int(m.group(0)))
     for sym, word in _ZH_SYMBOLS.items():
         text = text.replace(sym, word)
     return text
 
 
+def normalize_chinese(text: str) -> str:
+    """Digits and common symbols to Chinese words (年 years digit by digit)."""
+    return _normalize_chinese(Mapped.of(text)).text
+
+
+def normalize_mapped(text: str, language: str = "en", offset: int = 0) -> Mapped:
+    """:func:`normalize` with each output character's span in ``text`` (shifted by ``offset``)."""
+    mapped = Mapped.of(text, offset)
+    if is_chinese_language(language):
+        return _normalize_chinese(mapped)
+    if language.lower().startswith("en"):
+        return _normalize_english(mapped)
+    return mapped
+
+
 def normalize(text: str, language: str = "en") -> str:
     """Language-appropriate normalisation of a plain-text segment."""
-    if is_chinese_language(language):
-        return normalize_chinese(text)
-    if language.lower().startswith("en"):
-        return normalize_english(text)
-    return text
+    return normalize_mapped(text, language).text
 
 
 def escape_markup(text: str) -> str:
@@ -301,6 +377,11 @@ def escape_markup(text: str) -> str:
     Square brackets would open Piper/eSpeak raw-phoneme blocks, angle brackets
     SSML; they become plain parentheses and spaces.
     """
+    return text.translate(_ESCAPE)
+
+
+def escape_markup_mapped(text: Mapped) -> Mapped:
+    """:func:`escape_markup`, keeping the spans (it replaces characters one for one)."""
     return text.translate(_ESCAPE)
 
 
@@ -379,13 +460,16 @@ def split_sentences(text: str, language: str | None = "en", max_chars: int = 400
 
 
 __all__ = [
+    "Mapped",
     "chinese_number",
     "detect_language",
     "escape_markup",
+    "escape_markup_mapped",
     "is_chinese_language",
     "normalize",
     "normalize_chinese",
     "normalize_english",
+    "normalize_mapped",
     "number_to_words",
     "ordinal_words",
     "split_sentences",

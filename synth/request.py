@@ -79,6 +79,9 @@ class SynthesisResult:
     cached_sentences: int = 0
     # Per pronunciation dictionary: id, version, name, rules_applied, replacements (synth.lexicon).
     dictionaries: list[dict[str, Any]] = field(default_factory=list)
+    # {"words": [...], "sentences": [...]}: seconds and offsets into the submitted text (synth.timestamps);
+    # a word's list is empty for an engine that cannot tell where its words are.
+    timestamps: dict[str, Any] | None = None
 
 
 @dataclass

@@ -7,6 +7,7 @@ half-written tail for data:
 
 * ``H`` header: sample rate and the characters of all sentences (u32, u32)
 * ``A`` audio: little-endian int16 samples, exactly the samples the output file gets
+* ``T`` timestamps: that sentence's words and span as JSON (synth.timestamps), before its ``S``
 * ``S`` sentence end: that sentence's characters (u32), written after its audio
 * ``E`` end: the output file is complete
 
@@ -16,15 +17,16 @@ standard library is imported: the web tier reads this.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 _HEAD = struct.Struct("<cI")
 _U32 = struct.Struct("<I")
-HEADER, AUDIO, SENTENCE, END = b"H", b"A", b"S", b"E"
+HEADER, AUDIO, SENTENCE, END, TIMESTAMPS = b"H", b"A", b"S", b"E", b"T"
 
 
 class StreamWriter:
@@ -59,6 +61,9 @@ class StreamWriter:
         if pcm16:
             self._record(AUDIO, pcm16)
 
+    def timestamps(self, event: dict[str, Any]) -> None:
+        self._record(TIMESTAMPS, json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode())
+
     def sentence_done(self, chars: int) -> None:
         self._record(SENTENCE, _U32.pack(chars))
         self._grew()
@@ -92,6 +97,7 @@ class StreamReader:
     ended: bool = False
     audio_bytes: int = 0  # audio handed out so far
     sentences: list[tuple[int, int]] = field(default_factory=list)  # (audio bytes at its end, characters)
+    timestamps: list[dict[str, Any]] = field(default_factory=list)  # per sentence, as written (``T``)
     _buffer: bytes = b""
 
     def read(self) -> bytes:
@@ -112,6 +118,11 @@ class StreamReader:
             elif kind == AUDIO:
                 out.append(payload)
                 self.audio_bytes += len(payload)
+            elif kind == TIMESTAMPS:
+                try:
+                    self.timestamps.append(json.loads(payload))
+                except ValueError:
+                    pass  # a reader never fails on what only decorates the audio
             elif kind == SENTENCE:
                 self.sentences.append((self.audio_bytes, _U32.unpack(payload)[0]))
             elif kind == END:

@@ -21,6 +21,7 @@ from synth.normalize import detect_language, is_chinese_language, split_sentence
 from synth.registry import DEFAULT_VOICE, ENGINES, VoiceInfo, get_voice, list_voices
 from synth.request import Plan, SynthesisRequest, SynthesisResult, plan_controls, validate_request
 from synth.stream import StreamWriter
+from synth.timestamps import Timeline
 
 if TYPE_CHECKING:
     import numpy as np
@@ -36,6 +37,7 @@ def _make_engine(
     piper_runtime: str,
     batch: tuple[int, float],
     solo: tuple[int | None, Callable[[], bool] | None] = (None, None),
+    model_cache_dir: str | None = None,
 ) -> Engine:
     if name == "piper" and piper_runtime == "torch":
         from synth.engines.piper_torch import PiperTorchEngine
@@ -46,7 +48,13 @@ def _make_engine(
     if name == "piper":
         from synth.engines.piper import PiperEngine
 
-        return PiperEngine(voices_dir=voices_dir, threads=threads, solo_threads=solo[0], busy=solo[1])
+        return PiperEngine(
+            voices_dir=voices_dir,
+            threads=threads,
+            solo_threads=solo[0],
+            busy=solo[1],
+            cache_dir=model_cache_dir,
+        )
     if name == "espeak":
         from synth.engines.espeak import EspeakEngine
 
@@ -80,6 +88,7 @@ class _Job:
     cache: SentenceStore | None = None
     cache_basis: str = ""
     cache_stats: CacheStats = field(default_factory=CacheStats)
+    timeline: Timeline | None = None  # the words' and sentences' timestamps (synth.timestamps)
 
     def chunks(self) -> Iterator[str]:
         return split_sentences(self.rewrite.text, self.split_language, MAX_CHUNK_CHARS)
@@ -106,9 +115,11 @@ class Synthesizer:
         batch_wait_ms: float = 5.0,
         solo_threads: int | None = None,
         busy: Callable[[], bool] | None = None,
+        model_cache_dir: str | None = None,
     ) -> None:
         """``solo_threads`` and ``busy``: Piper (onnxruntime) uses that many inference threads
-        for a sentence while ``busy()`` says no other job runs on the host (synth.hostjobs)."""
+        for a sentence while ``busy()`` says no other job runs on the host (synth.hostjobs).
+        ``model_cache_dir``: where Piper keeps its voices patched to report durations (word timestamps)."""
         self.device = device
         self.voices_dir = voices_dir
         self.engine_names = list(engines) if engines else list(ENGINES)
@@ -121,12 +132,21 @@ class Synthesizer:
         self.batch = (batch_jobs, batch_wait_ms)
         self.threads = threads
         self.solo = (solo_threads, busy)
+        self.model_cache_dir = model_cache_dir
         self._engines: dict[str, Engine] = {}
         self._lock = threading.Lock()
 
     # -- engines ---------------------------------------------------------------------------
     def _new_engine(self, name: str) -> Engine:
-        return _make_engine(name, self.voices_dir, self.threads, self.piper_runtime, self.batch, self.solo)
+        return _make_engine(
+            name,
+            self.voices_dir,
+            self.threads,
+            self.piper_runtime,
+            self.batch,
+            self.solo,
+            self.model_cache_dir,
+        )
 
     def _engine_device(self, name: str) -> str:
         return self.device if name == "piper" else "cpu"
@@ -239,6 +259,12 @@ class Synthesizer:
         chunks = list(job.chunks())
         if stream is not None:
             stream.open(job.out_rate, sum(len(c) for c in chunks))
+        # Per sentence the engine rendered, in order: its words' timings (engines that know them).
+        timings: list[Any] | None = [] if getattr(job.engine, "word_timings", False) else None
+        timed: dict[str, Any] = {} if timings is None else {"timings": timings}
+        job.timeline = Timeline(
+            job.request.text, job.rewrite.text, job.rewrite.source_spans(), job.native_rate
+        )
         if job.cache is None:
             audio = job.engine.synthesize(
                 iter(chunks),
@@ -246,6 +272,7 @@ class Synthesizer:
                 progress=progress,
                 should_cancel=should_cancel,
                 total=job.sentences,
+                **timed,
             )
         else:
             # Only the sentences the cache lacks go to the engine; the key is the text the engine gets
@@ -255,18 +282,30 @@ class Synthesizer:
                 [sentence_key(job.cache_basis, c) for c in chunks],
                 job.cache,
                 lambda misses, total: job.engine.synthesize(
-                    misses, job.plan.params, should_cancel=should_cancel, total=total
+                    misses, job.plan.params, should_cancel=should_cancel, total=total, **timed
                 ),
                 job.native_rate,
                 job.cache_stats,
                 progress=progress,
                 should_cancel=should_cancel,
+                # The sidecar of a sentence just rendered: its word timings, relative to it.
+                meta_of=lambda _i: {"words": timings[-1]} if timings else None,
             )
+        rendered = 0
         for i, sentence in enumerate(audio):
             if i and gap.size:
                 yield gap
+                job.timeline.gap(gap.size)
             yield sentence
+            if i in job.cache_stats.meta:  # a cache hit: the timings stored with it
+                meta = job.cache_stats.meta[i]
+                words = meta.get("words") if isinstance(meta, dict) else None
+            else:
+                words = timings[rendered] if timings is not None and rendered < len(timings) else None
+                rendered += 1
+            event = job.timeline.sentence(chunks[i], len(sentence), words)
             if stream is not None:  # its audio is written by now: what a partial charge counts
+                stream.timestamps(event)
                 stream.sentence_done(len(chunks[i]))
 
     def _encode(
@@ -364,6 +403,7 @@ class Synthesizer:
             cached_characters=job.cache_stats.cached_characters,
             cached_sentences=job.cache_stats.hits,
             dictionaries=job.rewrite.dictionaries,
+            timestamps=job.timeline.result() if job.timeline is not None else None,
         )
 
 

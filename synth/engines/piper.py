@@ -6,7 +6,10 @@ is missing we raise EngineUnavailable rather than quietly running on CPU.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -24,9 +27,10 @@ from synth.engines.base import (
     resolve_device,
 )
 from synth.errors import EngineUnavailable, UnknownVoice
-from synth.normalize import escape_markup, is_chinese_language, normalize
+from synth.normalize import escape_markup_mapped, is_chinese_language, normalize_mapped
 from synth.registry import VoiceInfo, engine_capabilities, list_voices
 from synth.text import iter_segments
+from synth.timestamps import PAUSE_PHONEMES, SpokenWord, WordTiming, phoneme_words, place, scaled, words_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -49,6 +53,7 @@ def length_scale_for(speed: float) -> float:
 class PiperEngine:
     name = "piper"
     seeded = False  # whether VoiceParams.seed decides the noise
+    word_timings = True  # synthesize() fills ``timings`` (synth.timestamps)
 
     def __init__(
         self,
@@ -56,10 +61,15 @@ class PiperEngine:
         threads: int | None = None,
         solo_threads: int | None = None,
         busy: Callable[[], bool] | None = None,
+        cache_dir: str | None = None,
     ) -> None:
         """``solo_threads``: inference threads for a sentence while ``busy()`` says no other job
-        runs on the host (a second session per voice; CPU only); else ``threads``."""
+        runs on the host (a second session per voice; CPU only); else ``threads``. ``cache_dir``:
+        where the voices patched to expose their durations are kept (else patched in memory at
+        each load)."""
         self.voices_dir = voices_dir
+        self.cache_dir = cache_dir
+        self._word_phonemes: dict[tuple[str, str], int] = {}
         self.threads = threads
         self.solo_threads = (
             solo_threads if solo_threads and busy is not None and solo_threads != threads else None
@@ -153,7 +163,7 @@ class PiperEngine:
         if self.device.startswith("cuda"):
             cuda = {"device_id": int(self.device.split(":")[1]), "cudnn_conv_algo_search": "HEURISTIC"}
             providers = [("CUDAExecutionProvider", cuda)]
-        session = onnxruntime.InferenceSession(model_path, sess_options=opts, providers=providers)
+        session = onnxruntime.InferenceSession(aligned_model(model_path, self.cache_dir), opts, providers)
         if self.device.startswith("cuda") and "CUDAExecutionProvider" not in session.get_providers():
             raise EngineUnavailable(f"onnxruntime could not start the CUDA provider on {self.device}")
         return session
@@ -178,25 +188,56 @@ class PiperEngine:
     # -- text -> engine input ----------------------------------------------------------------
     def render(self, sentence: str, params: VoiceParams) -> str:
         """The string handed to Piper: escaped text plus ``[[ ipa ]]`` for annotations."""
+        return self.render_words(sentence, params)[0]
+
+    def render_words(self, sentence: str, params: VoiceParams) -> tuple[str, list[SpokenWord]]:
+        """:meth:`render`, and the words it speaks with their characters in ``sentence``."""
         voice = self._voice(params.voice)
         language = params.language or self._infos[params.voice].language
         allowed = voice.config.phoneme_id_map
         parts: list[str] = []
+        words: list[SpokenWord] = []
         for seg in iter_segments(sentence):
             if seg.kind == "text":
-                parts.append(
-                    escape_markup(normalize(seg.text, "zh" if is_chinese_language(language) else language))
-                )
-            elif seg.kind == "arpabet":
+                lang = "zh" if is_chinese_language(language) else language
+                mapped = escape_markup_mapped(normalize_mapped(seg.text, lang, seg.start))
+                parts.append(mapped.text)
+                words.extend(words_of(mapped))
+                continue
+            if seg.kind == "arpabet":
                 ipa = arpabet_to(seg.tokens, ARPABET_IPA, "ˈ", "ˌ")
-                parts.append(f"[[ {ipa} ]]")
             else:
                 from synth.espeak_lib import get_lib
 
                 ipa = get_lib().text_to_phonemes(" ".join(seg.tokens), "cmn", ipa=True)
                 ipa = "".join(c for c in ipa if c in allowed or c == " ").strip()
-                parts.append(f"[[ {ipa} ]]" if ipa else " ")
-        return "".join(parts)
+            parts.append(f"[[ {ipa} ]]" if ipa else " ")
+            if ipa:  # an annotation is one word: the bracket run as typed
+                count = sum(1 for c in ipa if c not in " ")
+                words.append(SpokenWord(seg.text, seg.start, seg.start + len(seg.text), count))
+        return "".join(parts), words
+
+    def _counted(self, voice: Any, words: list[SpokenWord]) -> list[SpokenWord]:
+        """``words`` with the phonemes each has when spoken alone (what :func:`synth.timestamps.align` matches)."""
+        out = []
+        for w in words:
+            if w.phonemes:
+                out.append(w)
+                continue
+            key = (voice.config.espeak_voice, w.text)
+            count = self._word_phonemes.get(key)
+            if count is None:
+                count = sum(
+                    1
+                    for sentence in voice.phonemize(w.text)
+                    for p in sentence
+                    if p not in PAUSE_PHONEMES and p.strip()
+                )
+                if len(self._word_phonemes) > 50_000:  # a bound on what odd texts can make it hold
+                    self._word_phonemes.clear()
+                self._word_phonemes[key] = count
+            out.append(SpokenWord(w.text, w.char_start, w.char_end, count))
+        return out
 
     def phonemes(self, text: str, params: VoiceParams) -> list[str]:
         voice = self._voice(params.voice)
@@ -225,6 +266,38 @@ class PiperEngine:
         pieces = [c.audio_float_array for c in voice.synthesize(text, syn_config=config)]
         return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
 
+    def _chunk_timed(
+        self, voice: Any, chunk: str, params: VoiceParams
+    ) -> tuple[np.ndarray, list[WordTiming]]:
+        """One chunk's audio (as :meth:`_chunk_audio`) and its words' timings from the durations."""
+        import numpy as np
+        from piper.config import SynthesisConfig
+
+        text, words = self.render_words(chunk, params)
+        noise_scale, length_scale, noise_w = self.scales(voice, params)
+        config = SynthesisConfig(
+            length_scale=length_scale, noise_scale=noise_scale, noise_w_scale=noise_w, normalize_audio=True
+        )
+        sr = int(voice.config.sample_rate)
+        pieces: list[np.ndarray] = []
+        spoken: list[list[tuple[float, float]]] = []
+        offset = 0.0
+        aligned = True
+        for c in voice.synthesize(text, syn_config=config, include_alignments=True):
+            pieces.append(c.audio_float_array)
+            if c.phoneme_alignments is None:
+                aligned = False  # a model whose durations could not be exposed
+            elif aligned:
+                alignments = [(a.phoneme, int(a.num_samples)) for a in c.phoneme_alignments]
+                total = sum(n for _, n in alignments) or 1
+                stretch = len(c.audio_float_array) / total  # the samples the durations promise, made
+                for group in phoneme_words(alignments, sr):
+                    spoken.append([(offset + s * stretch, offset + e * stretch) for s, e in group])
+            offset += len(c.audio_float_array) / sr
+        audio = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
+        timings = place(self._counted(voice, words), spoken) if aligned and spoken else []
+        return audio, timings
+
     def finish(self, audio: np.ndarray, params: VoiceParams, sample_rate: int) -> np.ndarray:
         """Pitch and volume, applied after synthesis."""
         return apply_gain_db(pitch_shift_resample(audio, params.pitch, sample_rate), params.volume)
@@ -236,7 +309,9 @@ class PiperEngine:
         progress: ProgressFn | None = None,
         should_cancel: CancelFn | None = None,
         total: int | None = None,
+        timings: list[list[WordTiming]] | None = None,
     ) -> Iterator[np.ndarray]:
+        """``timings``, when given, gets each chunk's word timings (synth.timestamps) before its audio."""
         voice = self._voice(params.voice)
         sr = int(voice.config.sample_rate)
         done = 0
@@ -247,9 +322,15 @@ class PiperEngine:
                     check_cancel(should_cancel)
                     if self.solo_threads:
                         voice = self._voice(params.voice, self._threads_now())
-                    audio = chunk_audio(voice, self.render(chunk, params), params)
+                    if timings is None:
+                        audio = chunk_audio(voice, self.render(chunk, params), params)
+                    else:
+                        audio, words = self._chunk_timed(voice, chunk, params)
                     heap.sentence_done()
-                    yield self.finish(audio, params, sr)
+                    finished = self.finish(audio, params, sr)
+                    if timings is not None:
+                        timings.append(scaled(words, len(finished) / len(audio) if len(audio) else 1.0))
+                    yield finished
                     done += 1
                     if progress is not None:
                         progress(done, total if total is not None else done)
@@ -260,6 +341,49 @@ class PiperEngine:
     def _job(self, params: VoiceParams) -> Iterator[Callable[[Any, str, VoiceParams], np.ndarray]]:
         """What one job's chunks are synthesised with (a runtime may keep per-job state)."""
         yield self._chunk_audio
+
+
+def aligned_model(model_path: str, cache_dir: str | None) -> str | bytes:
+    """The voice's model with its durations tensor (``w_ceil``) as a second output.
+
+    piper's ``patch_voice_with_alignment`` marks the tensor; the patched file is kept in
+    ``cache_dir`` (named by the model's path, size and mtime: a changed voice file is patched
+    afresh) so a worker's later children load it as fast as the original. Without a cache dir,
+    or where it cannot be written (read-only, full), the patched model is handed over in memory
+    (about 0.2 s a load). A model that cannot be patched is used as it is: no timestamps.
+    """
+    try:
+        import onnx
+        from piper.patch_voice_with_alignment import add_alignment_output
+    except ImportError:
+        return model_path
+    st = os.stat(model_path)
+    digest = hashlib.sha256(
+        f"{os.path.abspath(model_path)}|{st.st_size}|{st.st_mtime_ns}".encode()
+    ).hexdigest()
+    cached = os.path.join(cache_dir, "piper-aligned", f"{digest[:32]}.onnx") if cache_dir else None
+    if cached and os.path.exists(cached):
+        return cached
+    model = onnx.load(model_path)
+    try:
+        add_alignment_output(model)
+    except ValueError:  # no single Ceil tensor, or already an output (a model patched beforehand)
+        return model_path
+    data: bytes = model.SerializeToString()
+    if cached:
+        tmp = f"{cached}.{uuid.uuid4().hex}.part"
+        try:
+            os.makedirs(os.path.dirname(cached), exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, cached)  # atomic: children loading at once never read half a file
+            return cached
+        except OSError:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+    return data
 
 
 def read_config(model_path: str) -> Any:

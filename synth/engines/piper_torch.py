@@ -91,6 +91,7 @@ class _Sentence:
 class PiperTorchEngine(PiperEngine):
     name = "piper"
     seeded = True
+    word_timings = False  # synth.timestamps: its durations (vits_torch.Output) are not mapped to words yet
 
     def __init__(
         self,
@@ -184,8 +185,13 @@ class PiperTorchEngine(PiperEngine):
         progress: ProgressFn | None = None,
         should_cancel: CancelFn | None = None,
         total: int | None = None,
+        timings: list[list[Any]] | None = None,
     ) -> Iterator[np.ndarray]:
-        """As PiperEngine's; with a batcher, each chunk waits for the next batch of the jobs running now."""
+        """As PiperEngine's; with a batcher, each chunk waits for the next batch of the jobs running now.
+
+        ``timings`` is not filled (``word_timings`` is False): this runtime's durations are not
+        turned into word timestamps yet.
+        """
         if self.batcher is None:
             yield from super().synthesize(chunks, params, progress, should_cancel, total)
             return

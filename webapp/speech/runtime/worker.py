@@ -274,6 +274,8 @@ def load_models(state: WorkerState) -> None:
         batch_wait_ms=settings.TTS_WORKER_BATCH_WAIT_MS,
         solo_threads=settings.TTS_WORKER_SOLO_THREADS or None,
         busy=lambda: state.host_jobs.others() > 0,
+        # Piper's voices patched to report their durations (word timestamps), kept for the next child.
+        model_cache_dir=str(settings.TTS_VAR_LAYOUT.cache_dir),
     )
     synthesizer.load()
     hooks.after_load(synthesizer)
