@@ -9,6 +9,7 @@ typo in ``DJANGO_DEBUG=ture`` must not quietly turn something off.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -93,6 +94,19 @@ def env_map(name: str, default: str, environ: Mapping[str, str] | None = None) -
     return result
 
 
+def env_networks(
+    name: str, default: str, environ: Mapping[str, str] | None = None
+) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """``127.0.0.1,10.0.0.0/8,::1`` -> networks (an address alone is its /32 or /128)."""
+    networks = []
+    for item in env_list(name, default, environ):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise EnvError(f"{name}: {item!r} is not an IP address or CIDR like 10.0.0.0/8") from None
+    return networks
+
+
 def env_origin(name: str, default: str, environ: Mapping[str, str] | None = None) -> str:
     """An origin like ``https://tts.example.com`` or ``https://localhost:8443``: scheme and host only."""
     value = env_str(name, default, environ).strip().rstrip("/")
@@ -134,4 +148,7 @@ def worker_queues(role: str, engines: list[str]) -> list[str]:
         return list(HOUSEKEEPING_QUEUES)
     if role == "analysis":
         return ["analysis"]  # voice prompts (webapp/speech/runtime/analysis.py)
+    if role == "webhooks":
+        # The webhook outbox (webapp/webhooks/tasks.py): no slow receiver holds a synthesis worker.
+        return ["webhooks"]
     return [f"synth.{engine}" for engine in engines]
