@@ -40,6 +40,8 @@ class ErrorCode(StrEnum):
     AUDIO_TOO_LONG = "audio_too_long"
     SAMPLE_RATE_TOO_LOW = "sample_rate_too_low"
     CONSENT_REQUIRED = "consent_required"
+    INVALID_DICTIONARY = "invalid_dictionary"
+    INVALID_PLS = "invalid_pls"
     # 401 / 403 / 404 / 405 / 406 / 415
     UNAUTHENTICATED = "unauthenticated"
     PERMISSION_DENIED = "permission_denied"
@@ -53,10 +55,12 @@ class ErrorCode(StrEnum):
     JOB_FINISHED = "job_finished"
     JOB_CANCELED = "job_canceled"
     IDEMPOTENCY_KEY_IN_USE = "idempotency_key_in_use"
+    DICTIONARY_IN_USE = "dictionary_in_use"
     AUDIO_EXPIRED = "audio_expired"
     REQUEST_TOO_LARGE = "request_too_large"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     CLONING_UNAVAILABLE = "cloning_unavailable"
+    DICTIONARY_LIMIT = "dictionary_limit"
     # 429: limits
     RATE_LIMITED = "rate_limited"
     QUOTA_EXCEEDED = "quota_exceeded"

@@ -152,6 +152,13 @@ class SynthesisJob(models.Model):
     delivered_chars = models.PositiveIntegerField(default=0, db_default=0)
     delivered_seconds = models.FloatField(default=0.0, db_default=0.0)
     queued_at = models.DateTimeField(null=True, blank=True)  # last entry into the queue
+    # The pronunciation dictionary versions pinned at submit (webapp.dictionaries), in the request's
+    # order: what they were ({"id", "version", "name", "version_id"}, readable after a dictionary is
+    # deleted), and the rows, so a dictionary a queued or running job needs cannot be deleted.
+    dictionaries = models.JSONField(default=list, blank=True, db_default=[])
+    pinned_dictionary_versions = models.ManyToManyField(
+        "dictionaries.DictionaryVersion", related_name="pinning_jobs", blank=True
+    )
 
     created_at = models.DateTimeField(default=timezone.now)
     dispatched_at = models.DateTimeField(null=True, blank=True)

@@ -31,6 +31,10 @@ class Plan(models.Model):
     max_concurrent_waits = models.PositiveIntegerField(default=20)
     # The dashboard asks this plan's owners for a TOTP second factor.
     owners_need_totp = models.BooleanField(default=False)
+    # Pronunciation dictionaries (webapp.dictionaries): how many, rules per version, bytes per PLS import.
+    max_dictionaries = models.PositiveIntegerField(default=10)
+    max_dictionary_rules = models.PositiveIntegerField(default=1000)
+    max_dictionary_import_bytes = models.PositiveIntegerField(default=256 * 1024)
 
     class Meta:
         constraints = [
