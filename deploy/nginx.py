@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from deploy.provision import APP_SYSTEM_USER, StackConfig, app_user, ensure_certificate
-from webapp.env import ALLOWED_HOSTS_DEFAULT, EnvError, env_int, env_list
+from webapp.env import ALLOWED_HOSTS_DEFAULT, EnvError, env_float, env_int, env_list
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = ROOT / "nginx"
@@ -49,6 +49,12 @@ DEFAULTS: dict[str, str] = {
     # bounds each tenant's uploads and the host's decodes (webapp/speech/services/decodes.py).
     "RATE_UPLOAD": "30r/m",
     "BURST_UPLOAD": "10",
+    # Uploads this Nginx passes to the app at once, every address together: beyond it a burst
+    # is refused here (503 decoder_busy, Retry-After), before its bodies reach a web worker.
+    # Above the app's own queue (TTS_PROMPT_DECODES_PER_HOST + TTS_PROMPT_DECODE_QUEUE, 10 by
+    # default) so the app's bounds and answers still apply; raise it for an edge in front of
+    # several web hosts.
+    "CONN_UPLOAD": "16",
     "CONN_PER_IP": "50",
     "CONN_PER_KEYED_IP": "1024",
     "WORKER_PROCESSES": "auto",
@@ -90,6 +96,13 @@ class NginxConfigError(EnvError):
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     try:
         return env_int(name, default, env)
+    except EnvError as exc:
+        raise NginxConfigError(str(exc)) from None
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        return env_float(name, default, env)
     except EnvError as exc:
         raise NginxConfigError(str(exc)) from None
 
@@ -218,6 +231,7 @@ def _checked_settings(env: Mapping[str, str]) -> dict[str, str]:
         "BURST_UPLOAD",
         "CONN_PER_IP",
         "CONN_PER_KEYED_IP",
+        "CONN_UPLOAD",
         "HSTS_MAX_AGE",
     ):
         _check(key, raw[key], re.compile(r"^[0-9]+$"), "a whole number")
@@ -247,6 +261,8 @@ def _shared_limits(env: Mapping[str, str]) -> dict[str, str]:
     openai_timeout = env.get("TTS_NGINX_OPENAI_READ_TIMEOUT") or f"{openai_wait + TIMEOUT_MARGIN_SECONDS}s"
     _check("PROXY_READ_TIMEOUT", read_timeout, _TIME_RE, "a duration like 45s")
     _check("OPENAI_READ_TIMEOUT", openai_timeout, _TIME_RE, "a duration like 135s")
+    # Nginx's own decoder_busy says to come back when Django's would (webapp/speech/services/decodes.py).
+    decode_wait = math.ceil(_env_float(env, "TTS_PROMPT_DECODE_WAIT_SECONDS", 10.0))
     accel = env.get("TTS_ACCEL_REDIRECT_PREFIX") or "/_protected/media/"
     if not re.match(r"^/[A-Za-z0-9_/.-]*/$", accel) or ".." in accel:
         raise NginxConfigError(f"TTS_ACCEL_REDIRECT_PREFIX={accel!r} must be a path like /_protected/media/")
@@ -256,6 +272,7 @@ def _shared_limits(env: Mapping[str, str]) -> dict[str, str]:
         "PROXY_READ_TIMEOUT": read_timeout,
         "OPENAI_READ_TIMEOUT": openai_timeout,
         "ACCEL_PREFIX": accel,
+        "RETRY_UPLOAD_BUSY": str(max(1, decode_wait)),
     }
 
 
@@ -288,6 +305,7 @@ def nginx_values(
         for key in (
             "CONN_PER_IP",
             "CONN_PER_KEYED_IP",
+            "CONN_UPLOAD",
             "CSP",
             "DOCS_CSP",
             "WORKER_PROCESSES",

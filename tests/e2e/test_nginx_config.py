@@ -49,7 +49,8 @@ def test_api_and_openai_locations_map_nginx_errors_to_json() -> None:
         assert f"error_page {code} @api_{code};" in api
         assert f"error_page {code} @openai_{code};" in openai
     locations = (snippets / "error_locations.conf").read_text()
-    assert locations.count("default_type application/problem+json;") == 6
+    # The six codes, and the upload locations' own 503 (decoder_busy: TTS_NGINX_CONN_UPLOAD).
+    assert locations.count("default_type application/problem+json;") == 7
     assert locations.count("Retry-After $tts_retry_after always;") == 3  # api, openai, html 429
     text = conf.read_text()
     # Each API location includes the right mapping (the prefix and the strict ones).
