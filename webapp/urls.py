@@ -12,5 +12,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("webapp.speech.api.urls")),
     path("", include("webapp.tenants.api.urls")),
+    path("", include("webapp.dictionaries.api.urls")),
     path("", include("webapp.dashboard.urls")),
 ]

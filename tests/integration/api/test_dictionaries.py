@@ -1,0 +1,192 @@
+"""``/api/v1/dictionaries``: CRUD, immutable versions, plan limits, PLS import/export and its attacks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.integration.api.conftest import problem
+
+pytestmark = pytest.mark.usefixtures("builtin_voices")
+
+PLS = "application/pls+xml"
+NS = "http://www.w3.org/2005/01/pronunciation-lexicon"
+RULES = [
+    {"grapheme": "minute", "phonemes": "M AY0 N UW1 T", "alphabet": "arpabet"},
+    {"grapheme": "NASA", "alias": "national space agency", "case_sensitive": True},
+    {"grapheme": "tomato", "phonemes": "təˈmɑːtoʊ", "alphabet": "ipa"},
+]
+
+
+def _pls(body: str, alphabet: str = "ipa") -> bytes:
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<lexicon version="1.0" xmlns="{NS}" '
+        f'alphabet="{alphabet}" xml:lang="en-US">{body}</lexicon>'
+    ).encode()
+
+
+def post_pls(tenant: Any, path: str, data: bytes) -> Any:
+    return tenant.client.client.post(
+        path, data, content_type=PLS, HTTP_AUTHORIZATION=f"Bearer {tenant.raw_key}"
+    )
+
+
+def test_it_creates_lists_gets_and_deletes_a_dictionary(make_tenant: Any) -> None:
+    tenant = make_tenant()
+    created = tenant.client.post("/api/v1/dictionaries", {"name": "brands", "rules": RULES})
+    assert created.status_code == 201, created.content
+    body = created.json()
+    assert body["latest_version"] == 1 and body["version"]["rule_count"] == 3
+    assert created["Location"] == f"/api/v1/dictionaries/{body['id']}"
+    listed = tenant.client.get("/api/v1/dictionaries").json()["results"]
+    assert [d["name"] for d in listed] == ["brands"]
+    version = tenant.client.get(f"/api/v1/dictionaries/{body['id']}/versions/1").json()
+    assert version["rules"] == [
+        {"case_sensitive": False, **RULES[0]},
+        RULES[1],
+        {"case_sensitive": False, **RULES[2]},
+    ]
+    other = make_tenant()
+    assert other.client.get(f"/api/v1/dictionaries/{body['id']}").status_code == 404
+    assert other.client.delete(f"/api/v1/dictionaries/{body['id']}").status_code == 404
+    assert tenant.client.delete(f"/api/v1/dictionaries/{body['id']}").status_code == 204
+    assert tenant.client.get(f"/api/v1/dictionaries/{body['id']}").status_code == 404
+
+
+def test_it_keeps_old_versions_readable_when_a_new_one_is_made(make_tenant: Any) -> None:
+    tenant = make_tenant()
+    d = tenant.client.post("/api/v1/dictionaries", {"name": "v", "rules": RULES[:1]}).json()
+    made = tenant.client.post(f"/api/v1/dictionaries/{d['id']}/versions", {"rules": RULES[1:]})
+    assert made.status_code == 201 and made.json()["version"] == 2
+    versions = tenant.client.get(f"/api/v1/dictionaries/{d['id']}/versions").json()["results"]
+    assert [v["version"] for v in versions] == [2, 1]
+    old = tenant.client.get(f"/api/v1/dictionaries/{d['id']}/versions/1").json()
+    assert [r["grapheme"] for r in old["rules"]] == ["minute"]
+    assert tenant.client.get(f"/api/v1/dictionaries/{d['id']}").json()["latest_version"] == 2
+
+
+def test_it_refuses_rules_that_cannot_be_spoken(make_tenant: Any) -> None:
+    tenant = make_tenant()
+    for rule, field in (
+        ({"grapheme": "x", "phonemes": "QQ ZZ", "alphabet": "arpabet"}, "rules[0]"),
+        ({"grapheme": "x", "phonemes": "ʘ", "alphabet": "ipa"}, "rules[0]"),
+        ({"grapheme": "x", "alias": "a [[b]]"}, "rules[0]"),
+    ):
+        answer = tenant.client.post("/api/v1/dictionaries", {"name": "bad", "rules": [rule]})
+        assert answer.status_code == 400, answer.content
+        assert problem(answer)["code"] == "invalid_dictionary" and problem(answer)["field"] == field
+    both = tenant.client.post(
+        "/api/v1/dictionaries", {"name": "bad", "rules": [{"grapheme": "x", "alias": "y", "phonemes": "Y"}]}
+    )
+    assert both.status_code == 400
+
+
+def test_it_names_the_plan_limit_it_hits(make_tenant: Any) -> None:
+    tenant = make_tenant(max_dictionaries=1, max_dictionary_rules=2, max_dictionary_import_bytes=400)
+    assert tenant.client.post("/api/v1/dictionaries", {"name": "a", "rules": RULES[:1]}).status_code == 201
+    second = tenant.client.post("/api/v1/dictionaries", {"name": "b", "rules": RULES[:1]})
+    assert second.status_code == 422 and problem(second)["limit"] == "max_dictionaries"
+    d = tenant.client.get("/api/v1/dictionaries").json()["results"][0]
+    many = tenant.client.post(f"/api/v1/dictionaries/{d['id']}/versions", {"rules": RULES})
+    assert many.status_code == 422 and problem(many)["limit"] == "max_dictionary_rules"
+    big = _pls("<lexeme><grapheme>a</grapheme><alias>b</alias></lexeme>" * 20)
+    assert len(big) > 400
+    answer = post_pls(tenant, f"/api/v1/dictionaries/{d['id']}/versions", big)
+    assert answer.status_code == 413 and problem(answer)["limit"] == "max_dictionary_import_bytes"
+
+
+def test_it_imports_and_exports_pls(make_tenant: Any) -> None:
+    tenant = make_tenant()
+    doc = _pls(
+        "<lexeme><grapheme>tomato</grapheme><phoneme>təˈmɑːtoʊ</phoneme></lexeme>"
+        '<lexeme><grapheme>minute</grapheme><phoneme alphabet="x-arpabet">M AY0 N UW1 T</phoneme></lexeme>'
+        "<lexeme><grapheme>W3C</grapheme><grapheme>w3c</grapheme><alias>World Wide Web Consortium</alias></lexeme>"
+    )
+    made = post_pls(tenant, "/api/v1/dictionaries?name=imported&is_default=true", doc)
+    assert made.status_code == 201, made.content
+    body = made.json()
+    assert (
+        body["is_default"] and body["version"]["rule_count"] == 4 and body["version"]["language"] == "en-US"
+    )
+    exported = tenant.client.get(f"/api/v1/dictionaries/{body['id']}/versions/1", HTTP_ACCEPT=PLS)
+    assert exported.status_code == 200 and exported["Content-Type"].startswith(PLS)
+    again = post_pls(tenant, f"/api/v1/dictionaries/{body['id']}/versions", exported.content)
+    assert again.status_code == 201
+    first = tenant.client.get(f"/api/v1/dictionaries/{body['id']}/versions/1").json()["rules"]
+    assert again.json()["rules"] == first
+
+
+BILLION_LAUGHS = b"""<?xml version="1.0"?>
+<!DOCTYPE lexicon [
+ <!ENTITY lol "lol">
+ <!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">
+ <!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">
+ <!ENTITY lol4 "&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;">
+]>
+<lexicon version="1.0" xmlns="http://www.w3.org/2005/01/pronunciation-lexicon" alphabet="ipa">
+<lexeme><grapheme>a</grapheme><alias>&lol4;</alias></lexeme></lexicon>"""
+
+
+@pytest.mark.parametrize(
+    ("name", "document", "words"),
+    [
+        ("billion laughs", BILLION_LAUGHS, "entity declarations"),
+        (
+            "external entity",
+            b'<?xml version="1.0"?><!DOCTYPE lexicon [<!ENTITY x SYSTEM "http://127.0.0.1:9/secret">]>'
+            b'<lexicon version="1.0" xmlns="http://www.w3.org/2005/01/pronunciation-lexicon" alphabet="ipa">'
+            b"<lexeme><grapheme>a</grapheme><alias>&x;</alias></lexeme></lexicon>",
+            "nothing was expanded or fetched",
+        ),
+        (
+            "external DTD",
+            b'<?xml version="1.0"?><!DOCTYPE lexicon SYSTEM "http://127.0.0.1:9/pls.dtd">'
+            b'<lexicon version="1.0" xmlns="http://www.w3.org/2005/01/pronunciation-lexicon"/>',
+            "external DTD",
+        ),
+        ("DTD", b'<?xml version="1.0"?><!DOCTYPE lexicon><lexicon/>', "DTD"),
+        (
+            "unknown alphabet",
+            _pls("<lexeme><grapheme>a</grapheme><phoneme>a</phoneme></lexeme>", "x-klingon"),
+            "x-klingon",
+        ),
+        ("not XML", b"<lexicon", "not well-formed"),
+        ("not PLS", b"<speak/>", "root element"),
+    ],
+)
+def test_it_refuses_a_hostile_or_broken_pls_document_with_a_4xx(
+    make_tenant: Any, name: str, document: bytes, words: str
+) -> None:
+    tenant = make_tenant()
+    answer = post_pls(tenant, "/api/v1/dictionaries?name=x", document)
+    assert answer.status_code == 400, (name, answer.content)
+    body = problem(answer)
+    assert body["code"] == "invalid_pls" and words in body["detail"], body
+
+
+def test_it_refuses_an_oversized_document_before_parsing(make_tenant: Any) -> None:
+    tenant = make_tenant(max_dictionary_import_bytes=1024)
+    answer = post_pls(tenant, "/api/v1/dictionaries?name=x", b"<" * 10_000)
+    assert answer.status_code == 413
+    assert problem(answer)["limit"] == "max_dictionary_import_bytes"
+
+
+def test_it_needs_voices_write_to_change_dictionaries(make_tenant: Any) -> None:
+    tenant = make_tenant(scopes=["speech:read", "speech:write"])
+    assert tenant.client.post("/api/v1/dictionaries", {"name": "a", "rules": RULES}).status_code == 403
+    assert tenant.client.get("/api/v1/dictionaries").status_code == 200
+
+
+def test_it_moves_the_default_to_the_dictionary_last_made_default(make_tenant: Any) -> None:
+    tenant = make_tenant()
+    a = tenant.client.post("/api/v1/dictionaries", {"name": "a", "rules": RULES, "is_default": True}).json()
+    b = tenant.client.post("/api/v1/dictionaries", {"name": "b", "rules": RULES}).json()
+    patched = tenant.client.client.patch(
+        f"/api/v1/dictionaries/{b['id']}",
+        '{"is_default": true}',
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {tenant.raw_key}",
+    )
+    assert patched.status_code == 200 and patched.json()["is_default"]
+    assert not tenant.client.get(f"/api/v1/dictionaries/{a['id']}").json()["is_default"]

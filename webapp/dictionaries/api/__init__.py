@@ -1,0 +1,1 @@
+"""The REST API of pronunciation dictionaries (``/api/v1/dictionaries``)."""
