@@ -148,3 +148,14 @@ def after_load(synthesizer: Any) -> None:
         return outcome
 
     engine.synthesize_batch = synthesize_batch
+
+
+# A job whose text holds this marker finds the disk full as it writes its sentence cache entries.
+CACHE_FULL_MARKER = os.environ.get("TTS_FAULT_CACHE_FULL_MARKER", "Cachefullfaultmarker")
+
+
+def before_cache_write(job: SynthesisJob) -> None:
+    """ENOSPC in the middle of a sentence cache write (the entry's temp file is open)."""
+    if CACHE_FULL_MARKER and CACHE_FULL_MARKER in job.text:
+        log.error("fault injection: job %s finds the disk full writing its sentence cache", job.id)
+        raise OSError(28, "No space left on device (fault injection)")

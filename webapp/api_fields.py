@@ -38,6 +38,15 @@ class StrictNumberField(serializers.FloatField):
         return float(super().to_internal_value(value))
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """``true`` or ``false`` and nothing else (DRF would take "yes", 1 and "on")."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
 class StrictSerializer(serializers.Serializer):
     """Unknown fields are a 400, not silently dropped."""
 

@@ -207,6 +207,9 @@ STORAGES = {
     },
 }
 MEDIA_ROOT = TTS_VAR_LAYOUT.media_root
+# The sentence cache (issue 33): one folder per tenant of rendered sentences. Not media rows
+# name: the backup leaves it out, the orphan sweep leaves it alone, eviction bounds it.
+TTS_SENTENCE_CACHE_DIR = env_str("TTS_SENTENCE_CACHE_DIR", str(MEDIA_ROOT / "sentence-cache"))
 # Nginx serves audio from this internal location after Django checked ownership.
 TTS_ACCEL_REDIRECT_PREFIX = env_str("TTS_ACCEL_REDIRECT_PREFIX", "/_protected/media/")
 LOG_DIR = TTS_VAR_LAYOUT.log_dir
@@ -482,6 +485,7 @@ TTS_HOUSEKEEPING_EVERY = {
         "purge_temp_files": 3600,
         "prune_records": 3600,
         "snapshot_operations": 60,
+        "evict_sentence_cache": 300,
     }.items()
 }
 # The operations page's minute snapshots are kept this long (its charts show 24 hours).

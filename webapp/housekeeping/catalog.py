@@ -6,9 +6,9 @@ families build on), so the registry is always complete.
 
 from __future__ import annotations
 
-from webapp.housekeeping import disk, operations, records, synthesis, voices
+from webapp.housekeeping import disk, operations, records, sentence_cache, synthesis, voices
 from webapp.housekeeping.jobs import JOBS, RunResult, run_job
 
-FAMILIES = (disk, operations, records, synthesis, voices)
+FAMILIES = (disk, operations, records, sentence_cache, synthesis, voices)
 
 __all__ = ["FAMILIES", "JOBS", "RunResult", "run_job"]

@@ -199,7 +199,13 @@ def remove_orphan_files(ctx: Context) -> None:
     # Temp folders are purge_temp_files' business; voice models and static files
     # are nobody's rows, should they be configured inside MEDIA_ROOT.
     skip = set(temp_dirs()) | {
-        Path(p).resolve() for p in (settings.TTS_VOICES_DIR, settings.STATIC_ROOT, settings.LOG_DIR)
+        Path(p).resolve()
+        for p in (
+            settings.TTS_VOICES_DIR,
+            settings.STATIC_ROOT,
+            settings.LOG_DIR,
+            settings.TTS_SENTENCE_CACHE_DIR,  # no row names its entries: eviction bounds it
+        )
     }
     client = redis_clients.locks()
     batch: list[_Candidate] = []

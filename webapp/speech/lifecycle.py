@@ -115,9 +115,31 @@ def _settle(job_id: Any, parts: tuple[Part, ...] = ()) -> bool:
     return ledger.settle(job_id, parts)
 
 
-def _completed(duration_seconds: float) -> tuple[Part, ...]:
-    """A completion's charge: the whole text, and audio past the bound per character by its seconds."""
-    return (Part(PartKind.FRESH), ledger.audio_seconds_part(duration_seconds))
+def _completed(
+    duration_seconds: float, cached: int = 0, characters: int = 0, price: float = 1.0
+) -> tuple[Part, ...]:
+    """A completion's charge: the whole text, and audio past the bound per character by its seconds.
+
+    Of a job that found ``cached`` of its ``characters`` in the sentence cache, those are
+    charged at the plan's ``price`` for them, the rest fresh.
+    """
+    audio = ledger.audio_seconds_part(duration_seconds)
+    cached = min(max(0, cached), characters)
+    if not cached:
+        return (Part(PartKind.FRESH), audio)
+    return (Part(PartKind.FRESH, characters - cached), ledger.cached_part(cached, price), audio)
+
+
+def _completed_job(job_id: Any, duration_seconds: float) -> tuple[Part, ...]:
+    """:func:`_completed` for a job's row: its characters, those from the cache, its plan's price."""
+    row = (
+        SynthesisJob.objects.filter(id=job_id)
+        .values_list("text_chars", "cached_characters", "organization__plan__cached_character_price")
+        .first()
+    )
+    if row is None or not row[1]:
+        return _completed(duration_seconds)
+    return _completed(duration_seconds, int(row[1]), int(row[0]), float(row[2]))
 
 
 def _delivered(job: SynthesisJob) -> tuple[Part, ...]:
@@ -191,6 +213,7 @@ class JobRequest:
     billable_chars: int
     source: str = "api"
     waited: bool = False  # a client waits on the job's answer and holds its waiter lease
+    use_cache: bool = True  # the tenant's sentence cache serves and keeps this job's sentences
 
 
 def request_fingerprint(payload: Any) -> str:
@@ -285,6 +308,7 @@ def submit_job(
             source=request.source,
             request_id=current_request_id(),
             retry_of=retry_of,
+            use_cache=request.use_cache,
             created_at=now,
             queued_at=now,
             time_limit=dt.timedelta(seconds=dispatch.job_time_limits(request.billable_chars)[1]),
@@ -698,8 +722,12 @@ def complete_job(
     duration_seconds: float,
     metrics: dict[str, Any],
     applied_instructions: dict[str, Any],
+    cached_characters: int = 0,
 ) -> bool:
     """Publish this attempt's file as the job's audio and charge it, exactly once.
+
+    ``cached_characters``: of its sentences, those served from the sentence cache (charged at
+    the plan's cached_character_price).
 
     Under the row lock and only for the current token: the row then names the
     winning attempt's own file. A cancel requested meanwhile ends the job
@@ -723,6 +751,7 @@ def complete_job(
             duration_seconds=duration_seconds,
             metrics=metrics,
             applied_instructions=applied_instructions,
+            cached_characters=max(0, int(cached_characters)),
             expires_at=ExpressionWrapper(
                 now + ExpressionWrapper(retention * dt.timedelta(days=1), DurationField()),
                 output_field=DateTimeField(),
@@ -745,7 +774,7 @@ def complete_job(
             return False
         notify.job_changed(job_id, Status.SUCCEEDED, 1.0)
         if settle_now:
-            _settle(job_id, _completed(duration_seconds))
+            _settle(job_id, _completed_job(job_id, duration_seconds))
     return True
 
 
@@ -756,7 +785,7 @@ def answer_handed(job_id: Any) -> bool:
         job = _transition(job_id, AWAITING_ANSWER, waiter_until=None)
         if job is None:
             return False
-        _settle(job.id, _completed(float(job.duration_seconds or 0)))
+        _settle(job.id, _completed_job(job.id, float(job.duration_seconds or 0)))
         return True
 
 

@@ -151,6 +151,10 @@ class SynthesisJob(models.Model):
     # a cancel, delete or disconnect charges it (docs/api.md, "What is charged").
     delivered_chars = models.PositiveIntegerField(default=0, db_default=0)
     delivered_seconds = models.FloatField(default=0.0, db_default=0.0)
+    # Characters of sentences served from the tenant's sentence cache (billed at the plan's
+    # cached_character_price), and whether the submit allowed the cache (``cache``).
+    cached_characters = models.PositiveIntegerField(default=0, db_default=0)
+    use_cache = models.BooleanField(default=True, db_default=True)
     queued_at = models.DateTimeField(null=True, blank=True)  # last entry into the queue
     # The pronunciation dictionary versions pinned at submit (webapp.dictionaries), in the request's
     # order: what they were ({"id", "version", "name", "version_id"}, readable after a dictionary is

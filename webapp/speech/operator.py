@@ -32,7 +32,7 @@ from webapp.audit import services as audit
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech import lifecycle
 from webapp.speech.models import IdempotencyKey, RetiredUsage, SynthesisJob, UsageEvent, UsagePeriod, Voice
-from webapp.speech.services import files, prompts
+from webapp.speech.services import files, prompts, sentence_cache
 from webapp.tenants.models import ApiKey, Membership, Organization
 
 log = logging.getLogger(__name__)
@@ -248,4 +248,5 @@ def _delete_tenant(org: Organization) -> dict[str, int]:
         audit.anonymise_tenant(org_id)
         audit.record("tenant.deleted", target="(deleted tenant)", actor=None, details=counts)
         transaction.on_commit(lambda: _remove_media(paths))
+        transaction.on_commit(lambda: sentence_cache.purge_tenant(org_id))
     return counts

@@ -82,6 +82,7 @@ def job_request(organization: Organization, data: dict[str, Any], source: str = 
         # The OpenAI route answers a client that waits on the job (or its stream): it holds the
         # job's waiter lease, and its going away abandons the job.
         waited=source == "openai",
+        use_cache=data.get("cache") is not False,
     )
 
 

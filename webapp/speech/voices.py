@@ -10,7 +10,7 @@ from django.db import transaction
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech import lifecycle
 from webapp.speech.models import Voice
-from webapp.speech.services import prompts
+from webapp.speech.services import prompts, sentence_cache
 from webapp.tenants.models import Organization
 
 if TYPE_CHECKING:
@@ -49,4 +49,6 @@ def delete_voice(organization: Organization, voice: Voice) -> None:
         # Biometric data: its queued jobs fail `voice_deleted`, its files go at commit.
         lifecycle.fail_jobs_of_deleted_voice(locked)
         prompts.remove_voice_files(locked)
+        org_id, voice_pk = locked.organization_id, locked.pk
+        transaction.on_commit(lambda: sentence_cache.purge_voice(org_id, voice_pk))  # its rendered sentences
         locked.delete()

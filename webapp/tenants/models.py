@@ -31,6 +31,11 @@ class Plan(models.Model):
     max_concurrent_waits = models.PositiveIntegerField(default=20)
     # The dashboard asks this plan's owners for a TOTP second factor.
     owners_need_totp = models.BooleanField(default=False)
+    # The sentence cache (issue 33, webapp/speech/services/sentence_cache.py): the bytes of rendered
+    # sentences kept for the tenant (0: no cache), and what a character served from it costs
+    # against a fresh one (1.0 full price ... 0.0 free).
+    sentence_cache_bytes = models.PositiveBigIntegerField(default=256 * 1024 * 1024)
+    cached_character_price = models.FloatField(default=1.0)
     # Pronunciation dictionaries (webapp.dictionaries): how many, rules per version, bytes per PLS import.
     max_dictionaries = models.PositiveIntegerField(default=10)
     max_dictionary_rules = models.PositiveIntegerField(default=1000)
@@ -54,6 +59,9 @@ class Organization(models.Model):
     plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="organizations")
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Bytes its sentence cache holds: added to as workers store sentences, set exact by housekeeping
+    # (evict_sentence_cache); counted in its storage.
+    sentence_cache_used = models.PositiveBigIntegerField(default=0, db_default=0)
 
     def __str__(self) -> str:
         return self.name

@@ -109,6 +109,8 @@ def job_body(data: dict[str, Any]) -> dict[str, Any]:
             ours[name] = data[name]
     if data.get("instructions"):
         ours["instructions"] = data["instructions"]
+    if data.get("cache") is False:
+        ours["cache"] = False
     return ours
 
 

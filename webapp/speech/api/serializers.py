@@ -17,7 +17,13 @@ from django.urls import reverse
 from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from webapp.api_fields import StrictCharField, StrictIntegerField, StrictNumberField, StrictSerializer
+from webapp.api_fields import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictNumberField,
+    StrictSerializer,
+)
 from webapp.speech import submission
 from webapp.speech.api.voice_fields import uploaded_voice_fields
 from webapp.speech.models import SynthesisJob, Voice
@@ -38,6 +44,13 @@ class SpeechTextField(StrictCharField):
         ]
 
 
+CACHE_HELP = (
+    "Default true: sentences this tenant had rendered before with the same voice and controls are "
+    "served from its sentence cache (billed at the plan's cached_character_price) and new ones are "
+    "kept; false renders every sentence afresh and keeps none."
+)
+
+
 class SpeechRequestSerializer(StrictSerializer):
     text = SpeechTextField(
         trim_whitespace=False, allow_blank=True, help_text="Text to speak (annotations allowed)."
@@ -56,6 +69,7 @@ class SpeechRequestSerializer(StrictSerializer):
         max_value=LOUDNESS_RANGE[1],
         help_text="Target integrated loudness in LUFS, -40 - -5 (e.g. -16 podcast, -23 broadcast).",
     )
+    cache = StrictBooleanField(required=False, default=True, help_text=CACHE_HELP)
 
     def validate_format(self, value: Any) -> str:
         if not isinstance(value, str):
@@ -129,6 +143,9 @@ class JobSerializer(serializers.Serializer):
     expires_at = serializers.DateTimeField(allow_null=True)
     audio_url = serializers.URLField(allow_null=True)
     duration_seconds = serializers.FloatField(allow_null=True)
+    cached_characters = serializers.IntegerField(
+        help_text="Of text_chars, those served from the sentence cache (set when the job succeeds)."
+    )
     metrics = JobMetricsSerializer()
     error = JobErrorSerializer(allow_null=True)
 
@@ -156,6 +173,7 @@ class JobSerializer(serializers.Serializer):
             "expires_at": _iso(job.expires_at),
             "audio_url": audio_url,
             "duration_seconds": job.duration_seconds,
+            "cached_characters": job.cached_characters,
             "metrics": public_metrics(job.metrics or {}),
             "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,
         }
@@ -216,6 +234,7 @@ class OpenAISpeechSerializer(serializers.Serializer):
     )
     speed = StrictNumberField(required=False, min_value=0.25, max_value=4.0)
     instructions = StrictCharField(required=False, allow_blank=True, max_length=4096)
+    cache = StrictBooleanField(required=False, default=True, help_text=CACHE_HELP)
     stream_format = serializers.ChoiceField(
         choices=("audio", "sse"),
         required=False,

@@ -1,6 +1,7 @@
 from django.urls import URLPattern, URLResolver, include, path
 
 from webapp.speech.api import openai, openai_catalog, streaming, views, voices
+from webapp.speech.api.cache import SentenceCacheView
 
 # The sub-resources of one job: api/v1/speech/<job_id>/...
 _job_routes: list[URLPattern | URLResolver] = [
@@ -15,6 +16,7 @@ _v1_routes: list[URLPattern | URLResolver] = [
     path("speech/<str:job_id>", views.speech_detail, name="api-speech-detail"),
     path("speech/<str:job_id>/", include(_job_routes)),
     path("usage", views.UsageView.as_view(), name="api-usage"),
+    path("cache", SentenceCacheView.as_view(), name="api-sentence-cache"),
     path("schema", views.PublicSchemaView.as_view(), name="api-schema"),
 ]
 # The OpenAI-compatible surface, at the paths OpenAI clients call.

@@ -1,6 +1,6 @@
 """The sentence cache's job fields (issue 33)."""
 
-from django.db import migrations
+from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
@@ -8,4 +8,15 @@ class Migration(migrations.Migration):
         ("speech", "0009_job_engine_active_index"),
     ]
 
-    operations = []  # type: ignore[var-annotated]
+    operations = [
+        migrations.AddField(
+            model_name="synthesisjob",
+            name="cached_characters",
+            field=models.PositiveIntegerField(db_default=0, default=0),
+        ),
+        migrations.AddField(
+            model_name="synthesisjob",
+            name="use_cache",
+            field=models.BooleanField(db_default=True, default=True),
+        ),
+    ]

@@ -38,7 +38,7 @@ from webapp.speech import lifecycle
 from webapp.speech.lifecycle import Verdict
 from webapp.speech.models import SynthesisJob
 from webapp.speech.runtime import hooks, mode, recycling, worker
-from webapp.speech.services import notify, prompts
+from webapp.speech.services import notify, prompts, sentence_cache
 from webapp.speech.services.files import media_path
 from webapp.speech.services.outputs import (
     attempt_path,
@@ -195,6 +195,7 @@ def _run(state: worker.WorkerState, attempt: Attempt, rss_before: float) -> Outc
             duration_seconds=result.duration_seconds,
             metrics=_metrics(state, attempt, result, rss_before, cpu_seconds),
             applied_instructions={"applied": result.applied, "not_applied": result.not_applied},
+            cached_characters=getattr(result, "cached_characters", 0),  # (a test's stand-in may have none)
         )
     except JobLost:
         discard_output(job.id, attempt.token, relative)
@@ -280,6 +281,26 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
         # An uploaded voice cloned zero-shot: the engine gets its prompt (docs/voices.md).
         prompt=prompts.voice_prompt(job.voice) if job.cloning_mode == prompts.ZERO_SHOT else None,
     )
+    # The tenant's sentence cache for this voice (None: ``cache: false``, or the plan keeps none).
+    cache = sentence_cache.job_store(job, before_write=lambda: hooks.before_cache_write(job))
+    try:
+        return _run_synthesis(state, job, attempt, request, progress, cancel, cache)
+    finally:
+        if cache is not None and cache.written:
+            # Counted also when the job failed after: the entries are on disk either way.
+            with contextlib.suppress(Exception):
+                sentence_cache.count_written(job.organization_id, cache.written)
+
+
+def _run_synthesis(
+    state: worker.WorkerState,
+    job: SynthesisJob,
+    attempt: Attempt,
+    request: SynthesisRequest,
+    progress: Callable[[int, int], None],
+    cancel: dict[str, bool],
+    cache: sentence_cache.DiskStore | None,
+) -> Any:
     with state.host_jobs.running():  # counted, so a lone job may use every core (synth.hostjobs)
         return state.synthesizer.synthesize(
             request,
@@ -288,6 +309,7 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
             should_cancel=lambda: cancel["requested"] or worker.handing_back(),
             # The audio as it is made, for clients streaming the job (webapp/speech/api/streaming.py).
             stream=StreamWriter(stream_path(attempt.out_path), on_grew=lambda: notify.stream_grew(job.id)),
+            cache=cache,
         )
 
 

@@ -53,6 +53,11 @@ def after_progress(job: Any, done: int, total: int) -> None:
     _call("after_progress", job, done, total)
 
 
+def before_cache_write(job: Any) -> None:
+    """A sentence of the job is about to be written to its tenant's sentence cache (the file is open)."""
+    _call("before_cache_write", job)
+
+
 def before_commit(job: Any) -> None:
     """An attempt's file is in place; its completion is about to be written."""
     _call("before_commit", job)

@@ -64,10 +64,10 @@ def format_count(n: int) -> str:
 
 
 def storage_used(organization: Organization) -> int:
-    """Bytes a tenant stores: job audio plus voice prompts (as a submit's limits count them)."""
+    """Bytes a tenant stores: job audio, voice prompts and its sentence cache (as a submit's limits count them)."""
     row = fetch_one(f"SELECT {_STORED_BYTES} FROM {_JOBS} WHERE {_LIVE_OF_TENANT}", {"org": organization.pk})
     assert row is not None  # an aggregate answers one row
-    return int(row[0]) + int(row[1])
+    return int(row[0]) + int(row[1]) + int(organization.sentence_cache_used)
 
 
 # --------------------------------------------------------------------- limits and reservation
@@ -132,7 +132,8 @@ def check_limits(organization: Organization, chars: int, now: dt.datetime, engin
             "wait for one to finish.",
             retry_after=5,
         )
-    used_bytes = int(job_bytes) + int(prompt_bytes)  # storage_used, read in the same statement
+    # storage_used, read in the same statement (the sentence cache's bytes are on the locked tenant row)
+    used_bytes = int(job_bytes) + int(prompt_bytes) + int(organization.sentence_cache_used)
     if used_bytes >= plan.storage_bytes:
         raise DomainError(
             ErrorCode.STORAGE_LIMIT,
@@ -212,6 +213,9 @@ class PartKind(StrEnum):
     # Audio past TTS_AUDIO_SECONDS_PER_CHAR per character of the parts above, charged by its
     # seconds (speed 0.25, long pauses): the one part not capped by the reservation.
     AUDIO_SECONDS = "audio_seconds"
+    # Sentences served from the tenant's sentence cache: charged at the plan's
+    # cached_character_price (``covers`` records how many characters they were).
+    CACHED = "cached"
 
 
 @dataclass(frozen=True)
@@ -221,6 +225,15 @@ class Part:
     kind: PartKind
     characters: int | None = None
     seconds: float | None = None  # AUDIO_SECONDS: the audio's length, charged beyond the parts before it
+    # The characters the part stands for when it charges fewer (CACHED): they count towards the
+    # bound of audio per character as if charged, so a discount is never taken back as audio seconds.
+    covers: int | None = None
+
+
+def cached_part(characters: int, price: float) -> Part:
+    """Characters served from the sentence cache, at ``price`` (0.0 .. 1.0) of a fresh one, rounded up."""
+    price = min(1.0, max(0.0, float(price)))
+    return Part(PartKind.CACHED, math.ceil(characters * price - 1e-9), covers=characters)
 
 
 def audio_seconds_part(audio_seconds: float) -> Part:
@@ -263,15 +276,19 @@ def settle(job_id: Any, parts: Iterable[Part] = ()) -> bool:
     if reserve is None or any(e[0] != UsageEvent.Kind.RESERVE for e in events):
         return False
     organization_id, reserved, period = reserve
-    recorded, room, beyond = [], reserved, 0
+    recorded: list[dict[str, Any]] = []
+    room, beyond, covered = reserved, 0, 0
     for part in parts:
         if part.kind == PartKind.AUDIO_SECONDS:
-            take = _beyond_the_bound(part, reserved - room + beyond)
+            take = _beyond_the_bound(part, covered + beyond)
             beyond += take
         else:
             take = room if part.characters is None else max(0, min(part.characters, room))
             room -= take
-        if take:
+            covered += take if part.covers is None else max(take, part.covers)
+        if part.covers:  # recorded also when free: the usage splits fresh from cached characters
+            recorded.append({"kind": str(part.kind), "characters": take, "covers": part.covers})
+        elif take:
             recorded.append({"kind": str(part.kind), "characters": take})
     charged = reserved - room + beyond
     kind = UsageEvent.Kind.CHARGE if charged else UsageEvent.Kind.RELEASE

@@ -45,7 +45,10 @@ def usage_summary(
         "retention_days",
         "text_retention_days",
         "storage_bytes",
+        "sentence_cache_bytes",
+        "cached_character_price",
     )
+    cached = cached_characters(organization, period)
     return {
         "plan": {name: getattr(plan, name) for name in plan_fields},
         "period": {"start": period_start(now), "end": period_end(now)},
@@ -54,6 +57,10 @@ def usage_summary(
             "reserved": reserved,
             "limit": plan.monthly_characters,
             "remaining": max(0, plan.monthly_characters - used - reserved),
+            # Of the characters of jobs that finished this period: served from the sentence cache
+            # (billed at the plan's cached_character_price), and rendered fresh.
+            "cached": cached[0],
+            "fresh": cached[1],
         },
         "jobs": {
             "queued": counts.get(Status.QUEUED, 0),
@@ -63,6 +70,18 @@ def usage_summary(
         "storage": {"used_bytes": storage_used(organization), "limit_bytes": plan.storage_bytes},
         "daily": daily_totals(organization, now, days),
     }
+
+
+def cached_characters(organization: Organization, period: dt.date) -> tuple[int, int]:
+    """(cached, fresh) characters of the tenant's jobs that succeeded in the period starting ``period``."""
+    since = dt.datetime.combine(period, dt.time(0), tzinfo=dt.UTC)
+    row = SynthesisJob.objects.filter(
+        organization=organization,
+        status__in=(Status.SUCCEEDED, Status.EXPIRED),
+        finished_at__gte=since,
+    ).aggregate(cached=Sum("cached_characters"), total=Sum("text_chars"))
+    cached, total = int(row["cached"] or 0), int(row["total"] or 0)
+    return cached, max(0, total - cached)
 
 
 def daily_totals(organization: Organization, now: dt.datetime, days: int) -> list[dict[str, Any]]:

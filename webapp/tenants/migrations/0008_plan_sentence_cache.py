@@ -1,6 +1,6 @@
-"""The plan's sentence cache settings (issue 33)."""
+"""The plan's sentence cache settings and the tenant's cache bytes (issue 33)."""
 
-from django.db import migrations
+from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
@@ -8,4 +8,20 @@ class Migration(migrations.Migration):
         ("tenants", "0007_apikey_parent"),
     ]
 
-    operations = []  # type: ignore[var-annotated]
+    operations = [
+        migrations.AddField(
+            model_name="plan",
+            name="sentence_cache_bytes",
+            field=models.PositiveBigIntegerField(default=256 * 1024 * 1024),
+        ),
+        migrations.AddField(
+            model_name="plan",
+            name="cached_character_price",
+            field=models.FloatField(default=1.0),
+        ),
+        migrations.AddField(
+            model_name="organization",
+            name="sentence_cache_used",
+            field=models.PositiveBigIntegerField(db_default=0, default=0),
+        ),
+    ]

@@ -1,0 +1,242 @@
+"""The sentence cache through the API and the real worker (issue 33): hits, billing, faults, purges.
+
+Piper on onnxruntime is not seeded, so a sentence rendered twice differs; what a
+cached job must be is its stored entries, sample for sample, with the pauses
+between them. Jobs here are three short sentences (about a second each on the
+shared worker).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+
+from synth.audio import pcm16_samples
+from synth.cache import decode_entry
+from synth.normalize import split_sentences
+from tests.faults import CACHE_FULL_MARKER
+from tests.integration.api.conftest import problem, wait_finished
+
+SENTENCES = ["Your code is four two seven.", "Your table is ready now.", "Thank you for calling."]
+TEXT = " ".join(SENTENCES)
+GAP = int(round(0.2 * 22050))  # the default pause between sentences, at Joe's native rate
+
+
+def _run(t: Any, text: str, **fields: Any) -> Any:
+    from webapp.speech.models import SynthesisJob
+
+    created = t.client.post("/api/v1/speech", {"text": text, "format": "wav", **fields})
+    assert created.status_code == 202, created.content
+    body = wait_finished(t.client, created.json()["id"], timeout=90)
+    assert body["status"] == "succeeded", body
+    job = SynthesisJob.objects.get(id=body["id"])
+    assert body["cached_characters"] == job.cached_characters
+    return job
+
+
+def _samples(job: Any) -> np.ndarray:
+    from django.conf import settings
+
+    audio, rate = sf.read(str(Path(settings.MEDIA_ROOT) / job.audio_path), dtype="int16")
+    assert rate == 22050
+    return np.asarray(audio)
+
+
+def _entries(org: Any) -> dict[Path, Any]:
+    from webapp.speech.services import sentence_cache
+
+    folder = sentence_cache.tenant_folder(org.pk)
+    return {p: decode_entry(p.read_bytes()) for p in folder.rglob("*.sc")} if folder.is_dir() else {}
+
+
+def _charged(job: Any) -> int:
+    from webapp.speech.models import UsageEvent
+
+    return int(
+        UsageEvent.objects.filter(job_key=job.id, kind=UsageEvent.Kind.CHARGE)
+        .values_list("characters", flat=True)
+        .get()
+    )
+
+
+def _chunk_lengths(text: str) -> list[int]:
+    return [len(c) for c in split_sentences(text, "en", 300)]
+
+
+def _is_stitched(audio: np.ndarray, entries: list[Any]) -> bool:
+    """The job is some order of these entries with the pause between each: nothing else, bit for bit."""
+    gap = np.zeros(GAP, np.float32)
+    for order in itertools.permutations(entries):
+        parts: list[np.ndarray] = []
+        for i, entry in enumerate(order):
+            parts += [gap, entry.audio] if i else [entry.audio]
+        if pcm16_samples(np.clip(np.concatenate(parts), -1, 1)).tobytes() == audio.tobytes():
+            return True
+    return False
+
+
+def test_it_serves_a_repeated_job_from_the_cache_bit_for_bit_and_bills_the_plan_fraction(
+    live_tenant: Any,
+) -> None:
+    t = live_tenant(cached_character_price=0.5)
+    first = _run(t, TEXT)
+    assert first.cached_characters == 0 and _charged(first) == first.text_chars
+    entries = _entries(t.org)
+    assert len(entries) == 3 and all(e is not None for e in entries.values())
+
+    again = _run(t, TEXT)
+    assert again.cached_characters == sum(_chunk_lengths(TEXT))
+    assert again.duration_seconds == first.duration_seconds
+    assert _samples(again).tobytes() == _samples(first).tobytes()
+    assert _is_stitched(_samples(again), list(entries.values()))
+    cached = min(again.cached_characters, again.text_chars)
+    assert _charged(again) == again.text_chars - cached + math.ceil(cached * 0.5)
+
+    # One sentence changed: only it is rendered, the joins are the same pauses, the bill is split.
+    changed = f"{SENTENCES[0]} Your table is ready in ten minutes. {SENTENCES[2]}"
+    partial = _run(t, changed)
+    lengths = _chunk_lengths(changed)
+    assert partial.cached_characters == lengths[0] + lengths[2]
+    assert _charged(partial) == partial.text_chars - partial.cached_characters + math.ceil(
+        partial.cached_characters * 0.5
+    )
+    after = _entries(t.org)
+    assert len(after) == 4
+    wanted = [after[p] for p in after if after[p] is not None]
+    assert any(_is_stitched(_samples(partial), list(trio)) for trio in itertools.combinations(wanted, 3))
+
+    usage = t.client.get("/api/v1/usage").json()["characters"]
+    assert usage["cached"] == again.cached_characters + partial.cached_characters
+    assert usage["fresh"] == first.text_chars + again.text_chars + partial.text_chars - usage["cached"]
+
+    # cache: false renders every sentence and keeps nothing new.
+    uncached = _run(t, TEXT, cache=False)
+    assert uncached.cached_characters == 0 and _charged(uncached) == uncached.text_chars
+    assert len(_entries(t.org)) == 4
+
+
+def test_a_corrupt_entry_is_a_miss_and_a_full_disk_leaves_the_job_uncached(live_tenant: Any) -> None:
+    t = live_tenant()
+    _run(t, TEXT)
+    entries = sorted(_entries(t.org))
+    broken = entries[0]
+    broken.write_bytes(broken.read_bytes()[:-1000])  # truncated, as by a crash
+    entries[1].write_bytes(b"garbage")
+    again = _run(t, TEXT)
+    assert 0 < again.cached_characters < sum(_chunk_lengths(TEXT))
+    assert all(e is not None for e in _entries(t.org).values())  # the broken ones were written anew
+    assert len(_entries(t.org)) == 3
+
+    full = live_tenant()
+    text = f"Marker {CACHE_FULL_MARKER} here. {TEXT}"
+    job = _run(full, text)
+    assert job.cached_characters == 0 and job.duration_seconds > 1
+    assert _entries(full.org) == {}
+    from webapp.speech.services import sentence_cache
+
+    folder = sentence_cache.tenant_folder(full.org.pk)
+    assert not [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else True  # no temp left
+
+
+def test_tenants_never_share_entries_and_delete_cache_empties_a_tenants_own(live_tenant: Any) -> None:
+    from webapp.tenants.models import Organization
+
+    one, two = live_tenant(), live_tenant()
+    _run(one, TEXT)
+    other = _run(two, TEXT)
+    assert other.cached_characters == 0  # the same sentences, another tenant: its own render
+    assert len(_entries(one.org)) == 3 and len(_entries(two.org)) == 3
+    assert Organization.objects.get(pk=one.org.pk).sentence_cache_used > 0
+
+    purged = one.client.delete("/api/v1/cache")
+    assert purged.status_code == 200 and purged.json()["bytes_freed"] > 0
+    assert _entries(one.org) == {} and len(_entries(two.org)) == 3
+    assert Organization.objects.get(pk=one.org.pk).sentence_cache_used == 0
+    assert _run(one, TEXT).cached_characters == 0
+    assert _run(two, TEXT).cached_characters > 0
+
+
+def test_cache_must_be_a_boolean_on_both_endpoints(make_tenant: Any) -> None:
+    t = make_tenant()
+    for value in ("yes", 1, None, "false"):
+        response = t.client.post("/api/v1/speech", {"text": "Hello.", "cache": value})
+        assert response.status_code == 400 and problem(response)["field"] == "cache", value
+        response = t.client.post(
+            "/v1/audio/speech", {"model": "tts-1", "input": "Hello.", "voice": "alloy", "cache": value}
+        )
+        assert response.status_code == 400, value
+
+
+def test_delete_cache_needs_the_write_scope(make_tenant: Any) -> None:
+    t = make_tenant(scopes=["speech:read"])
+    assert t.client.delete("/api/v1/cache").status_code == 403
+
+
+def _fill(org: Any, voice_pk: Any, n: int, size: int = 4000) -> list[Path]:
+    """``n`` entries of ``size`` samples in the tenant's folder for a voice, the first the oldest."""
+    from synth.cache import SentenceEntry
+    from webapp.speech.services import sentence_cache
+
+    store = sentence_cache.DiskStore(sentence_cache.voice_folder(org.pk, voice_pk))
+    paths = []
+    for i in range(n):
+        key = f"{i:02d}" + "ab" * 31
+        store.put(key, SentenceEntry(np.full(size, i / 100, np.float32), 22050))
+        path = store._path(key)
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))
+        paths.append(path)
+    return paths
+
+
+def test_eviction_keeps_the_tenant_within_its_bound_least_recently_used_first(make_tenant: Any) -> None:
+    from webapp.housekeeping.catalog import run_job
+    from webapp.speech.services import sentence_cache
+    from webapp.speech.services.ledger import storage_used
+    from webapp.tenants.models import Organization
+
+    t = make_tenant()
+    paths = _fill(t.org, "v1", 6)
+    entry = paths[0].stat().st_size  # every entry is as long
+    t.org.plan.sentence_cache_bytes = 3 * entry
+    t.org.plan.save()
+    sentence_cache.DiskStore(paths[0].parent.parent).get(paths[0].stem)  # a hit: the oldest is now the newest
+    result = run_job("evict_sentence_cache")
+    assert result.counts.get("removed", 0) == 3
+    assert [p.exists() for p in paths] == [True, False, False, False, True, True]
+    kept = sum(p.stat().st_size for p in paths if p.exists())
+    org = Organization.objects.get(pk=t.org.pk)
+    assert org.sentence_cache_used == kept <= 3 * entry
+    assert storage_used(org) >= kept
+
+
+def test_deleting_a_voice_or_a_tenant_empties_its_cache(
+    make_tenant: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    from webapp.speech.models import Voice
+    from webapp.speech.operator import delete_tenant
+    from webapp.speech.services import sentence_cache
+    from webapp.speech.voices import delete_voice
+
+    t = make_tenant()
+    voice = Voice.objects.create(
+        voice_id=f"cache-test-{t.org.pk}",
+        organization=t.org,
+        name="v",
+        engine="piper",
+        language="en_US",
+        sample_rate=22050,
+    )
+    kept = _fill(t.org, "other", 1)
+    doomed = _fill(t.org, voice.pk, 2)
+    with django_capture_on_commit_callbacks(execute=True):
+        delete_voice(t.org, voice)
+    assert not any(p.exists() for p in doomed) and kept[0].exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        delete_tenant(t.org)
+    assert not sentence_cache.tenant_folder(t.org.pk).exists()

@@ -1,0 +1,35 @@
+"""``DELETE /api/v1/cache``: the tenant empties its sentence cache (issue 33)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from webapp.errors import DomainError, ErrorCode
+from webapp.speech.services import sentence_cache
+from webapp.tenants import roles
+from webapp.tenants.api.base import TenantAPIView
+from webapp.tenants.auth import ApiKeyUser
+
+
+class SentenceCacheView(TenantAPIView):
+    required_scopes = {"DELETE": "speech:write"}
+
+    @extend_schema(
+        request=None,
+        responses={
+            200: inline_serializer("SentenceCachePurged", {"bytes_freed": serializers.IntegerField()})
+        },
+        summary="Empty this tenant's sentence cache",
+        description="Every sentence this tenant's jobs rendered and kept is removed; the next jobs "
+        "render theirs afresh. Owners' and admins' keys only (the cache is the whole tenant's).",
+    )
+    def delete(self, request: Request) -> Response:
+        principal = request.user
+        if not isinstance(principal, ApiKeyUser) or not roles.may_touch_all_jobs(principal.role):
+            raise DomainError(
+                ErrorCode.PERMISSION_DENIED, "Only an owner's or an admin's key may empty the sentence cache."
+            )
+        return Response({"bytes_freed": sentence_cache.purge_tenant(self.organization.pk)})
