@@ -129,13 +129,15 @@ def wait_for_redis_data(cfg: StackConfig, timeout: float = 120) -> None:
 OPTIONAL_ROLES = {
     "analysis": "uploaded voices stay processing",
     "housekeeping": "no stuck job is reaped or re-sent and no old file is removed",
+    "webhooks": "no webhook is sent (they wait in the outbox)",
 }
 
 
 def worker_service(cfg: StackConfig, name: str = "worker", role: str = "synth") -> Service:
     """A Celery worker as the stack runs it: stopped warm, through its parent only."""
-    if role == "analysis":
-        command = worker_command(cfg, queues="analysis", name="analysis")
+    if role in ("analysis", "webhooks"):
+        # Queues of their own: a slow upload or webhook receiver never holds a synthesis worker.
+        command = worker_command(cfg, queues=role, name=role)
     else:
         command = housekeeping_worker_command(cfg) if role == "housekeeping" else worker_command(cfg)
     env = {**django_env_for(cfg, name), "TTS_WORKER_ROLE": role}
@@ -171,6 +173,7 @@ def app_services(cfg: StackConfig) -> list[Service]:
         worker_service(cfg, "worker"),
         worker_service(cfg, "housekeeping", role="housekeeping"),
         worker_service(cfg, "analysis", role="analysis"),
+        worker_service(cfg, "webhooks", role="webhooks"),
         Service(
             "beat",
             beat_command(cfg),

@@ -51,7 +51,7 @@ def drop_overrides_celery_lacks() -> None:
 drop_overrides_celery_lacks()
 app = App("webapp")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["webapp.speech", "webapp.housekeeping"])
+app.autodiscover_tasks(["webapp.speech", "webapp.housekeeping", "webapp.webhooks"])
 
 
 @signals.task_prerun.connect

@@ -13,5 +13,6 @@ urlpatterns = [
     path("", include("webapp.speech.api.urls")),
     path("", include("webapp.tenants.api.urls")),
     path("", include("webapp.dictionaries.api.urls")),
+    path("", include("webapp.webhooks.urls")),
     path("", include("webapp.dashboard.urls")),
 ]

@@ -11,7 +11,7 @@ from django.db import models, transaction
 from webapp.housekeeping.disk import voice_path_fields
 from webapp.housekeeping.jobs import Context, job
 from webapp.speech.models import Voice
-from webapp.speech.services import files
+from webapp.speech.services import files, prompts
 
 
 @job("reject_stale_voices", "Mark voice prompts left in processing too long as rejected, with a reason.")
@@ -36,6 +36,9 @@ def reject_stale_voices(ctx: Context) -> None:
                 rejected_code="analysis_failed",
                 updated_at=ctx.now,
             )
+            # Told to the tenant's webhooks in the same transaction (the rows this UPDATE changed).
+            for voice in Voice.objects.filter(pk__in=pks, status=Voice.Status.REJECTED, updated_at=ctx.now):
+                prompts.announce_voice(voice)
         ctx.add("rejected", n)
         if len(pks) < ctx.batch:
             break

@@ -55,16 +55,27 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Cast, Coalesce, Extract, Greatest, Now
+from django.urls import reverse
 from django.utils import timezone
 
 from webapp.audit.context import current_request_id
 from webapp.errors import DomainError, ErrorCode, JobFailureCode
 from webapp.rawrows import fetch_one
 from webapp.speech import owners
-from webapp.speech.models import ClaimProtocol, IdempotencyKey, JobStatus, SynthesisJob, Voice, sql_status_in
+from webapp.speech.models import (
+    ClaimProtocol,
+    IdempotencyKey,
+    JobStatus,
+    SynthesisJob,
+    UsageEvent,
+    UsagePeriod,
+    Voice,
+    sql_status_in,
+)
 from webapp.speech.services import dispatch, files, ledger, notify, outputs, prompts
 from webapp.speech.services.ledger import Part, PartKind
-from webapp.tenants.models import ApiKey, Organization
+from webapp.tenants.models import ApiKey, Organization, Plan
+from webapp.webhooks import outbox
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +123,47 @@ def _settle(job_id: Any, parts: tuple[Part, ...] = ()) -> bool:
     that left charges what streams handed to clients (:func:`_delivered`), a
     failure nothing. The ledger takes one settlement per job; a second is a no-op.
     """
-    return ledger.settle(job_id, parts)
+    settled = ledger.settle(job_id, parts)
+    if settled:
+        _announce_usage(job_id)
+    return settled
+
+
+def _announce_usage(job_id: Any) -> None:
+    """usage.threshold, in the settlement's transaction, once the month's charges reach 80 % or 100 %."""
+    row = fetch_one(_USAGE_OF_JOB, [job_id])
+    if row is not None and outbox.usage_level_reached(int(row[2]), int(row[3])):
+        outbox.record_usage(row[0], row[1], int(row[2]), int(row[3]))
+
+
+# The tenant's usage in the month the job's reservation is in, and its plan's monthly characters.
+_USAGE_OF_JOB = f"""
+    SELECT u.organization_id, u.period, u.characters_used, p.monthly_characters
+    FROM {UsageEvent._meta.db_table} e
+    JOIN {UsagePeriod._meta.db_table} u ON u.organization_id = e.organization_id AND u.period = e.period
+    JOIN {Organization._meta.db_table} o ON o.id = e.organization_id
+    JOIN {Plan._meta.db_table} p ON p.id = o.plan_id
+    WHERE e.job_key = %s AND e.kind = '{UsageEvent.Kind.CHARGE}'"""
+
+
+def _announce(job: SynthesisJob) -> None:
+    """The job's end to the tenant's webhook endpoints and its own webhook_url, in the ending transaction."""
+    origin = settings.TTS_PUBLIC_ORIGIN
+    data: dict[str, Any] = {
+        "id": str(job.id),
+        "status": str(job.status),
+        "voice": job.voice_name,
+        "format": job.format,
+        "text_chars": job.text_chars,
+        "url": origin + reverse("api-speech-detail", args=[job.id]),
+    }
+    if job.status == Status.SUCCEEDED:
+        data["audio_url"] = origin + reverse("api-speech-audio", args=[job.id])
+        data["duration_seconds"] = job.duration_seconds
+    if job.status == Status.FAILED:
+        data["error"] = {"code": job.error_code, "message": job.error_message}
+    org, event = job.organization_id, f"job.{job.status}"
+    outbox.record(org, event, data, subject=str(job.id), job_url=job.webhook_url)
 
 
 def _completed(
@@ -167,6 +218,7 @@ def _end(job_id: Any, allowed: Q, status: JobStatus, **changes: Any) -> Synthesi
     )
     if job is not None:
         _settle(job.id, _delivered(job) if status == Status.CANCELED else ())
+        _announce(job)
     return job
 
 
@@ -213,6 +265,7 @@ class JobRequest:
     billable_chars: int
     source: str = "api"
     waited: bool = False  # a client waits on the job's answer and holds its waiter lease
+    webhook_url: str = ""  # this job's job.* events are sent here too (webapp/webhooks)
     use_cache: bool = True  # the tenant's sentence cache serves and keeps this job's sentences
 
 
@@ -309,6 +362,7 @@ def submit_job(
             request_id=current_request_id(),
             retry_of=retry_of,
             use_cache=request.use_cache,
+            webhook_url=request.webhook_url,
             created_at=now,
             queued_at=now,
             time_limit=dt.timedelta(seconds=dispatch.job_time_limits(request.billable_chars)[1]),
@@ -775,6 +829,7 @@ def complete_job(
         notify.job_changed(job_id, Status.SUCCEEDED, 1.0)
         if settle_now:
             _settle(job_id, _completed_job(job_id, duration_seconds))
+        _announce(SynthesisJob.objects.get(id=job_id))
     return True
 
 

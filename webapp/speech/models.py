@@ -124,6 +124,8 @@ class SynthesisJob(models.Model):
     source = models.CharField(max_length=20, default="api")  # api | openai | dashboard
     # The X-Request-Id of the submit (Nginx's $request_id): log lines of every attempt carry it.
     request_id = models.CharField(max_length=64, blank=True)
+    # The submit's own webhook URL: this job's job.* events go there too (webapp/webhooks).
+    webhook_url = models.URLField(max_length=2000, blank=True, default="")
     # An operator's Retry of a failed job is a new job (its own reservation) that names the old one.
     retry_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"

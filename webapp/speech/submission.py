@@ -83,6 +83,7 @@ def job_request(organization: Organization, data: dict[str, Any], source: str = 
         # job's waiter lease, and its going away abandons the job.
         waited=source == "openai",
         use_cache=data.get("cache") is not False,
+        webhook_url=data.get("webhook_url") or "",
     )
 
 

@@ -29,6 +29,7 @@ from webapp.speech.api.voice_fields import uploaded_voice_fields
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services.eta import estimate
 from webapp.speech.submission import FORMATS, LOUDNESS_RANGE, MAX_INSTRUCTIONS
+from webapp.webhooks import net
 
 
 class SpeechTextField(StrictCharField):
@@ -69,7 +70,20 @@ class SpeechRequestSerializer(StrictSerializer):
         max_value=LOUDNESS_RANGE[1],
         help_text="Target integrated loudness in LUFS, -40 - -5 (e.g. -16 podcast, -23 broadcast).",
     )
+    webhook_url = StrictCharField(
+        required=False,
+        max_length=2000,
+        help_text="An https URL this job's job.succeeded/failed/canceled events are sent to as well "
+        "(signed with the tenant's job webhook secret; docs/api.md, Webhooks).",
+    )
     cache = StrictBooleanField(required=False, default=True, help_text=CACHE_HELP)
+
+    def validate_webhook_url(self, value: str) -> str:
+        try:
+            net.check_literal(value)
+        except net.Refused as exc:
+            raise serializers.ValidationError(f"Not a webhook URL: {exc}.") from None
+        return value
 
     def validate_format(self, value: Any) -> str:
         if not isinstance(value, str):

@@ -1,6 +1,6 @@
 """A submit's own webhook URL (issue 34)."""
 
-from django.db import migrations
+from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
@@ -8,4 +8,10 @@ class Migration(migrations.Migration):
         ("speech", "0011_pinned_dictionaries"),
     ]
 
-    operations = []  # type: ignore[var-annotated]
+    operations = [
+        migrations.AddField(
+            model_name="synthesisjob",
+            name="webhook_url",
+            field=models.URLField(blank=True, default="", max_length=2000),
+        ),
+    ]

@@ -31,6 +31,7 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import Voice
 from webapp.speech.services import decodes, dispatch, files, ledger
 from webapp.tenants.models import Organization
+from webapp.webhooks import outbox
 
 if TYPE_CHECKING:
     from synth.engines.base import VoicePrompt
@@ -304,7 +305,19 @@ def finish_analysis(voice_pk: Any, profile: Any, closest: Any, builtin: Voice) -
             analysis_lease_until=None,
             updated_at=timezone.now(),
         )
+        if updated:
+            announce_voice(Voice.objects.get(pk=voice_pk))
     return bool(updated)
+
+
+def announce_voice(voice: Voice) -> None:
+    """voice.ready / voice.rejected to the tenant's webhook endpoints, in the transaction that decided it."""
+    if voice.organization_id is None:
+        return  # a built-in voice: no tenant to tell
+    data: dict[str, Any] = {"id": voice.voice_id, "name": voice.name, "status": str(voice.status)}
+    if voice.status == Voice.Status.REJECTED:
+        data["error"] = {"code": voice.rejected_code, "message": voice.status_reason}
+    outbox.record(voice.organization_id, f"voice.{voice.status}", data, subject=str(voice.pk))
 
 
 def reject_voice(voice_pk: Any, code: str, reason: str) -> bool:
@@ -322,6 +335,7 @@ def reject_voice(voice_pk: Any, code: str, reason: str) -> bool:
         voice.embedding = None
         voice.analysis_lease_until = None
         voice.save()
+        announce_voice(voice)
         transaction.on_commit(lambda: [files.remove_file(p) for p in paths])
     log.info("voice %s rejected: %s %s", voice_pk, code, reason)
     return True

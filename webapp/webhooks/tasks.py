@@ -1,0 +1,31 @@
+"""The webhook tasks, on their own ``webhooks`` queue: a slow receiver holds only a webhooks worker.
+
+``webhooks.deliver`` is acknowledged late and rejected back to the queue when its
+worker child dies (the settings' defaults), and its hard time limit is the
+message's lease, so a stuck attempt ends before another may take the message.
+``webhooks.sweep`` (beat, every TTS_WEBHOOK_SWEEP_SECONDS) sends again what is due.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+from webapp.webhooks import delivery
+from webapp.webhooks.outbox import DELIVER_TASK, QUEUE
+
+
+@shared_task(
+    name=DELIVER_TASK,
+    queue=QUEUE,
+    ignore_result=True,
+    time_limit=max(1, int(delivery.lease_seconds()) - 1),
+)
+def deliver(message_id: str) -> str:
+    return delivery.deliver(message_id)
+
+
+@shared_task(name="webhooks.sweep", queue=QUEUE, ignore_result=True, acks_late=False)
+def sweep() -> dict[str, Any]:
+    return {"resent": delivery.sweep()}
