@@ -97,7 +97,8 @@ class StreamReader:
     ended: bool = False
     audio_bytes: int = 0  # audio handed out so far
     sentences: list[tuple[int, int]] = field(default_factory=list)  # (audio bytes at its end, characters)
-    timestamps: list[dict[str, Any]] = field(default_factory=list)  # per sentence, as written (``T``)
+    # Per sentence, as written (``T``): (audio bytes read when it came, the sentence's timestamps).
+    timestamps: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     _buffer: bytes = b""
 
     def read(self) -> bytes:
@@ -120,7 +121,7 @@ class StreamReader:
                 self.audio_bytes += len(payload)
             elif kind == TIMESTAMPS:
                 try:
-                    self.timestamps.append(json.loads(payload))
+                    self.timestamps.append((self.audio_bytes, json.loads(payload)))
                 except ValueError:
                     pass  # a reader never fails on what only decorates the audio
             elif kind == SENTENCE:

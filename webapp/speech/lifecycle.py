@@ -66,6 +66,7 @@ from webapp.speech.models import (
     ClaimProtocol,
     IdempotencyKey,
     JobStatus,
+    JobTimestamps,
     SynthesisJob,
     UsageEvent,
     UsagePeriod,
@@ -539,6 +540,7 @@ def expire_audio(job_id: Any, *, immediately: bool = False) -> int:
         if before is None:
             return 0
         _transition(job_id, due, status=Status.EXPIRED, audio_path="", audio_bytes=0)
+        JobTimestamps.objects.filter(job_id=job_id).delete()  # they describe the audio: gone with it
     # After the commit: a file is never gone while a committed row still points at it.
     freed = files.remove_file(before["audio_path"])
     return freed or int(before["audio_bytes"])
@@ -777,8 +779,11 @@ def complete_job(
     metrics: dict[str, Any],
     applied_instructions: dict[str, Any],
     cached_characters: int = 0,
+    timestamps: dict[str, Any] | None = None,
 ) -> bool:
     """Publish this attempt's file as the job's audio and charge it, exactly once.
+
+    ``timestamps`` (synth's ``{"words", "sentences"}``) are published with it, in this transaction.
 
     ``cached_characters``: of its sentences, those served from the sentence cache (charged at
     the plan's cached_character_price).
@@ -826,6 +831,11 @@ def complete_job(
             # Taken over (a no-op here), or a cancel was asked for meanwhile: then it ends canceled.
             _cancel(job_id, _current(token) & Q(cancel_requested=True))
             return False
+        if timestamps is not None:
+            JobTimestamps.objects.update_or_create(
+                job_id=job_id,
+                defaults={"words": timestamps.get("words", []), "sentences": timestamps.get("sentences", [])},
+            )
         notify.job_changed(job_id, Status.SUCCEEDED, 1.0)
         if settle_now:
             _settle(job_id, _completed_job(job_id, duration_seconds))

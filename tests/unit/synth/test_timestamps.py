@@ -144,8 +144,9 @@ def test_it_writes_a_timestamps_record_per_sentence_to_the_stream(
         reader = StreamReader(fh)
         reader.read()
     assert reader.ended
-    assert [e["sentence"]["text"] for e in reader.timestamps] == ["One sentence.", "Another one."]
-    assert [w["text"] for w in reader.timestamps[1]["words"]] == ["Another", "one"]
+    assert [e["sentence"]["text"] for _, e in reader.timestamps] == ["One sentence.", "Another one."]
+    assert [w["text"] for w in reader.timestamps[1][1]["words"]] == ["Another", "one"]
+    assert 0 < reader.timestamps[0][0] < reader.timestamps[1][0] == reader.audio_bytes  # after their audio
 
 
 def test_it_counts_what_espeak_gives_no_words_for_as_sentences(

@@ -57,12 +57,15 @@ from webapp.speech.services.files import media_path
 from webapp.tenants.models import Organization
 
 SSE = "sse"  # Wait.seen of a request that asked for server-sent events (a flac answer, sent whole)
+SSE_TIMESTAMPS = "sse+timestamps"  # the same, with the timestamps events
 
 SSE_SCHEMA = (
     'The audio bytes (chunked as sentences finish with stream_format "audio"). With stream_format '
     '"sse", text/event-stream: `data: {"type": "speech.audio.delta", "audio": "<base64>"}` events, '
     'then `data: {"type": "speech.audio.done", "usage": {"input_tokens": N, "output_tokens": 0, '
-    '"total_tokens": N}}`, N the billable characters the job was charged.'
+    '"total_tokens": N}}`, N the billable characters the job was charged. With "timestamps": true, '
+    'each sentence\'s audio is followed by `data: {"type": "speech.timestamps", "sentence": {...}, '
+    '"words": [...]}` (the shapes of GET /api/v1/speech/{id}/timestamps).'
 )
 
 # OpenAI response_format -> (our format, sample rate). OpenAI defines opus as
@@ -139,6 +142,7 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
         try:
             job = _submit(request, self.organization, serializer.validated_data)
             sse = serializer.validated_data.get("stream_format") == "sse"
+            timestamps = bool(serializer.validated_data.get("timestamps"))
             if (sse or wants_stream(request, serializer.validated_data)) and job.format in STREAMABLE:
                 stream = (SSEJobStream if sse else JobStream)(
                     job.pk,
@@ -146,6 +150,7 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
                     abandon_on_close=True,
                     start_within=wait,
                     wait_sent=server_wait_sent(request),
+                    **({"timestamps": True} if timestamps else {}),
                 )
                 return slot.given_back_on_close(JobStreamResponse(stream))
         except BaseException:
@@ -163,7 +168,7 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
             lambda now: now[0] in SynthesisJob.FINISHED,
             slot=slot,
             lease=lease,
-            seen=SSE if sse else None,
+            seen=(SSE_TIMESTAMPS if timestamps else SSE) if sse else None,
         )
 
 
@@ -228,11 +233,12 @@ class AnswerResponse(StreamingHttpResponse):
             handle.close()
 
 
-def deliver(job_id: Any, sse_for: HttpRequest | None = None) -> HttpResponseBase:
+def deliver(job_id: Any, sse_for: HttpRequest | None = None, timestamps: bool = False) -> HttpResponseBase:
     """The audio of a finished job, or the error that says why there is none (cancels a job still going).
 
     ``sse_for``: the request asked for server-sent events; the stored file is then sent by an
-    ``SSEJobStream`` (one event for a compressed file), settled once it was all handed.
+    ``SSEJobStream`` (one event for a compressed file), settled once it was all handed; with
+    ``timestamps``, its timestamps events follow the audio.
     """
     # Only what the audio needs: every request answers here; the whole row only when there is none.
     status, audio_path, audio_format = SynthesisJob.objects.values_list("status", "audio_path", "format").get(
@@ -240,7 +246,11 @@ def deliver(job_id: Any, sse_for: HttpRequest | None = None) -> HttpResponseBase
     )
     if status == SynthesisJob.Status.SUCCEEDED and audio_path and sse_for is not None:
         stream = SSEJobStream(
-            job_id, audio_format, abandon_on_close=True, wait_sent=server_wait_sent(sse_for)
+            job_id,
+            audio_format,
+            abandon_on_close=True,
+            wait_sent=server_wait_sent(sse_for),
+            timestamps=timestamps,
         )
         return JobStreamResponse(stream)
     if status == SynthesisJob.Status.SUCCEEDED and audio_path:
@@ -270,7 +280,8 @@ def _not_delivered(job: SynthesisJob) -> DomainError:
 def answer_after_wait(request: HttpRequest, wait: Wait) -> HttpResponseBase:
     """The OpenAI endpoint's answer once its wait is over: the audio, or the error in OpenAI's shape."""
     try:
-        response = deliver(wait.job_id, request if wait.seen == SSE else None)
+        sse = wait.seen in (SSE, SSE_TIMESTAMPS)
+        response = deliver(wait.job_id, request if sse else None, timestamps=wait.seen == SSE_TIMESTAMPS)
     except DomainError as error:
         response = render(request, error)
         if error.code == ErrorCode.TIMEOUT:

@@ -256,3 +256,17 @@ class OpenAISpeechSerializer(serializers.Serializer):
         "(text/event-stream), a speech.audio.delta event (base64 audio) per chunk, then speech.audio.done "
         "with usage (input_tokens = total_tokens = the billable characters charged).",
     )
+    timestamps = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text='With stream_format "sse" only: after each sentence\'s audio a speech.timestamps event '
+        '({"type", "sentence": {index, text, start, end, char_start, char_end}, "words": [{text, start, end, '
+        "char_start, char_end}]}; seconds from the audio's start, offsets into input as sent).",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("timestamps") and attrs.get("stream_format") != "sse":
+            raise serializers.ValidationError(
+                {"timestamps": 'timestamps are events of stream_format "sse"; ask for that stream.'}
+            )
+        return attrs

@@ -45,7 +45,7 @@ from webapp.speech import lifecycle
 from webapp.speech.api.stream_wakeups import POLL_ROW_CHECK_SECONDS, AsyncWakeups, SyncWakeups
 from webapp.speech.api.views import TenantAPIView
 from webapp.speech.api.waiting import WaitSlot
-from webapp.speech.models import SynthesisJob, UsageEvent
+from webapp.speech.models import JobTimestamps, SynthesisJob, UsageEvent
 from webapp.speech.services.files import media_path
 from webapp.speech.services.outputs import attempt_path
 
@@ -381,6 +381,9 @@ class JobStream:
 SSE_STORED_IN_BLOCKS = ("pcm", "wav")
 
 
+TIMESTAMPS_EVENT = "speech.timestamps"  # ours, not OpenAI's: its clients skip types they do not know
+
+
 def sse_event(event: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
@@ -396,6 +399,11 @@ def charged_characters(job_id: Any) -> int:
 class SSEJobStream(JobStream):
     """A ``JobStream`` framed as OpenAI's speech events (``stream_format: "sse"``).
 
+    ``timestamps``: after each sentence's audio, a ``speech.timestamps`` event with that
+    sentence's span and words (``{"type", "sentence", "words"}``, the shapes of
+    ``GET /api/v1/speech/{id}/timestamps``), from the stream file's ``T`` records; a stored
+    file's come from the job's row before ``speech.audio.done``.
+
     Each step's audio is one ``speech.audio.delta`` event (base64), so ``handed()`` and the
     server's ``wait_sent`` count events as they count chunks: a client that leaves pays for the
     sentences whose events left the process. Live, a delta is what the chunked stream would send
@@ -405,15 +413,28 @@ class SSEJobStream(JobStream):
     ``total_tokens`` are the billable characters charged, ``output_tokens`` 0.
     """
 
+    def __init__(self, *args: Any, timestamps: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.timestamps = timestamps
+        self.timestamps_sent = 0  # sentences whose timestamps event went out
+
     @property
     def media_type(self) -> str:
         return "text/event-stream"
 
     def step(self, row_changed: bool = False) -> bytes:
         audio = super().step(row_changed)
-        if not audio:
-            return b""
-        return sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(audio).decode("ascii")})
+        out = b""
+        if audio:
+            out = sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(audio).decode("ascii")})
+        if self.timestamps and self.reader is not None:
+            # A sentence's event once its audio was given to a step (some may wait in the backlog).
+            for at, event in self.reader.timestamps[self.timestamps_sent :]:
+                if at > self.read_pcm:
+                    break
+                out += sse_event({"type": TIMESTAMPS_EVENT, **event})
+                self.timestamps_sent += 1
+        return out
 
     def _stored_block(self) -> bytes:
         if self.format in SSE_STORED_IN_BLOCKS:
@@ -427,7 +448,22 @@ class SSEJobStream(JobStream):
     def closing(self) -> bytes:
         chars = charged_characters(self.job_id)
         usage = {"input_tokens": chars, "output_tokens": 0, "total_tokens": chars}
-        return sse_event({"type": "speech.audio.done", "usage": usage})
+        return self._stored_timestamps() + sse_event({"type": "speech.audio.done", "usage": usage})
+
+    def _stored_timestamps(self) -> bytes:
+        """The events not sent live (a stored file was sent): from the timestamps published with it."""
+        if not self.timestamps:
+            return b""
+        row = JobTimestamps.objects.filter(job_id=self.job_id).values("words", "sentences").first()
+        if row is None:
+            return b""
+        out = b""
+        for sentence in row["sentences"][self.timestamps_sent :]:
+            start, end = sentence["start"], sentence["end"]
+            words = [w for w in row["words"] if start <= w["start"] and w["end"] <= end + 1e-3]
+            out += sse_event({"type": TIMESTAMPS_EVENT, "sentence": sentence, "words": words})
+            self.timestamps_sent += 1
+        return out
 
 
 class JobStreamResponse(StreamingHttpResponse):

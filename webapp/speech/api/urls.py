@@ -1,6 +1,6 @@
 from django.urls import URLPattern, URLResolver, include, path
 
-from webapp.speech.api import openai, openai_catalog, streaming, views, voices
+from webapp.speech.api import openai, openai_catalog, streaming, timestamps, views, voices
 from webapp.speech.api.cache import SentenceCacheView
 
 # The sub-resources of one job: api/v1/speech/<job_id>/...
@@ -8,6 +8,7 @@ _job_routes: list[URLPattern | URLResolver] = [
     path("audio", views.SpeechAudioView.as_view(), name="api-speech-audio"),
     path("stream", streaming.SpeechStreamView.as_view(), name="api-speech-stream"),
     path("cancel", views.SpeechCancelView.as_view(), name="api-speech-cancel"),
+    path("timestamps", timestamps.SpeechTimestampsView.as_view(), name="api-speech-timestamps"),
 ]
 _v1_routes: list[URLPattern | URLResolver] = [
     path("voices", voices.VoiceCollectionView.as_view(), name="api-voices"),

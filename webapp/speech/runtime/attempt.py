@@ -194,6 +194,7 @@ def _run(state: worker.WorkerState, attempt: Attempt, rss_before: float) -> Outc
             audio_bytes=result.bytes,
             duration_seconds=result.duration_seconds,
             metrics=_metrics(state, attempt, result, rss_before, cpu_seconds),
+            timestamps=getattr(result, "timestamps", None),  # a test's stand-in result may have none
             applied_instructions={"applied": result.applied, "not_applied": result.not_applied},
             cached_characters=getattr(result, "cached_characters", 0),  # (a test's stand-in may have none)
         )
