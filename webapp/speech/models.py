@@ -256,6 +256,9 @@ class UsagePeriod(models.Model):
     period = models.DateField()  # first day of the month
     characters_used = models.PositiveBigIntegerField(default=0)
     characters_reserved = models.PositiveBigIntegerField(default=0)
+    # The highest quota level (percent of the plan's month, ledger.QUOTA_LEVELS) the owners were
+    # told of this month: each level is announced once (issue 35).
+    quota_level_announced = models.PositiveSmallIntegerField(default=0, db_default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["organization", "period"], name="one_usage_row")]
@@ -284,6 +287,14 @@ class UsageEvent(models.Model):
     parts = models.JSONField(default=list, blank=True, db_default=[])
     period = models.DateField()
     created_at = models.DateTimeField(default=timezone.now)
+    # Who and what the characters were for, copied from the job at the reservation (and from the
+    # reservation to its settlement): the job's own links go when it is deleted, the bill's must not.
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    voice_name = models.CharField(max_length=200, blank=True, default="", db_default="")
+    source = models.CharField(max_length=20, blank=True, default="", db_default="")  # api, openai, dashboard
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job_key", "kind"], name="one_event_per_job_kind")]
@@ -322,20 +333,3 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return self.key
-
-
-class JobTimestamps(models.Model):
-    """A job's word and sentence timestamps (synth.timestamps), published with its audio.
-
-    A table of its own, not a column of the job: the list can run to a thousand words, and the
-    job rows are read everywhere (claims, lists, waits). Written in the transaction that publishes
-    the audio and deleted in the one that expires it (lifecycle), with the job by cascade.
-    """
-
-    job = models.OneToOneField(SynthesisJob, on_delete=models.CASCADE, primary_key=True, related_name="+")
-    # [{"text", "start", "end", "char_start", "char_end"[, "spoken"]}], seconds and submitted-text offsets
-    words = models.JSONField(default=list)
-    sentences = models.JSONField(default=list)  # the same per sentence, with "index"
-
-    def __str__(self) -> str:
-        return f"timestamps of {self.job_id}"

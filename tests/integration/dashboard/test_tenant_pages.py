@@ -128,7 +128,7 @@ def test_usage_page_shows_the_period_and_plan(owner: tuple[Any, Any]) -> None:
     page = client_for(owner[0]).get("/app/usage/")
     assert page.status_code == 200
     assert page.context["plan"].monthly_characters > 0
-    assert page.context["percent"] == 0
+    assert page.context["quota"].percent == 0
 
 
 def test_deleting_a_job_never_redirects_to_another_site(owner: tuple[Any, Any]) -> None:

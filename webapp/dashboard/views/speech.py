@@ -29,6 +29,7 @@ from rest_framework.exceptions import ValidationError
 from synth.audio import content_type
 from webapp.dashboard.access import WRITERS, Page, Tenant, error_text, tenant_page
 from webapp.dashboard.forms import HistoryFilterForm
+from webapp.dashboard.quota import quota_of
 from webapp.errors import DomainError
 from webapp.problems import Problem
 from webapp.speech import lifecycle, submission
@@ -55,7 +56,7 @@ def by_language(voices: list[Voice]) -> list[tuple[str, list[Voice]]]:
 @tenant_page(verified=True)
 @require_GET
 def synthesize(request: HttpRequest, tenant: Tenant) -> HttpResponse:
-    summary = queries.usage_summary(tenant.organization, days=1)
+    quota = quota_of(tenant.organization)
     plan = tenant.organization.plan
     context = {
         "tenant": tenant,
@@ -63,14 +64,10 @@ def synthesize(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         "default_voice": settings.TTS_DEFAULT_VOICE,
         "formats": FORMATS,
         "max_chars": plan.max_characters_per_request,
-        "monthly_left": max(0, plan.monthly_characters - _characters_taken(summary)),
+        "monthly_left": quota.remaining,
+        "quota": quota,
     }
     return render(request, "dashboard/synthesize.html", context)
-
-
-def _characters_taken(summary: dict[str, Any]) -> int:
-    chars = summary.get("characters", {})
-    return int(chars.get("used", 0)) + int(chars.get("reserved", 0))
 
 
 def job_json(job: SynthesisJob) -> dict[str, Any]:
@@ -265,7 +262,6 @@ def history(request: HttpRequest, tenant: Tenant) -> HttpResponse:
 def usage(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     summary = queries.usage_summary(tenant.organization)
     plan = tenant.organization.plan
-    taken = _characters_taken(summary)
     daily = sorted(summary.get("daily", []), key=lambda d: d.get("date", ""))
     peak = max([int(d.get("charged", 0)) for d in daily] + [1])
     bars = []
@@ -283,8 +279,7 @@ def usage(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         "tenant": tenant,
         "summary": summary,
         "plan": plan,
-        "taken": taken,
-        "percent": min(100, round(100 * taken / plan.monthly_characters)) if plan.monthly_characters else 0,
+        "quota": quota_of(tenant.organization),
         "bars": bars,
         "chart_width": max(1, len(bars)) * 22,
         "status_counts": status_counts,

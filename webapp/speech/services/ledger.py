@@ -20,8 +20,7 @@ from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
-from django.db.models import F
+from django.db import connection, transaction
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
@@ -36,6 +35,7 @@ from webapp.speech.models import (
     Voice,
     sql_status_in,
 )
+from webapp.speech.services import quota_mail
 from webapp.tenants.models import Organization, Plan
 
 # --------------------------------------------------------------------- periods
@@ -172,6 +172,10 @@ def reserve_usage(job: SynthesisJob, period: dt.date) -> None:
                 "chars": job.text_chars,
                 "period": period,
                 "now": timezone.now(),
+                "key": job.api_key_id,
+                "user": job.user_id,
+                "voice": job.voice_name,
+                "source": job.source,
             },
         )
 
@@ -198,8 +202,10 @@ _LIMITS = f"""
 _RESERVE = f"""
     WITH event AS (
         INSERT INTO {UsageEvent._meta.db_table}
-            (organization_id, job_id, job_key, kind, characters, parts, period, created_at)
-        VALUES (%(org)s, %(job)s, %(job)s, '{UsageEvent.Kind.RESERVE}', %(chars)s, '[]', %(period)s, %(now)s)
+            (organization_id, job_id, job_key, kind, characters, parts, period, created_at,
+             api_key_id, user_id, voice_name, source)
+        VALUES (%(org)s, %(job)s, %(job)s, '{UsageEvent.Kind.RESERVE}', %(chars)s, '[]', %(period)s, %(now)s,
+                %(key)s, %(user)s, %(voice)s, %(source)s)
     )
     UPDATE {_PERIODS} SET characters_reserved = characters_reserved + %(chars)s
     WHERE organization_id = %(org)s AND period = %(period)s"""
@@ -304,18 +310,58 @@ def settle(job_id: Any, parts: Iterable[Part] = ()) -> bool:
         )
         if cursor.fetchone() is None:
             return False
-    changes = {"characters_reserved": F("characters_reserved") - reserved}
-    if charged:
-        changes["characters_used"] = F("characters_used") + charged
     # The tenant row is locked: the usage row (there since the reservation, gone only with its
-    # tenant) is updated, and locked, in one statement.
-    UsagePeriod.objects.filter(organization_id=organization_id, period=period).update(**changes)
+    # tenant) is updated, and locked, in one statement, which also marks a quota level reached.
+    row = fetch_one(
+        _SETTLE_PERIOD, {"org": organization_id, "period": period, "reserved": reserved, "charged": charged}
+    )
+    if row is not None and row[0] > row[1]:
+        quota_level_reached(organization_id, period, int(row[0]), int(row[2]), int(row[3]))
     return True
 
 
+# --------------------------------------------------------------------- quota levels
+
+# Percent of the plan's monthly characters at which the owners are told (once each a month).
+QUOTA_LEVELS = (80, 100)
+
+
+def quota_level_reached(organization_id: Any, period: dt.date, level: int, used: int, monthly: int) -> None:
+    """The one hook for a quota level crossed, called once per level and month inside the settling
+    transaction: the owners' e-mail goes once it commits (a usage.threshold webhook belongs here too)."""
+    resets = period_end(dt.datetime.combine(period, dt.time(0), tzinfo=dt.UTC))
+    transaction.on_commit(lambda: quota_mail.send_quota_mail(organization_id, level, used, monthly, resets))
+
+
+# The highest level the month's characters reach with this charge. A level is marked in
+# ``quota_level_announced`` by the settlement that reaches it: each is announced once a month
+# (under the tenant row's lock, whatever settles at once); jumping past 80 % to 100 % announces 100.
+_LEVEL_AFTER = " ".join(
+    f"WHEN (u.characters_used + %(charged)s) * 100 >= p.monthly_characters * {level} THEN {level}"
+    for level in sorted(QUOTA_LEVELS, reverse=True)
+)
+_SETTLE_PERIOD = f"""
+    UPDATE {_PERIODS} u SET
+        characters_reserved = u.characters_reserved - %(reserved)s,
+        characters_used = u.characters_used + %(charged)s,
+        quota_level_announced = GREATEST(
+            u.quota_level_announced,
+            CASE WHEN %(charged)s = 0 OR p.monthly_characters <= 0 THEN 0 {_LEVEL_AFTER} ELSE 0 END
+        )
+    FROM {Organization._meta.db_table} o JOIN {Plan._meta.db_table} p ON p.id = o.plan_id,
+        (SELECT quota_level_announced AS level FROM {_PERIODS}
+         WHERE organization_id = %(org)s AND period = %(period)s) AS before
+    WHERE u.organization_id = %(org)s AND u.period = %(period)s AND o.id = u.organization_id
+    RETURNING u.quota_level_announced, before.level, u.characters_used, p.monthly_characters"""
+
+
 _LOCK_TENANT = f"SELECT 1 FROM {Organization._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
+# The settlement's key, member, voice and source are its reservation's (the job may be gone).
 _SETTLE = f"""
     INSERT INTO {UsageEvent._meta.db_table}
-        (organization_id, job_id, job_key, kind, characters, parts, period, created_at)
-    VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s)
+        (organization_id, job_id, job_key, kind, characters, parts, period, created_at,
+         api_key_id, user_id, voice_name, source)
+    SELECT v.*, r.api_key_id, r.user_id, r.voice_name, r.source
+    FROM (VALUES (%s::uuid, %s::uuid, %s::uuid, %s, %s::integer, %s::jsonb, %s::date, %s::timestamptz)) AS v
+    LEFT JOIN {UsageEvent._meta.db_table} r ON r.job_key = v.column3 AND r.kind = '{UsageEvent.Kind.RESERVE}'
     ON CONFLICT (job_key, kind) DO NOTHING RETURNING id"""

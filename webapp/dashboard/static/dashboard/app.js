@@ -154,7 +154,7 @@
     const left = parseInt(form.dataset.monthlyLeft, 10);
     const update = () => {
       const n = Array.from(text.value).length;
-      count.textContent = String(n);
+      count.textContent = n.toLocaleString("en-US");
       count.parentElement.classList.toggle("over", n > max || n > left);
     };
     text.addEventListener("input", update);
