@@ -165,3 +165,27 @@ def test_it_renders_the_same_string_as_before(synthesizer: Synthesizer) -> None:
     text, words = engine.render_words("It's 5% off <b>now</b> [x].", params)  # type: ignore[attr-defined]
     assert text == engine.render("It's 5% off <b>now</b> [x].", params)  # type: ignore[attr-defined]
     assert [w.text for w in words] == ["It's", "five", "percent", "off", "b", "now", "b", "x"]
+
+
+def test_a_sentence_from_the_cache_keeps_its_words_in_another_jobs_text(
+    synthesizer: Synthesizer, tmp_path: Path
+) -> None:
+    from synth.cache import MemoryStore
+
+    store = MemoryStore()
+    first = synthesizer.synthesize(
+        SynthesisRequest(text="Cached words here.", format="wav"), str(tmp_path / "1.wav"), cache=store
+    )
+    # The same sentence second in another text: a hit, its words shifted to where it stands now.
+    text = "Something new first. Cached words here."
+    second = synthesizer.synthesize(
+        SynthesisRequest(text=text, format="wav"), str(tmp_path / "2.wav"), cache=store
+    )
+    assert second.cached_sentences == 1
+    assert first.timestamps is not None and second.timestamps is not None
+    hit = [w for w in second.timestamps["words"] if w["char_start"] >= text.index("Cached")]
+    assert [w["text"] for w in hit] == ["Cached", "words", "here"]
+    start = second.timestamps["sentences"][1]["start"]
+    for a, b in zip(first.timestamps["words"], hit, strict=True):
+        assert b["char_start"] == a["char_start"] + text.index("Cached")
+        assert b["start"] == pytest.approx(a["start"] + start, abs=1e-3)
