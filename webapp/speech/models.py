@@ -333,3 +333,20 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class JobTimestamps(models.Model):
+    """A job's word and sentence timestamps (synth.timestamps), published with its audio.
+
+    A table of its own, not a column of the job: the list can run to a thousand words, and the
+    job rows are read everywhere (claims, lists, waits). Written in the transaction that publishes
+    the audio and deleted in the one that expires it (lifecycle), with the job by cascade.
+    """
+
+    job = models.OneToOneField(SynthesisJob, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    # [{"text", "start", "end", "char_start", "char_end"[, "spoken"]}], seconds and submitted-text offsets
+    words = models.JSONField(default=list)
+    sentences = models.JSONField(default=list)  # the same per sentence, with "index"
+
+    def __str__(self) -> str:
+        return f"timestamps of {self.job_id}"
