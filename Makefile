@@ -31,10 +31,8 @@ lint: bootstrap
 typecheck: bootstrap
 	.venv/bin/mypy webapp synth deploy tests
 
-# The flood tests' p99 (tests/e2e/test_upload_load.py) is taken from a dozen reads on 2 shared
-# cores: one slow read fails it, also on code without uploads, so they run apart (make test-load).
 test: bootstrap lint typecheck
-	.venv/bin/pytest -m "not load" $(PYTEST_ARGS)
+	.venv/bin/pytest $(PYTEST_ARGS)
 	tests/gpu/check.sh --device cpu
 
 # Every overlay validated (validate-k8s), then the images (deploy/container/) built with podman and
@@ -46,8 +44,9 @@ test-containers: bootstrap
 	tests/containers/prepare.sh
 	.venv/bin/pytest -m containers tests/containers $(PYTEST_ARGS)
 
+# The voice-upload flood tests alone (part of `make test` too): about 30 s.
 test-load: bootstrap
-	.venv/bin/pytest -m load $(PYTEST_ARGS)
+	.venv/bin/pytest tests/e2e/test_upload_load.py $(PYTEST_ARGS)
 
 # The unit tests without those marked slow (long-text memory checks), for quick
 # iterations: well under two minutes. `make test` runs everything.

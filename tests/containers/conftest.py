@@ -1,7 +1,7 @@
 """tests/containers runs only when asked for: `make test-containers` (pytest -m containers).
 
 Its test builds on podman and images that `make test` neither installs nor builds, so a run
-whose marker expression does not name ``containers`` (`make test` runs ``-m "not load"``)
+whose marker expression does not name ``containers`` (`make test` gives none)
 leaves those tests out, as deselected, instead of failing them.
 """
 

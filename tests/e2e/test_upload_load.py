@@ -59,7 +59,6 @@ def check(result: FloodResult, tenants: int) -> None:
     assert result.p99(result.flood_ms) <= 3 * result.p99(result.idle_ms) + 50, summary
 
 
-@pytest.mark.load
 def test_100_parallel_slow_uploads_of_one_tenant_leave_another_tenants_reads_answered(
     web: Any, transactional_db: None, builtin_voices: list[str], prompt: Path
 ) -> None:
@@ -68,7 +67,6 @@ def test_100_parallel_slow_uploads_of_one_tenant_leave_another_tenants_reads_ans
     check(flood(prompt, [(key, 100)], other), tenants=1)
 
 
-@pytest.mark.load
 def test_10_tenants_with_10_slow_uploads_each_leave_another_tenants_reads_answered(
     web: Any, transactional_db: None, builtin_voices: list[str], prompt: Path
 ) -> None:
