@@ -305,3 +305,17 @@ def lexicons(pins: list[dict[str, Any]]) -> list[lexicon.Lexicon]:
 
 def versions_of(dictionary: Dictionary) -> QuerySet[DictionaryVersion]:
     return DictionaryVersion.objects.filter(dictionary=dictionary).order_by("-number")
+
+
+def require_present(versions: list[DictionaryVersion]) -> None:
+    """At the submit's commit, under the tenant lock: every version it pins still exists."""
+    present = set(
+        DictionaryVersion.objects.filter(pk__in=[v.pk for v in versions]).values_list("pk", flat=True)
+    )
+    gone = [v for v in versions if v.pk not in present]
+    if gone:
+        raise DomainError(
+            ErrorCode.NOT_FOUND,
+            f"Dictionary {gone[0].dictionary_id} was deleted meanwhile.",
+            field="pronunciation_dictionaries",
+        )

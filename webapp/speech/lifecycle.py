@@ -32,7 +32,7 @@ import hashlib
 import json
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -59,6 +59,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from webapp.audit.context import current_request_id
+from webapp.dictionaries import services as dictionary_services
 from webapp.errors import DomainError, ErrorCode, JobFailureCode
 from webapp.rawrows import fetch_one
 from webapp.speech import owners
@@ -265,6 +266,8 @@ class JobRequest:
     params: dict[str, Any]
     billable_chars: int
     source: str = "api"
+    # The pronunciation dictionary versions the job pins (webapp.dictionaries.services.resolve).
+    dictionaries: list[Any] = field(default_factory=list)
     waited: bool = False  # a client waits on the job's answer and holds its waiter lease
     webhook_url: str = ""  # this job's job.* events are sent here too (webapp/webhooks)
     use_cache: bool = True  # the tenant's sentence cache serves and keeps this job's sentences
@@ -359,6 +362,7 @@ def submit_job(
             format=request.format,
             sample_rate=request.sample_rate,
             params=params,
+            dictionaries=dictionary_services.pin_record(request.dictionaries),
             source=request.source,
             request_id=current_request_id(),
             retry_of=retry_of,
@@ -374,7 +378,12 @@ def submit_job(
             if request.waited
             else None,
         )
+        if request.dictionaries:
+            # Under the tenant lock a dictionary delete takes too: still there now, pinned from here on.
+            dictionary_services.require_present(request.dictionaries)
         job.save(force_insert=True)
+        if request.dictionaries:
+            job.pinned_dictionary_versions.set(request.dictionaries)
         ledger.reserve_usage(job, period)
         if idempotency_key is not None:
             IdempotencyKey.objects.filter(organization=org, key=idempotency_key).update(job=job)

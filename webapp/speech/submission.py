@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from synth.errors import AnnotationError, InvalidText
 from synth.text import billable_characters, validate_text
+from webapp.dictionaries import services as dictionaries
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech import heartbeat, lifecycle
 from webapp.speech.lifecycle import JobRequest
@@ -79,6 +80,8 @@ def job_request(organization: Organization, data: dict[str, Any], source: str = 
         params=params,
         billable_chars=billable_characters(text),
         source=source,
+        # Named ones, else the tenant's default (also on /v1/audio/speech, which names none).
+        dictionaries=dictionaries.resolve(organization, data.get("pronunciation_dictionaries")),
         # The OpenAI route answers a client that waits on the job (or its stream): it holds the
         # job's waiter lease, and its going away abandons the job.
         waited=source == "openai",

@@ -190,3 +190,78 @@ def test_it_moves_the_default_to_the_dictionary_last_made_default(make_tenant: A
     )
     assert patched.status_code == 200 and patched.json()["is_default"]
     assert not tenant.client.get(f"/api/v1/dictionaries/{a['id']}").json()["is_default"]
+
+
+# --------------------------------------------------------------------- submits
+
+
+@pytest.fixture
+def queued_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Injected: no worker needed and no message sent; the jobs stay queued."""
+    from webapp.speech import submission
+    from webapp.speech.services import dispatch
+
+    monkeypatch.setattr(submission, "require_worker_for", lambda voice: None)
+    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
+
+
+SPEAK = {"text": "Wait a minute.", "voice": "espeak-en-us"}
+
+
+@pytest.mark.usefixtures("queued_only")
+def test_a_job_pins_the_versions_it_names_and_their_dictionary_cannot_go_while_it_is_queued(
+    make_tenant: Any,
+) -> None:
+    from webapp.speech.models import SynthesisJob
+
+    tenant = make_tenant()
+    d = tenant.client.post("/api/v1/dictionaries", {"name": "d", "rules": RULES}).json()
+    ref = [{"id": d["id"], "version": 1}]
+    job = tenant.client.post("/api/v1/speech", {**SPEAK, "pronunciation_dictionaries": ref})
+    assert job.status_code == 202, job.content
+    tenant.client.post(f"/api/v1/dictionaries/{d['id']}/versions", {"rules": RULES[:1]})
+    shown = tenant.client.get(f"/api/v1/speech/{job.json()['id']}").json()["pronunciation_dictionaries"]
+    assert shown == [{"id": d["id"], "version": 1, "name": "d"}]
+    refused = tenant.client.delete(f"/api/v1/dictionaries/{d['id']}")
+    assert refused.status_code == 409 and problem(refused)["code"] == "dictionary_in_use"
+    assert job.json()["id"] in problem(refused)["detail"]
+    SynthesisJob.objects.filter(pk=job.json()["id"]).update(status="succeeded")
+    assert tenant.client.delete(f"/api/v1/dictionaries/{d['id']}").status_code == 204
+    after = tenant.client.get(f"/api/v1/speech/{job.json()['id']}").json()["pronunciation_dictionaries"]
+    assert after == shown  # the record outlives the dictionary
+
+
+@pytest.mark.usefixtures("queued_only")
+def test_the_tenant_default_applies_when_a_request_names_none_also_on_the_openai_path(
+    make_tenant: Any,
+) -> None:
+    from webapp.speech import submission
+
+    tenant = make_tenant()
+    d = tenant.client.post("/api/v1/dictionaries", {"name": "d", "rules": RULES, "is_default": True}).json()
+    tenant.client.post(f"/api/v1/dictionaries/{d['id']}/versions", {"rules": RULES[:2]})
+    job = tenant.client.post("/api/v1/speech", SPEAK).json()
+    assert [(p["id"], p["version"]) for p in job["pronunciation_dictionaries"]] == [(d["id"], 2)]
+    none = tenant.client.post("/api/v1/speech", {**SPEAK, "pronunciation_dictionaries": []}).json()
+    assert none["pronunciation_dictionaries"] == []
+    openai = submission.job_request(tenant.org, {"text": "Hi.", "voice": "espeak-en-us"}, "openai")
+    assert [v.number for v in openai.dictionaries] == [2]
+
+
+@pytest.mark.usefixtures("queued_only")
+def test_a_request_names_at_most_three_dictionaries_of_its_own_tenant(make_tenant: Any) -> None:
+    tenant, other = make_tenant(), make_tenant()
+    ids = [
+        tenant.client.post("/api/v1/dictionaries", {"name": f"d{i}", "rules": RULES}).json()["id"]
+        for i in range(4)
+    ]
+    four = tenant.client.post(
+        "/api/v1/speech", {**SPEAK, "pronunciation_dictionaries": [{"id": i} for i in ids]}
+    )
+    assert four.status_code == 400 and problem(four)["field"] == "pronunciation_dictionaries"
+    theirs = other.client.post("/api/v1/speech", {**SPEAK, "pronunciation_dictionaries": [{"id": ids[0]}]})
+    assert theirs.status_code == 404
+    missing = tenant.client.post(
+        "/api/v1/speech", {**SPEAK, "pronunciation_dictionaries": [{"id": ids[0], "version": 9}]}
+    )
+    assert missing.status_code == 404 and "version 9" in problem(missing)["detail"]

@@ -52,6 +52,13 @@ CACHE_HELP = (
 )
 
 
+class DictionaryRefSerializer(StrictSerializer):
+    id = StrictCharField(max_length=36, help_text="A dictionary id from GET /api/v1/dictionaries.")
+    version = StrictIntegerField(
+        required=False, min_value=1, help_text="The version to pin; its latest at submit when left out."
+    )
+
+
 class SpeechRequestSerializer(StrictSerializer):
     text = SpeechTextField(
         trim_whitespace=False, allow_blank=True, help_text="Text to speak (annotations allowed)."
@@ -69,6 +76,13 @@ class SpeechRequestSerializer(StrictSerializer):
         min_value=LOUDNESS_RANGE[0],
         max_value=LOUDNESS_RANGE[1],
         help_text="Target integrated loudness in LUFS, -40 - -5 (e.g. -16 podcast, -23 broadcast).",
+    )
+    pronunciation_dictionaries = serializers.ListField(
+        child=DictionaryRefSerializer(),
+        required=False,
+        max_length=3,
+        help_text="At most 3 dictionaries (the first naming a word wins), pinned at submit; "
+        "left out: the tenant's default dictionary; []: none.",
     )
     webhook_url = StrictCharField(
         required=False,
@@ -140,6 +154,19 @@ def public_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     return public
 
 
+def pinned_dictionaries(job: SynthesisJob) -> list[dict[str, Any]]:
+    """The job's pinned versions, with what the run applied of each once it ran."""
+    ran = {(d.get("id"), d.get("version")): d for d in (job.applied_instructions or {}).get("dictionaries", [])}
+    out = []
+    for pin in job.dictionaries or []:
+        entry = {"id": pin["id"], "version": pin["version"], "name": pin["name"]}
+        done = ran.get((pin["id"], pin["version"]))
+        if done is not None:
+            entry.update(rules_applied=done.get("rules_applied"), replacements=done.get("replacements"))
+        out.append(entry)
+    return out
+
+
 class JobSerializer(serializers.Serializer):
     """A synthesis job as clients see it (fields of docs/api.md, nothing internal)."""
 
@@ -157,6 +184,11 @@ class JobSerializer(serializers.Serializer):
     expires_at = serializers.DateTimeField(allow_null=True)
     audio_url = serializers.URLField(allow_null=True)
     duration_seconds = serializers.FloatField(allow_null=True)
+    pronunciation_dictionaries = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="The versions pinned at submit: id, version, name, and once the job ran rules_applied "
+        "and replacements (rules that could not be applied are in not_applied of the report).",
+    )
     cached_characters = serializers.IntegerField(
         help_text="Of text_chars, those served from the sentence cache (set when the job succeeds)."
     )
@@ -187,6 +219,7 @@ class JobSerializer(serializers.Serializer):
             "expires_at": _iso(job.expires_at),
             "audio_url": audio_url,
             "duration_seconds": job.duration_seconds,
+            "pronunciation_dictionaries": pinned_dictionaries(job),
             "cached_characters": job.cached_characters,
             "metrics": public_metrics(job.metrics or {}),
             "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,

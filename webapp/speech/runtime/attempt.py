@@ -33,6 +33,7 @@ from synth import SynthesisRequest
 from synth.errors import Cancelled, SynthError
 from synth.stream import StreamWriter, stream_path
 from webapp.audit import context as request_context
+from webapp.dictionaries import services as dictionary_services
 from webapp.errors import JobFailureCode
 from webapp.speech import lifecycle
 from webapp.speech.lifecycle import Verdict
@@ -195,7 +196,11 @@ def _run(state: worker.WorkerState, attempt: Attempt, rss_before: float) -> Outc
             duration_seconds=result.duration_seconds,
             metrics=_metrics(state, attempt, result, rss_before, cpu_seconds),
             timestamps=getattr(result, "timestamps", None),  # a test's stand-in result may have none
-            applied_instructions={"applied": result.applied, "not_applied": result.not_applied},
+            applied_instructions={
+                "applied": result.applied,
+                "not_applied": result.not_applied,
+                "dictionaries": result.dictionaries,
+            },
             cached_characters=getattr(result, "cached_characters", 0),  # (a test's stand-in may have none)
         )
     except JobLost:
@@ -281,6 +286,8 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
         seed=params.get("seed"),  # not an API field yet; the torch runtime honours it
         # An uploaded voice cloned zero-shot: the engine gets its prompt (docs/voices.md).
         prompt=prompts.voice_prompt(job.voice) if job.cloning_mode == prompts.ZERO_SHOT else None,
+        # The versions pinned at submit (a dictionary cannot be deleted while the job is unfinished).
+        dictionaries=tuple(dictionary_services.lexicons(job.dictionaries or [])),
     )
     # The tenant's sentence cache for this voice (None: ``cache: false``, or the plan keeps none).
     cache = sentence_cache.job_store(job, before_write=lambda: hooks.before_cache_write(job))
