@@ -36,7 +36,28 @@ DEFAULT_VOLUME = 100
 
 LOCK = threading.RLock()
 
-_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+EVENT_LIST_TERMINATED = 0
+EVENT_WORD = 1
+
+
+class _Event(ctypes.Structure):
+    """espeak_EVENT (speak_lib.h): what the callback is told about the audio it is handed."""
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("unique_identifier", ctypes.c_uint),
+        ("text_position", ctypes.c_int),  # characters from the start of the input, counted from 1
+        ("length", ctypes.c_int),  # the word's characters
+        ("audio_position", ctypes.c_int),  # milliseconds from the start of the audio
+        ("sample", ctypes.c_int),
+        ("user_data", ctypes.c_void_p),
+        ("id", ctypes.c_char * 8),  # a union of int, char* and char[8]: 8 bytes
+    ]
+
+
+_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event)
+)
 
 
 class _Voice(ctypes.Structure):
@@ -107,6 +128,7 @@ class EspeakLib:
                 raise EngineUnavailable(f"eSpeak NG failed to initialise with data at {data_path}")
             self.sample_rate = int(rate)
             self._chunks: list[bytes] = []
+            self._words: list[tuple[int, int, int]] | None = None  # (position, length, ms) of a synth()
             self._callback = _CALLBACK(self._on_audio)  # keep a reference: C holds the pointer
             lib.espeak_SetSynthCallback(self._callback)
             self._voices = self._list_voices()
@@ -115,6 +137,13 @@ class EspeakLib:
     def _on_audio(self, wav: Any, numsamples: int, events: Any) -> int:
         if numsamples > 0 and wav:
             self._chunks.append(ctypes.string_at(wav, numsamples * 2))
+        if self._words is not None and events:
+            i = 0
+            while events[i].type != EVENT_LIST_TERMINATED and i < 10_000:
+                if events[i].type == EVENT_WORD:
+                    e = events[i]
+                    self._words.append((int(e.text_position), int(e.length), int(e.audio_position)))
+                i += 1
         return 0
 
     def _list_voices(self) -> list[EspeakVoice]:
@@ -180,13 +209,18 @@ class EspeakLib:
         volume: int = DEFAULT_VOLUME,
         wordgap: int = 0,
         phonemes: bool = False,
+        words: list[tuple[int, int, int]] | None = None,
     ) -> bytes:
-        """Synthesise ``text``; returns s16le mono PCM at :attr:`sample_rate`."""
+        """Synthesise ``text``; returns s16le mono PCM at :attr:`sample_rate`.
+
+        ``words`` gets eSpeak's word events: (character position from 1, length, milliseconds).
+        """
         data = text.encode("utf-8") + b"\0"
         buf = ctypes.create_string_buffer(data, len(data))
         flags = CHARS_UTF8 | (PHONEMES_INPUT if phonemes else 0)
         with LOCK:
             self._chunks = []
+            self._words = words
             try:
                 self._reset(voice, rate, pitch, volume, wordgap)
                 err = self._lib.espeak_Synth(buf, len(data), 0, POS_CHARACTER, 0, flags, None, None)
@@ -196,6 +230,7 @@ class EspeakLib:
                 return b"".join(self._chunks)
             finally:
                 self._chunks = []
+                self._words = None
                 self._reset(voice, DEFAULT_RATE, DEFAULT_PITCH, DEFAULT_VOLUME, 0)
 
     def text_to_phonemes(self, text: str, voice: str, ipa: bool = False) -> str:

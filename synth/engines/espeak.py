@@ -19,9 +19,10 @@ from synth.engines.base import (
 )
 from synth.errors import EngineUnavailable, UnknownVoice
 from synth.espeak_lib import DEFAULT_RATE, get_lib
-from synth.normalize import escape_markup, is_chinese_language, normalize
+from synth.normalize import escape_markup_mapped, is_chinese_language, normalize_mapped
 from synth.registry import ESPEAK_PREFIX, VoiceInfo, engine_capabilities, list_voices
-from synth.text import iter_segments
+from synth.text import is_speakable, iter_segments
+from synth.timestamps import WordTiming, scaled, timing
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,6 +34,7 @@ _CHINESE_VOICES = ("cmn", "yue", "hak", "nan", "wuu", "cmn-latn-pinyin")
 
 class EspeakEngine:
     name = "espeak"
+    word_timings = True  # synthesize() fills ``timings`` from eSpeak's word events (synth.timestamps)
 
     def __init__(self, voices_dir: str | None = None, threads: int | None = None) -> None:
         self.device = "cpu"
@@ -79,22 +81,32 @@ class EspeakEngine:
         return []
 
     def render(self, sentence: str, params: VoiceParams) -> str:
+        return self.render_spans(sentence, params)[0]
+
+    def render_spans(self, sentence: str, params: VoiceParams) -> tuple[str, list[tuple[int, int]]]:
+        """:meth:`render`, and per character of it the span of ``sentence`` it came from."""
         short = self.short_name(params.voice)
         lib = get_lib()
         chinese_voice = short in _CHINESE_VOICES or short.startswith("cmn")
         language = params.language or ("zh" if chinese_voice else short)
         parts: list[str] = []
+        spans: list[tuple[int, int]] = []
         for seg in iter_segments(sentence):
             if seg.kind == "text":
                 lang = "zh" if (is_chinese_language(language) or chinese_voice) else language
-                parts.append(escape_markup(normalize(seg.text, lang)))
-            elif seg.kind == "arpabet":
-                parts.append(f" [[{arpabet_to(seg.tokens, ARPABET_ESPEAK, chr(39), ',')}]] ")
+                mapped = escape_markup_mapped(normalize_mapped(seg.text, lang, seg.start))
+                parts.append(mapped.text)
+                spans.extend(mapped.spans)
+                continue
+            if seg.kind == "arpabet":
+                part = f" [[{arpabet_to(seg.tokens, ARPABET_ESPEAK, chr(39), ',')}]] "
             else:
                 ph = lib.text_to_phonemes(" ".join(seg.tokens), "cmn" if short != "yue" else "cmn")
                 ph = re.sub(r"[_|\s]+", " ", ph).strip()
-                parts.append(f"[[{ph}]]" if ph else " ")
-        return "".join(parts)
+                part = f"[[{ph}]]" if ph else " "
+            parts.append(part)
+            spans.extend([(seg.start, seg.start + len(seg.text))] * len(part))  # the annotation is one word
+        return "".join(parts), spans
 
     def phonemes(self, text: str, params: VoiceParams) -> list[str]:
         """eSpeak's phonemes (its mnemonics) for ``text`` as this request would speak it."""
@@ -115,7 +127,9 @@ class EspeakEngine:
         progress: ProgressFn | None = None,
         should_cancel: CancelFn | None = None,
         total: int | None = None,
+        timings: list[list[WordTiming]] | None = None,
     ) -> Iterator[np.ndarray]:
+        """``timings``, when given, gets each chunk's word timings (synth.timestamps) before its audio."""
         import numpy as np
 
         lib = get_lib()
@@ -125,11 +139,57 @@ class EspeakEngine:
         done = 0
         for chunk in chunks:
             check_cancel(should_cancel)
-            text = self.render(chunk, params)
-            pcm = lib.synth(text, short, rate=rate, phonemes=True)
-            audio = np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768.0
-            audio = pitch_shift_resample(audio, params.pitch, lib.sample_rate)
+            text, spans = self.render_spans(chunk, params)
+            events: list[tuple[int, int, int]] | None = [] if timings is not None else None
+            pcm = lib.synth(text, short, rate=rate, phonemes=True, words=events)
+            raw = np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768.0
+            audio = pitch_shift_resample(raw, params.pitch, lib.sample_rate)
+            if timings is not None:
+                words = word_timings(text, spans, events or [], raw, lib.sample_rate)
+                timings.append(scaled(words, len(audio) / len(raw) if len(raw) else 1.0))
             yield apply_gain_db(audio, params.volume)
             done += 1
             if progress is not None:
                 progress(done, total if total is not None else done)
+
+
+def word_timings(
+    text: str, spans: list[tuple[int, int]], events: list[tuple[int, int, int]], audio: np.ndarray, rate: int
+) -> list[WordTiming]:
+    """Word timings from eSpeak's word events: a word starts at its event and ends where its sound
+    does before the next word's (eSpeak says where words start only; the pause after a comma is
+    trimmed by energy, 10 ms frames under -35 dB of the sentence's loudest)."""
+    import numpy as np
+
+    frame = max(1, rate // 100)
+    usable = len(audio) // frame * frame
+    rms = np.sqrt(np.mean(audio[:usable].reshape(-1, frame) ** 2, axis=1)) if usable else np.zeros(0)
+    loud = rms > (rms.max() * 10 ** (-35 / 20) if rms.size else 0.0)
+    duration = len(audio) / rate
+    starts = [min(ms / 1000.0, duration) for _, _, ms in events]
+    out: list[WordTiming] = []
+    last = 0.0
+    for k, (position, length, _) in enumerate(events):
+        begin = max(position - 1, 0)
+        # A word runs to the next one's start, less the spaces and punctuation before it: eSpeak's
+        # length covers "forty" of "forty-two" and one character of a Chinese word.
+        stop = max(events[k + 1][0] - 1, begin + 1) if k + 1 < len(events) else len(text)
+        stop = min(max(stop, begin + max(length, 1)), len(text))
+        while stop > begin + max(length, 1) and not is_speakable(text[stop - 1]) and text[stop - 1] != "]":
+            stop -= 1
+        while begin < stop - 1 and not is_speakable(text[begin]) and text[begin] != "[":
+            begin += 1  # eSpeak may start a word at the dash or quote before it
+        if begin >= len(text) or begin >= stop:
+            continue
+        limit = starts[k + 1] if k + 1 < len(events) else duration
+        start = max(starts[k], last)
+        first_frame, end_frame = int(start * 100), int(limit * 100)
+        sounding = np.flatnonzero(loud[first_frame:end_frame])
+        end = min((first_frame + int(sounding[-1]) + 1) / 100.0, limit) if sounding.size else limit
+        chars = spans[begin:stop]
+        word = text[begin:stop].strip().strip("[]").strip()  # an annotation: its phonemes
+        if not word or not chars:
+            continue
+        out.append(timing(word, start, max(end, start), min(s for s, _ in chars), max(e for _, e in chars)))
+        last = max(end, start)
+    return out
