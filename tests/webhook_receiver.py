@@ -4,7 +4,7 @@ A threaded ``http.server`` whose paths name endpoints (``/<name>``), each with i
 secret: every request is verified with ``standardwebhooks.Webhook`` (signature
 and timestamp tolerance), and a verified message whose ``webhook-id`` was seen
 already is a duplicate (answered 200, not kept twice). Faults a test sets: answer
-500 to the first N requests of each message, or hold requests for some seconds.
+500 to the first N requests of each message, or hold the first requests for some seconds.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class Received:
 class Receiver:
     secrets: dict[str, str] = field(default_factory=dict)  # path name -> secret
     fail_first: int = 0  # 500 to the first N requests of each webhook-id
-    hold_seconds: float = 0.0  # answer only after this long
+    hold_seconds: float = 0.0  # answer the first hold_first requests only after this long
+    hold_first: int = 0
     requests: list[dict[str, str]] = field(default_factory=list)  # every request's headers (and path)
     unique: list[Received] = field(default_factory=list)  # verified, each webhook-id once
     rejected: list[str] = field(default_factory=list)  # why verification failed
@@ -82,7 +83,9 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length)
             headers = {k.lower(): v for k, v in self.headers.items()}
-            if receiver.hold_seconds:
+            with receiver.lock:
+                held = len(receiver.requests) < receiver.hold_first
+            if held:
                 time.sleep(receiver.hold_seconds)
             status = receiver.handle(self.path, headers, body)
             answer = json.dumps({"status": status}).encode()

@@ -75,8 +75,8 @@ def address_class(address: IPAddress) -> str | None:
         ("link-local", address.is_link_local),
         ("multicast", address.is_multicast),
         ("shared", isinstance(address, ipaddress.IPv4Address) and address in _SHARED),
-        ("private", address.is_private),
         ("reserved", address.is_reserved),
+        ("private", address.is_private),
     )
     for kind, hit in checks:
         if hit:

@@ -1,0 +1,126 @@
+"""Webhooks sent by a real ``webhooks`` worker to a receiver on 127.0.0.1, through faults.
+
+Every event is made through the code that makes it (tests/webhook_events.py);
+the receiver verifies each request with ``standardwebhooks`` and drops the
+duplicates by ``webhook-id``. Each event must arrive once per endpoint after
+that, while the receiver answers 500 twice first and Redis restarts during the
+retries, and while the worker sending is killed mid-request. The test process
+runs the outbox sweep every second, as beat does every TTS_WEBHOOK_SWEEP_SECONDS.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from deploy import stack as deploy_stack
+from deploy.stack import Service
+from tests import webhook_events
+from tests.reliability.helpers import flush_queues, kill_group, make_org, wait_until
+from tests.stack import CFG, TestStack, running
+from tests.webhook_receiver import Receiver, receiving
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER_ENV = {
+    "TTS_WORKER_ROLE": "webhooks",
+    "TTS_WEBHOOK_ALLOW_PRIVATE": "127.0.0.0/8",
+    "TTS_WEBHOOK_RETRY_BASE_SECONDS": "2",  # first retry after 1-2 s: Redis restarts before the second
+    "TTS_WEBHOOK_CONNECT_TIMEOUT_SECONDS": "1",
+    "TTS_WEBHOOK_READ_TIMEOUT_SECONDS": "2",  # the message's lease: 1 + 2 x 2 + 5 = 10 s
+}
+
+
+@pytest.fixture(autouse=True)
+def _fast_sweep(settings: Any, stack: TestStack) -> None:
+    import ipaddress
+
+    settings.TTS_WEBHOOK_RESEND_SECONDS = 2
+    settings.TTS_WEBHOOK_ALLOW_PRIVATE = [ipaddress.ip_network("127.0.0.0/8")]
+    flush_queues(stack, "webhooks")  # messages of in-process tests, whose rows are gone
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with receiving() as r:
+        yield r
+
+
+def _worker(stack: TestStack, name: str) -> Service:
+    return stack.start_worker(name, queues="webhooks", concurrency="2", env=WORKER_ENV, wait_ready=False)
+
+
+def _endpoint(org: Any, receiver: Receiver, name: str) -> None:
+    from webapp.webhooks import delivery
+    from webapp.webhooks.models import SUBSCRIBABLE, WebhookEndpoint
+
+    secret = delivery.new_secret()
+    WebhookEndpoint.objects.create(
+        organization=org, url=receiver.url(name), events=SUBSCRIBABLE, secret=secret
+    )
+    receiver.secrets[name] = secret
+
+
+def _sweep_until(done: Any, timeout: float, what: str) -> None:
+    """What beat would do: the sweep, every second, until ``done()``."""
+    from webapp.webhooks import delivery
+
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        delivery.sweep()
+        time.sleep(1)
+
+
+def _redis_restarted(stack: TestStack) -> None:
+    redis = next(s for s in stack.sup.services if s.name == "redis")
+    stack.stop_service(redis)  # SIGTERM: it writes its AOF out, as on a normal restart
+    time.sleep(1)
+    stack.start_service(Service("redis", deploy_stack.redis_command(CFG), ready_port=CFG.redis_port))
+
+
+def test_every_event_arrives_once_per_endpoint_through_500s_and_a_redis_restart(
+    stack: TestStack, builtin_voices: list[str], receiver: Receiver
+) -> None:
+    org = make_org("webhooks-redis", monthly_characters=100)
+    _endpoint(org, receiver, "a")
+    _endpoint(org, receiver, "b")
+    receiver.fail_first = 2
+    with running(stack, _worker(stack, "webhooks-1")):
+        made = webhook_events.every_event(org)
+        assert len(made) == 9
+        wait_until(lambda: len(receiver.seen) == 2 * len(made), 60, "a first attempt at every message")
+        assert len(receiver.unique) < 2 * len(made)  # retries are still to come
+        _redis_restarted(stack)  # the retries' messages were in Redis and in the worker's hands
+        _sweep_until(lambda: len(receiver.unique) == 2 * len(made), 60, "every message delivered")
+    assert set(receiver.events("a")) == set(receiver.events("b")) == made
+    assert min(receiver.seen.values()) >= 3 and not receiver.rejected
+    assert all(r.headers["webhook-id"].startswith("msg_") for r in receiver.unique)
+
+
+def test_every_event_arrives_once_when_the_worker_sending_it_is_killed(
+    stack: TestStack, builtin_voices: list[str], receiver: Receiver
+) -> None:
+    from webapp.webhooks.models import WebhookMessage
+
+    org = make_org("webhooks-kill", monthly_characters=100)
+    _endpoint(org, receiver, "k")
+    receiver.hold_first, receiver.hold_seconds = 2, 3.0
+    first = _worker(stack, "webhooks-doomed")
+    with running(stack, first):
+        made = webhook_events.every_event(org)
+        wait_until(lambda: len(receiver.requests) >= 2, 60, "two requests in flight")
+        kill_group(first)  # the node dies: its two messages stay unacknowledged in Redis
+    with running(stack, _worker(stack, "webhooks-2")):
+        _sweep_until(
+            lambda: not WebhookMessage.objects.filter(organization=org).exclude(status="delivered").exists(),
+            60,
+            "every message delivered after the kill",
+        )
+    assert set(receiver.events("k")) == made and len(receiver.unique) == len(made)
+    # The two cut off were received (the receiver answered a dead socket) and sent again: duplicates, dropped.
+    assert sorted(receiver.seen.values())[-2:] == [2, 2] and not receiver.rejected
