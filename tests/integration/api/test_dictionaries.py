@@ -12,7 +12,7 @@ pytestmark = pytest.mark.usefixtures("builtin_voices")
 
 PLS = "application/pls+xml"
 NS = "http://www.w3.org/2005/01/pronunciation-lexicon"
-RULES = [
+RULES: list[dict[str, Any]] = [
     {"grapheme": "minute", "phonemes": "M AY0 N UW1 T", "alphabet": "arpabet"},
     {"grapheme": "NASA", "alias": "national space agency", "case_sensitive": True},
     {"grapheme": "tomato", "phonemes": "təˈmɑːtoʊ", "alphabet": "ipa"},
@@ -265,3 +265,62 @@ def test_a_request_names_at_most_three_dictionaries_of_its_own_tenant(make_tenan
         "/api/v1/speech", {**SPEAK, "pronunciation_dictionaries": [{"id": ids[0], "version": 9}]}
     )
     assert missing.status_code == 404 and "version 9" in problem(missing)["detail"]
+
+
+# --------------------------------------------------------------------- through the worker
+
+
+def _heard(path: str) -> list[str]:
+    import numpy as np
+    import soundfile
+    from pocketsphinx import Decoder
+
+    audio, rate = soundfile.read(path, dtype="int16")
+    assert rate == 16000
+    decoder = Decoder(samprate=16000, logfn="/dev/null")
+    words = "i | like | the | tomato | window | banana | yellow | music | hello | computer"
+    decoder.add_jsgf_string("g", f"#JSGF V1.0; grammar g; public <s> = <w>+ ; <w> = {words} ;")
+    decoder.activate_search("g")
+    decoder.start_utt()
+    decoder.process_raw(np.ascontiguousarray(audio).tobytes(), full_utt=True)
+    decoder.end_utt()
+    return decoder.hyp().hypstr.split() if decoder.hyp() else []
+
+
+def test_the_worker_speaks_the_pinned_version_and_a_new_version_never_gets_stale_audio(
+    live_tenant: Any,
+) -> None:
+    from django.conf import settings
+
+    from tests.integration.api.conftest import wait_finished
+    from webapp.speech.models import SynthesisJob
+
+    tenant = live_tenant()
+    body = {"text": "I like the tomato.", "voice": "espeak-en-us", "format": "wav", "sample_rate": 16000}
+    rules = [
+        {"grapheme": "tomato", "alias": "window"},
+        {"grapheme": "like", "phonemes": "hao3", "alphabet": "pinyin"},
+    ]
+    d = tenant.client.post("/api/v1/dictionaries", {"name": "d", "rules": rules}).json()
+    tenant.client.post(
+        f"/api/v1/dictionaries/{d['id']}/versions", {"rules": [{"grapheme": "tomato", "alias": "banana"}]}
+    )
+    heard = {}
+    for name, refs in (
+        ("none", []),
+        ("v1", [{"id": d["id"], "version": 1}]),
+        ("v2", [{"id": d["id"], "version": 2}]),
+    ):
+        created = tenant.client.post("/api/v1/speech", {**body, "pronunciation_dictionaries": refs})
+        assert created.status_code == 202, created.content
+        done = wait_finished(tenant.client, created.json()["id"], timeout=60)
+        assert done["status"] == "succeeded", done
+        job = SynthesisJob.objects.get(pk=done["id"])
+        heard[name] = _heard(str(settings.MEDIA_ROOT / job.audio_path))
+        if name == "v1":
+            assert done["pronunciation_dictionaries"] == [
+                {"id": d["id"], "version": 1, "name": "d", "rules_applied": 1, "replacements": 1}
+            ]
+            assert any("pinyin needs a Chinese voice" in n for n in job.applied_instructions["not_applied"])
+    assert "window" not in heard["none"] and "banana" not in heard["none"], heard
+    assert "window" in heard["v1"] and "banana" in heard["v2"], heard

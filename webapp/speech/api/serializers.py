@@ -156,7 +156,9 @@ def public_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
 
 def pinned_dictionaries(job: SynthesisJob) -> list[dict[str, Any]]:
     """The job's pinned versions, with what the run applied of each once it ran."""
-    ran = {(d.get("id"), d.get("version")): d for d in (job.applied_instructions or {}).get("dictionaries", [])}
+    ran = {
+        (d.get("id"), d.get("version")): d for d in (job.applied_instructions or {}).get("dictionaries", [])
+    }
     out = []
     for pin in job.dictionaries or []:
         entry = {"id": pin["id"], "version": pin["version"], "name": pin["name"]}
