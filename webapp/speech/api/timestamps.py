@@ -58,7 +58,7 @@ class TimestampsSerializer(serializers.Serializer):
     duration_seconds = serializers.FloatField(allow_null=True)
     words = WordTimestampSerializer(
         many=True,
-        help_text="In order, never overlapping; empty for a voice that cannot tell its words (eSpeak).",
+        help_text="In order, never overlapping; empty where the engine cannot tell (Piper on torch).",
     )
     sentences = SentenceTimestampSerializer(many=True)
 
