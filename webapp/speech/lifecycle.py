@@ -190,7 +190,7 @@ def _completed_job(job_id: Any, duration_seconds: float) -> tuple[Part, ...]:
         .values_list("text_chars", "cached_characters", "organization__plan__cached_character_price")
         .first()
     )
-    if row is None or not row[1]:
+    if row is None:
         return _completed(duration_seconds)
     return _completed(duration_seconds, int(row[1]), int(row[0]), float(row[2]))
 
@@ -269,8 +269,8 @@ class JobRequest:
     # The pronunciation dictionary versions the job pins (webapp.dictionaries.services.resolve).
     dictionaries: list[Any] = field(default_factory=list)
     waited: bool = False  # a client waits on the job's answer and holds its waiter lease
-    webhook_url: str = ""  # this job's job.* events are sent here too (webapp/webhooks)
     use_cache: bool = True  # the tenant's sentence cache serves and keeps this job's sentences
+    webhook_url: str = ""  # this job's job.* events are sent here too (webapp/webhooks)
 
 
 def request_fingerprint(payload: Any) -> str:
@@ -792,10 +792,10 @@ def complete_job(
 ) -> bool:
     """Publish this attempt's file as the job's audio and charge it, exactly once.
 
-    ``timestamps`` (synth's ``{"words", "sentences"}``) are published with it, in this transaction.
-
     ``cached_characters``: of its sentences, those served from the sentence cache (charged at
     the plan's cached_character_price).
+
+    ``timestamps`` (synth's ``{"words", "sentences"}``) are published with it, in this transaction.
 
     Under the row lock and only for the current token: the row then names the
     winning attempt's own file. A cancel requested meanwhile ends the job
@@ -847,7 +847,9 @@ def complete_job(
             )
         notify.job_changed(job_id, Status.SUCCEEDED, 1.0)
         if settle_now:
-            _settle(job_id, _completed_job(job_id, duration_seconds))
+            # The row is read again only for a job the cache served (its plan's price).
+            parts = _completed_job(job_id, duration_seconds) if cached_characters else None
+            _settle(job_id, parts or _completed(duration_seconds))
         _announce(SynthesisJob.objects.get(id=job_id))
     return True
 
@@ -859,7 +861,9 @@ def answer_handed(job_id: Any) -> bool:
         job = _transition(job_id, AWAITING_ANSWER, waiter_until=None)
         if job is None:
             return False
-        _settle(job.id, _completed_job(job.id, float(job.duration_seconds or 0)))
+        price = float(job.organization.plan.cached_character_price)
+        seconds = float(job.duration_seconds or 0)
+        _settle(job.id, _completed(seconds, job.cached_characters, job.text_chars, price))
         return True
 
 

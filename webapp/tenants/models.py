@@ -6,6 +6,7 @@ import datetime
 import uuid
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -35,7 +36,9 @@ class Plan(models.Model):
     # sentences kept for the tenant (0: no cache), and what a character served from it costs
     # against a fresh one (1.0 full price ... 0.0 free).
     sentence_cache_bytes = models.PositiveBigIntegerField(default=256 * 1024 * 1024)
-    cached_character_price = models.FloatField(default=1.0)
+    cached_character_price = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
+    )
     # Pronunciation dictionaries (webapp.dictionaries): how many, rules per version, bytes per PLS import.
     max_dictionaries = models.PositiveIntegerField(default=10)
     max_dictionary_rules = models.PositiveIntegerField(default=1000)

@@ -33,6 +33,7 @@ REQUIRED = {
     ("GET", "/api/v1/speech/{job_id}/audio"): READ,
     ("POST", "/api/v1/speech/{job_id}/cancel"): WRITE,
     ("GET", "/api/v1/usage"): READ,
+    ("DELETE", "/api/v1/cache"): WRITE,
     ("GET", "/api/v1/speech/{job_id}/stream"): READ,
     ("POST", "/v1/audio/speech"): WRITE,
     ("GET", "/v1/models"): READ,

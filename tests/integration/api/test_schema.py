@@ -26,6 +26,7 @@ def test_schema_is_valid_openapi_3_and_lists_every_endpoint(db: None) -> None:
         "/api/v1/speech/{job_id}/audio",
         "/api/v1/speech/{job_id}/cancel",
         "/api/v1/usage",
+        "/api/v1/cache",
         "/v1/audio/speech",
     } <= paths
     assert spec["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"

@@ -111,9 +111,12 @@ def test_it_serves_a_repeated_job_from_the_cache_bit_for_bit_and_bills_the_plan_
     wanted = [after[p] for p in after if after[p] is not None]
     assert any(_is_stitched(_samples(partial), list(trio)) for trio in itertools.combinations(wanted, 3))
 
-    usage = t.client.get("/api/v1/usage").json()["characters"]
-    assert usage["cached"] == again.cached_characters + partial.cached_characters
-    assert usage["fresh"] == first.text_chars + again.text_chars + partial.text_chars - usage["cached"]
+    usage = t.client.get("/api/v1/usage").json()["sentence_cache"]
+    assert usage["cached_characters"] == again.cached_characters + partial.cached_characters
+    assert (
+        usage["fresh_characters"]
+        == first.text_chars + again.text_chars + partial.text_chars - usage["cached_characters"]
+    )
 
     # cache: false renders every sentence and keeps nothing new.
     uncached = _run(t, TEXT, cache=False)

@@ -32,6 +32,7 @@ def test_the_beat_schedule_contains_every_job() -> None:
             "purge_temp_files",
             "prune_records",
             "snapshot_operations",
+            "evict_sentence_cache",
         }
     )
     for task, entry in entries.items():

@@ -84,13 +84,13 @@ class SpeechRequestSerializer(StrictSerializer):
         help_text="At most 3 dictionaries (the first naming a word wins), pinned at submit; "
         "left out: the tenant's default dictionary; []: none.",
     )
+    cache = StrictBooleanField(required=False, default=True, help_text=CACHE_HELP)
     webhook_url = StrictCharField(
         required=False,
         max_length=2000,
         help_text="An https URL this job's job.succeeded/failed/canceled events are sent to as well "
         "(signed with the tenant's job webhook secret; docs/api.md, Webhooks).",
     )
-    cache = StrictBooleanField(required=False, default=True, help_text=CACHE_HELP)
 
     def validate_webhook_url(self, value: str) -> str:
         try:
@@ -267,6 +267,11 @@ class UsageSerializer(serializers.Serializer):
     characters = serializers.DictField(child=serializers.IntegerField())
     jobs = serializers.DictField(child=serializers.IntegerField())
     storage = serializers.DictField(child=serializers.IntegerField())
+    sentence_cache = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="cached_characters and fresh_characters of the jobs that succeeded this period; "
+        "used_bytes and limit_bytes of the tenant's sentence cache.",
+    )
     daily = serializers.ListField(child=serializers.DictField())
 
 

@@ -57,10 +57,14 @@ def usage_summary(
             "reserved": reserved,
             "limit": plan.monthly_characters,
             "remaining": max(0, plan.monthly_characters - used - reserved),
-            # Of the characters of jobs that finished this period: served from the sentence cache
-            # (billed at the plan's cached_character_price), and rendered fresh.
-            "cached": cached[0],
-            "fresh": cached[1],
+        },
+        # Of the characters of the jobs that succeeded this period: served from the sentence cache
+        # (billed at the plan's cached_character_price), and rendered; and the cache's bytes.
+        "sentence_cache": {
+            "cached_characters": cached[0],
+            "fresh_characters": cached[1],
+            "used_bytes": int(organization.sentence_cache_used),
+            "limit_bytes": int(plan.sentence_cache_bytes),
         },
         "jobs": {
             "queued": counts.get(Status.QUEUED, 0),

@@ -1,5 +1,6 @@
 """The plan's sentence cache settings and the tenant's cache bytes (issue 33)."""
 
+import django.core.validators
 from django.db import migrations, models
 
 
@@ -17,7 +18,13 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="plan",
             name="cached_character_price",
-            field=models.FloatField(default=1.0),
+            field=models.FloatField(
+                default=1.0,
+                validators=[
+                    django.core.validators.MinValueValidator(0.0),
+                    django.core.validators.MaxValueValidator(1.0),
+                ],
+            ),
         ),
         migrations.AddField(
             model_name="organization",
