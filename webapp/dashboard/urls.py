@@ -38,6 +38,7 @@ urlpatterns: list[URLPattern] = [
     path("app/voices/upload/", voices.voice_upload, name="voice-upload"),
     path("app/voices/<uuid:pk>/delete/", voices.voice_delete, name="voice-delete"),
     path("app/usage/", speech.usage, name="usage"),
+    path("app/usage/export.csv", speech.usage_export, name="usage-export"),
     path("app/keys/", people.keys, name="keys"),
     path("app/keys/<uuid:key_id>/revoke/", people.revoke_key, name="key-revoke"),
     path("app/members/", people.members, name="members"),

@@ -7,6 +7,8 @@ two polls less than a second apart.
 
 from __future__ import annotations
 
+import csv
+import datetime as dt
 import json
 import uuid
 from itertools import groupby
@@ -21,6 +23,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 from redis.exceptions import RedisError
@@ -36,7 +39,8 @@ from webapp.speech import lifecycle, submission
 from webapp.speech.api.serializers import SpeechRequestSerializer
 from webapp.speech.api.waiting import Prepare, SharedAnswer, Wait, WaitSlot, wait_view
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.services import eta, queries
+from webapp.speech.services import eta, queries, usage_report
+from webapp.speech.services.usage_report import Report
 from webapp.speech.submission import FORMATS
 from webapp.tenants.api import ratelimit
 
@@ -257,17 +261,49 @@ def history(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     return render(request, "dashboard/history.html", context)
 
 
+GROUP_LABELS = {"day": "Day", "key": "API key", "voice": "Voice", "source": "Source", "member": "Member"}
+PERIODS = {"this": "This month", "last": "Last month", "range": "Dates"}
+# A cell that a spreadsheet would read as a formula: written with a leading apostrophe.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _report(request: HttpRequest, tenant: Tenant) -> tuple[dict[str, str], Report | None, str]:
+    """The explorer's choices (from the query), its report, and what was wrong with the choices."""
+    today = timezone.now().astimezone(dt.UTC).date()
+    period = request.GET.get("period", "this")
+    period = period if period in PERIODS else "this"
+    group = request.GET.get("group_by", "day")
+    if period == "range":
+        start, end = request.GET.get("from") or None, request.GET.get("to") or None
+    else:
+        first, last = usage_report.last_month(today) if period == "last" else usage_report.this_month(today)
+        start, end = first.isoformat(), last.isoformat()
+    choices = {"period": period, "group_by": group, "from": start or "", "to": end or ""}
+    try:
+        group, first, last = usage_report.parse(group, start, end, today=today)
+    except DomainError as exc:
+        return choices, None, exc.message
+    choices.update({"from": first.isoformat(), "to": last.isoformat()})
+    return choices, usage_report.breakdown(tenant.organization, group, first, last), ""
+
+
+def _chart(report: Report | None) -> tuple[list[dict[str, Any]], int]:
+    """Bars for the report's rows (the per-day chart's drawing, for any grouping), and the chart's width."""
+    rows = report.rows if report else []
+    peak = max([row.characters for row in rows] + [1])
+    bars = []
+    for i, row in enumerate(rows):
+        height = round(100 * row.characters / peak)
+        bars.append({"row": row, "height": height, "x": i * 22, "y": 110 - height})
+    return bars, max(1, len(bars)) * 22
+
+
 @tenant_page()
 @require_GET
 def usage(request: HttpRequest, tenant: Tenant) -> HttpResponse:
-    summary = queries.usage_summary(tenant.organization)
-    plan = tenant.organization.plan
-    daily = sorted(summary.get("daily", []), key=lambda d: d.get("date", ""))
-    peak = max([int(d.get("charged", 0)) for d in daily] + [1])
-    bars = []
-    for i, day in enumerate(daily):
-        height = round(100 * int(day.get("charged", 0)) / peak)
-        bars.append({**day, "height": height, "x": i * 22, "y": 110 - height})
+    summary = queries.usage_summary(tenant.organization, days=1)
+    choices, report, problem = _report(request, tenant)
+    bars, width = _chart(report)
     status_counts = list(
         SynthesisJob.objects.filter(organization=tenant.organization)
         .values_list("status")
@@ -275,14 +311,47 @@ def usage(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         .annotate(n=Count("id"))
     )
     running = SynthesisJob.objects.filter(organization=tenant.organization, status__in=SynthesisJob.ACTIVE)
+    query = request.GET.copy()
     context = {
         "tenant": tenant,
         "summary": summary,
-        "plan": plan,
+        "plan": tenant.organization.plan,
         "quota": quota_of(tenant.organization),
+        "choices": choices,
+        "periods": PERIODS,
+        "groups": GROUP_LABELS,
+        "report": report,
+        "problem": problem,
+        "group_label": GROUP_LABELS.get(choices["group_by"], "Group"),
         "bars": bars,
-        "chart_width": max(1, len(bars)) * 22,
+        "chart_width": width,
+        "export_query": query.urlencode(),
         "status_counts": status_counts,
         "running": running.order_by("created_at")[:20],
     }
-    return render(request, "dashboard/usage.html", context)
+    return render(request, "dashboard/usage.html", context, status=400 if problem else 200)
+
+
+def csv_cell(value: object) -> str:
+    """A value as a CSV cell a spreadsheet shows as text: one that starts like a formula gets a ' first."""
+    text = str(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
+@tenant_page()
+@require_GET
+def usage_export(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """The usage page's table as CSV: the same choices, the same rows, the same total."""
+    choices, report, problem = _report(request, tenant)
+    if report is None:
+        return HttpResponse(problem, status=400, content_type="text/plain; charset=utf-8")
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    name = f"usage-{report.group_by}-{report.start}-{report.end}.csv"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["Cache-Control"] = "private, no-store"
+    writer = csv.writer(response)
+    writer.writerow([GROUP_LABELS[report.group_by], "Characters", "Cached characters", "Jobs"])
+    for row in report.rows:
+        writer.writerow([csv_cell(row.label), row.characters, row.cached_characters, row.jobs])
+    writer.writerow(["Total", report.characters, report.cached_characters, report.jobs])
+    return response

@@ -1,0 +1,187 @@
+"""The usage explorer: charged characters over a range of UTC days, grouped by day, key, voice, source
+or member. ``GET /api/v1/usage``, the dashboard's usage page and its CSV all read :func:`breakdown`.
+
+Read from the ledger alone: a charge carries its key, member, voice and source
+(copied from the job at the reservation), so the report of a month equals the
+bill (``UsagePeriod.characters_used``) even after its jobs are deleted. A
+charge counts on the day of its reservation (the submit), as the bill counts
+it in the reservation's month.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.utils import timezone
+
+from webapp.errors import DomainError, ErrorCode
+from webapp.speech.models import UsageEvent
+from webapp.tenants.models import ApiKey, Organization
+
+GROUPS = ("day", "key", "voice", "source", "member")
+# The longest range one report covers, in days (from and to both counted).
+MAX_RANGE_DAYS = 366
+SOURCE_LABELS = {"api": "API", "openai": "OpenAI endpoint", "dashboard": "Dashboard"}
+
+_EVENTS = UsageEvent._meta.db_table
+_GROUP_SQL = {
+    "day": "(r.created_at AT TIME ZONE 'UTC')::date",
+    "key": "c.api_key_id",
+    "voice": "c.voice_name",
+    "source": "c.source",
+    "member": "c.user_id",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    group: str  # the value grouped by: an ISO day, a key's or member's id, a voice id, a source
+    label: str  # what a person reads for it
+    characters: int  # charged: what the bill counts
+    cached_characters: int  # of the jobs' text, served from the sentence cache (billed at its price)
+    jobs: int
+
+
+@dataclass(frozen=True)
+class Report:
+    group_by: str
+    start: dt.date
+    end: dt.date  # inclusive
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def characters(self) -> int:
+        return sum(row.characters for row in self.rows)
+
+    @property
+    def cached_characters(self) -> int:
+        return sum(row.cached_characters for row in self.rows)
+
+    @property
+    def jobs(self) -> int:
+        return sum(row.jobs for row in self.rows)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "group_by": self.group_by,
+            "from": self.start.isoformat(),
+            "to": self.end.isoformat(),
+            "rows": [row.__dict__ for row in self.rows],
+            "total": {
+                "characters": self.characters,
+                "cached_characters": self.cached_characters,
+                "jobs": self.jobs,
+            },
+        }
+
+
+def this_month(today: dt.date) -> tuple[dt.date, dt.date]:
+    return today.replace(day=1), today
+
+
+def last_month(today: dt.date) -> tuple[dt.date, dt.date]:
+    end = today.replace(day=1) - dt.timedelta(days=1)
+    return end.replace(day=1), end
+
+
+def _bad(message: str, field: str) -> DomainError:
+    return DomainError(ErrorCode.INVALID_REQUEST, message, field=field)
+
+
+def _date(raw: str, name: str) -> dt.date:
+    try:
+        if len(raw) != 10:
+            raise ValueError(raw)
+        return dt.date.fromisoformat(raw)
+    except ValueError:
+        raise _bad(f"{name} must be a date as YYYY-MM-DD (UTC), not {raw[:40]!r}.", name) from None
+
+
+def parse(
+    group_by: str | None, start: str | None, end: str | None, today: dt.date | None = None
+) -> tuple[str, dt.date, dt.date]:
+    """``group_by``, ``from`` and ``to`` as a request gives them (None: left out), checked.
+
+    Defaults: by day, from the first of this month (UTC) to today. 400
+    invalid_request for an unknown grouping, a malformed date, ``from`` after
+    ``to``, or a range longer than MAX_RANGE_DAYS.
+    """
+    today = today or timezone.now().astimezone(dt.UTC).date()
+    group = group_by or "day"
+    if group not in GROUPS:
+        raise _bad(f"group_by must be one of {', '.join(GROUPS)}, not {group[:40]!r}.", "group_by")
+    # Left out: to is today (or from, if that is later); from is the first of to's month.
+    last = _date(end, "to") if end else None
+    first = _date(start, "from") if start else (last or today).replace(day=1)
+    if last is None:
+        last = max(today, first)
+    if first > last:
+        raise _bad(f"from ({first}) is after to ({last}).", "from")
+    if (last - first).days + 1 > MAX_RANGE_DAYS:
+        raise _bad(f"The range is {(last - first).days + 1} days; at most {MAX_RANGE_DAYS} at once.", "to")
+    return group, first, last
+
+
+def breakdown(organization: Organization, group_by: str, start: dt.date, end: dt.date) -> Report:
+    """The tenant's charges reserved from ``start`` to ``end`` (UTC days, both included), grouped."""
+    if group_by not in GROUPS:
+        raise _bad(f"group_by must be one of {', '.join(GROUPS)}.", "group_by")
+    since = dt.datetime.combine(start, dt.time(0), tzinfo=dt.UTC)
+    until = dt.datetime.combine(end + dt.timedelta(days=1), dt.time(0), tzinfo=dt.UTC)
+    expr = _GROUP_SQL[group_by]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+        SELECT {expr} AS grp, sum(c.characters), count(*), coalesce(sum((
+            SELECT sum((p->>'covers')::bigint) FROM jsonb_array_elements(c.parts) p
+            WHERE p->>'kind' = 'cached')), 0)
+        FROM {_EVENTS} c
+        JOIN {_EVENTS} r ON r.job_key = c.job_key AND r.kind = '{UsageEvent.Kind.RESERVE}'
+        WHERE c.organization_id = %(org)s AND c.kind = '{UsageEvent.Kind.CHARGE}'
+          AND r.organization_id = %(org)s AND r.created_at >= %(since)s AND r.created_at < %(until)s
+        GROUP BY grp""",
+            {"org": organization.pk, "since": since, "until": until},
+        )
+        found = cursor.fetchall()
+    totals = {_key(group): (int(chars), int(cached), int(jobs)) for group, chars, jobs, cached in found}
+    labels = _labels(group_by, list(totals))
+    if group_by == "day":
+        days = [start + dt.timedelta(days=n) for n in range((end - start).days + 1)]
+        rows = [_row(day.isoformat(), day.isoformat(), totals.get(day.isoformat())) for day in days]
+    else:
+        rows = [_row(group, labels[group], totals[group]) for group in totals]
+        rows.sort(key=lambda row: (-row.characters, row.label))
+    return Report(group_by, start, end, rows)
+
+
+def _key(group: Any) -> str:
+    if group is None:
+        return ""
+    return group.isoformat() if isinstance(group, dt.date) else str(group)
+
+
+def _row(group: str, label: str, values: tuple[int, int, int] | None) -> Row:
+    chars, cached, jobs = values or (0, 0, 0)
+    return Row(group, label, chars, cached, jobs)
+
+
+def _labels(group_by: str, groups: list[str]) -> dict[str, str]:
+    if group_by == "key":
+        keys = {
+            str(pk): f"{name} (tts_{prefix}_…)"
+            for pk, name, prefix in ApiKey.objects.filter(pk__in=[g for g in groups if g]).values_list(
+                "pk", "name", "prefix"
+            )
+        }
+        return {g: keys.get(g, "deleted key") if g else "no key (dashboard)" for g in groups}
+    if group_by == "member":
+        users = get_user_model().objects.filter(pk__in=[int(g) for g in groups if g])
+        emails = {str(pk): email for pk, email in users.values_list("pk", "email")}
+        return {g: emails.get(g, "former member") if g else "no member" for g in groups}
+    if group_by == "source":
+        return {g: SOURCE_LABELS.get(g, g or "unknown") for g in groups}
+    return {g: g or "unknown" for g in groups}
