@@ -86,8 +86,11 @@ def align(expected: Sequence[int], actual: Sequence[int]) -> list[tuple[int, int
     pre_b = [0]
     for x in actual:
         pre_b.append(pre_b[-1] + x)
+    # A band around the diagonal: eSpeak merges or splits a few words a sentence, never many.
+    band = abs(n - m) + 6
     for i in range(n + 1):
-        for j in range(m + 1):
+        centre = i * m // n if n else 0
+        for j in range(max(0, centre - band), min(m, centre + band) + 1):
             here = cost[i][j]
             if here == inf:
                 continue
@@ -97,9 +100,13 @@ def align(expected: Sequence[int], actual: Sequence[int]) -> list[tuple[int, int
                         continue
                     diff = abs((pre_a[i + da] - pre_a[i]) - (pre_b[j + db] - pre_b[j]))
                     c = here + diff + _MERGE_PENALTY * (max(da, 1) - 1 + max(db, 1) - 1)
+                    if not da or not db:  # a word not spoken, or sound of no word: the last resort
+                        c += 2 * _MERGE_PENALTY
                     if c < cost[i + da][j + db]:
                         cost[i + da][j + db] = c
                         back[i + da][j + db] = (da, db)
+    if cost[n][m] == inf:  # out of the band (never seen): one group, shared by phoneme counts
+        return [(0, n, 0, m)]
     groups: list[tuple[int, int, int, int]] = []
     i, j = n, m
     while i or j:
