@@ -75,6 +75,8 @@ class OrganizationAdmin(admin.ModelAdmin):
     list_select_related = ("plan",)
     search_fields = ("name", "slug", "=id")
     actions = ["delete_tenants"]
+    # Counted by the workers and housekeeping (webapp/speech/services/sentence_cache.py), not typed in.
+    readonly_fields = ("sentence_cache_used",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Organization]:
         return with_usage(super().get_queryset(request))
