@@ -163,7 +163,15 @@ class PiperEngine:
         if self.device.startswith("cuda"):
             cuda = {"device_id": int(self.device.split(":")[1]), "cudnn_conv_algo_search": "HEURISTIC"}
             providers = [("CUDAExecutionProvider", cuda)]
-        session = onnxruntime.InferenceSession(aligned_model(model_path, self.cache_dir), opts, providers)
+        model = aligned_model(model_path, self.cache_dir)
+        try:
+            session = onnxruntime.InferenceSession(model, opts, providers)
+        except Exception:
+            if not isinstance(model, str) or model == model_path:
+                raise
+            # A cached patched copy that does not load (damaged on disk): dropped, patched afresh.
+            os.remove(model)
+            session = onnxruntime.InferenceSession(aligned_model(model_path, self.cache_dir), opts, providers)
         if self.device.startswith("cuda") and "CUDAExecutionProvider" not in session.get_providers():
             raise EngineUnavailable(f"onnxruntime could not start the CUDA provider on {self.device}")
         return session
@@ -358,10 +366,10 @@ def aligned_model(model_path: str, cache_dir: str | None) -> str | bytes:
     except ImportError:
         return model_path
     st = os.stat(model_path)
-    digest = hashlib.sha256(
-        f"{os.path.abspath(model_path)}|{st.st_size}|{st.st_mtime_ns}".encode()
-    ).hexdigest()
-    cached = os.path.join(cache_dir, "piper-aligned", f"{digest[:32]}.onnx") if cache_dir else None
+    voice = hashlib.sha256(os.path.abspath(model_path).encode()).hexdigest()[:16]
+    version = hashlib.sha256(f"{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    folder = os.path.join(cache_dir, "piper-aligned") if cache_dir else None
+    cached = os.path.join(folder, f"{voice}-{version}.onnx") if folder else None
     if cached and os.path.exists(cached):
         return cached
     model = onnx.load(model_path)
@@ -377,6 +385,7 @@ def aligned_model(model_path: str, cache_dir: str | None) -> str | bytes:
             with open(tmp, "wb") as fh:
                 fh.write(data)
             os.replace(tmp, cached)  # atomic: children loading at once never read half a file
+            _remove_older(folder, voice, cached)
             return cached
         except OSError:
             try:
@@ -384,6 +393,19 @@ def aligned_model(model_path: str, cache_dir: str | None) -> str | bytes:
             except OSError:
                 pass
     return data
+
+
+def _remove_older(folder: str | None, voice: str, keep: str) -> None:
+    """The patched copies of an earlier version of the same voice file: nothing loads them again."""
+    if not folder:
+        return
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if name.startswith(f"{voice}-") and name.endswith(".onnx") and path != keep:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
 
 
 def read_config(model_path: str) -> Any:

@@ -197,3 +197,27 @@ def test_a_sentence_from_the_cache_keeps_its_words_in_another_jobs_text(
     for a, b in zip(first.timestamps["words"], hit, strict=True):
         assert b["char_start"] == a["char_start"] + text.index("Cached")
         assert b["start"] == pytest.approx(a["start"] + start, abs=1e-3)
+
+
+def test_it_keeps_one_patched_copy_per_voice_file_and_replaces_a_damaged_one(tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    from synth.engines.piper import PiperEngine, aligned_model
+    from synth.registry import get_voice
+
+    source = get_voice("en_US-joe-medium").model_path
+    assert source is not None
+    model = tmp_path / "voice.onnx"
+    shutil.copy(source, model)
+    cache = str(tmp_path / "cache")
+    first = aligned_model(str(model), cache)
+    assert isinstance(first, str) and os.path.exists(first) and aligned_model(str(model), cache) == first
+    os.utime(model, ns=(os.stat(model).st_atime_ns, os.stat(model).st_mtime_ns + 10**9))  # a new version
+    second = aligned_model(str(model), cache)
+    assert isinstance(second, str) and second != first and not os.path.exists(first)
+    with open(second, "wb") as fh:
+        fh.write(b"not a model")
+    session = PiperEngine(cache_dir=cache)._session(str(model))
+    assert [o.name for o in session.get_outputs()][1:] != []  # the durations output is there again
+    assert os.path.getsize(second) > 1_000_000
