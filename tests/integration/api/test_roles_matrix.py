@@ -41,6 +41,14 @@ REQUIRED = {
     ("GET", "/api/v1/keys"): KEYS,
     ("POST", "/api/v1/keys"): KEYS,
     ("DELETE", "/api/v1/keys/{key_id}"): KEYS,
+    ("GET", "/api/v1/dictionaries"): READ,
+    ("POST", "/api/v1/dictionaries"): VOICES,
+    ("GET", "/api/v1/dictionaries/{dictionary_id}"): READ,
+    ("PATCH", "/api/v1/dictionaries/{dictionary_id}"): VOICES,
+    ("DELETE", "/api/v1/dictionaries/{dictionary_id}"): VOICES,
+    ("GET", "/api/v1/dictionaries/{dictionary_id}/versions"): READ,
+    ("POST", "/api/v1/dictionaries/{dictionary_id}/versions"): VOICES,
+    ("GET", "/api/v1/dictionaries/{dictionary_id}/versions/{number}"): READ,
 }
 # What each role may use; "tenant" is a key the operator issued to the tenant as a whole.
 ROLE_MAY = {
@@ -63,9 +71,12 @@ def _operations() -> set[tuple[str, str]]:
 def _call(client: ApiClient, method: str, template: str) -> Any:
     # Ids that exist nowhere: a call that passes the checks answers 404, or 400 for an empty
     # body (415 where the endpoint takes an upload, not JSON).
+    template = template.replace("{dictionary_id}", str(uuid.uuid4())).replace("{number}", "1")
     path = template.format(voice_id="no-such-voice", job_id=uuid.uuid4(), key_id=uuid.uuid4())
     if method == "POST":
         return client.post(path, {})
+    if method == "PATCH":
+        return client.client.patch(path, b"{}", content_type="application/json", **client._headers(None))
     return getattr(client, method.lower())(path)
 
 
