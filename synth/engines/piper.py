@@ -396,16 +396,23 @@ def aligned_model(model_path: str, cache_dir: str | None) -> str | bytes:
 
 
 def _remove_older(folder: str | None, voice: str, keep: str) -> None:
-    """The patched copies of an earlier version of the same voice file: nothing loads them again."""
+    """The patched copies of an earlier version of the same voice file (nothing loads them again),
+    and its half-written ones a killed child left (an hour old: no writer is still at them)."""
     if not folder:
         return
+    import time
+
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
-        if name.startswith(f"{voice}-") and name.endswith(".onnx") and path != keep:
-            try:
+        if not name.startswith(f"{voice}-") or path == keep:
+            continue
+        try:
+            if name.endswith(".onnx") or (
+                name.endswith(".part") and os.path.getmtime(path) < time.time() - 3600
+            ):
                 os.remove(path)
-            except OSError:
-                pass
+        except OSError:
+            pass
 
 
 def read_config(model_path: str) -> Any:
