@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 
-.PHONY: run test bootstrap lock stop clean lint typecheck bench bench-peer test-fast test-load gpu-check-prepare backup restore test-containers
+.PHONY: run test bootstrap lock stop clean lint typecheck bench bench-peer bench-cache test-fast test-load gpu-check-prepare backup restore test-containers
 
 bootstrap:
 	@deploy/bootstrap.sh
@@ -71,6 +71,11 @@ bench: bootstrap
 # Side by side with Piper's own HTTP server (issue 15): writes its table into docs/performance.md.
 bench-peer: bootstrap
 	$(PY) -m tests.bench peer $(BENCH_ARGS)
+
+# The sentence cache against Piper's own server on the same requests (issue 33): a repeated
+# notification workload, a fully cached request, a re-render; writes its table into docs/performance.md.
+bench-cache: bootstrap
+	$(PY) -m tests.bench cache $(BENCH_ARGS)
 
 # One archive of the database (a consistent pg_dump), the media its rows name and the key secrets,
 # encrypted with age to TTS_BACKUP_RECIPIENTS (or a clear one with CLEAR=1), the TTS_BACKUP_KEEP
