@@ -125,47 +125,51 @@ def _settle(job_id: Any, parts: tuple[Part, ...] = ()) -> bool:
     that left charges what streams handed to clients (:func:`_delivered`), a
     failure nothing. The ledger takes one settlement per job; a second is a no-op.
     """
-    settled = ledger.settle(job_id, parts)
-    if settled:
-        _announce_usage(job_id)
-    return settled
+    return ledger.settle(job_id, parts)
 
 
-def _announce_usage(job_id: Any) -> None:
-    """usage.threshold, in the settlement's transaction, once the month's charges reach 80 % or 100 %."""
-    row = fetch_one(_USAGE_OF_JOB, [job_id])
-    if row is not None and outbox.usage_level_reached(int(row[2]), int(row[3])):
-        outbox.record_usage(row[0], row[1], int(row[2]), int(row[3]))
-
-
-# The tenant's usage in the month the job's reservation is in, and its plan's monthly characters.
-_USAGE_OF_JOB = f"""
-    SELECT u.organization_id, u.period, u.characters_used, p.monthly_characters
-    FROM {UsageEvent._meta.db_table} e
-    JOIN {UsagePeriod._meta.db_table} u ON u.organization_id = e.organization_id AND u.period = e.period
-    JOIN {Organization._meta.db_table} o ON o.id = e.organization_id
+# What a job's webhooks need, in one statement: the job, the tenant's enabled endpoints, and the
+# month's usage where the job was charged (for usage.threshold). Read once the transition settled it.
+_WEBHOOK_FACTS = f"""
+    SELECT j.organization_id, j.status, j.voice_name, j.format, j.text_chars, j.webhook_url,
+        j.duration_seconds, j.error_code, j.error_message, {outbox.endpoints_sql("j.organization_id")},
+        u.period, u.characters_used, p.monthly_characters
+    FROM {TABLE} j
+    JOIN {Organization._meta.db_table} o ON o.id = j.organization_id
     JOIN {Plan._meta.db_table} p ON p.id = o.plan_id
-    WHERE e.job_key = %s AND e.kind = '{UsageEvent.Kind.CHARGE}'"""
+    LEFT JOIN {UsageEvent._meta.db_table} c ON c.job_key = j.id AND c.kind = '{UsageEvent.Kind.CHARGE}'
+    LEFT JOIN {UsagePeriod._meta.db_table} u ON u.organization_id = c.organization_id AND u.period = c.period
+    WHERE j.id = %s"""
 
 
-def _announce(job: SynthesisJob) -> None:
-    """The job's end to the tenant's webhook endpoints and its own webhook_url, in the ending transaction."""
+def _announce(job_id: Any, *, ended: bool = True) -> None:
+    """In the transaction that ended (``ended``) or settled the job: its job.* event to the tenant's
+    endpoints and its own webhook_url, and usage.threshold once its charge reached 80 % or 100 % of
+    the month's characters. Nothing more than the one read when no endpoint or URL wants them."""
+    row = fetch_one(_WEBHOOK_FACTS, [job_id])
+    if row is None:
+        return
+    org, status, voice, fmt, chars, url, seconds, code, message, endpoints_json, period, used, monthly = row
+    endpoints = outbox.endpoints_from(endpoints_json)
+    if used is not None:
+        outbox.record_usage(org, period, int(used), int(monthly), endpoints=endpoints)
+    if not ended:
+        return
     origin = settings.TTS_PUBLIC_ORIGIN
     data: dict[str, Any] = {
-        "id": str(job.id),
-        "status": str(job.status),
-        "voice": job.voice_name,
-        "format": job.format,
-        "text_chars": job.text_chars,
-        "url": origin + reverse("api-speech-detail", args=[job.id]),
+        "id": str(job_id),
+        "status": str(status),
+        "voice": voice,
+        "format": fmt,
+        "text_chars": chars,
+        "url": origin + reverse("api-speech-detail", args=[job_id]),
     }
-    if job.status == Status.SUCCEEDED:
-        data["audio_url"] = origin + reverse("api-speech-audio", args=[job.id])
-        data["duration_seconds"] = job.duration_seconds
-    if job.status == Status.FAILED:
-        data["error"] = {"code": job.error_code, "message": job.error_message}
-    org, event = job.organization_id, f"job.{job.status}"
-    outbox.record(org, event, data, subject=str(job.id), job_url=job.webhook_url)
+    if status == Status.SUCCEEDED:
+        data["audio_url"] = origin + reverse("api-speech-audio", args=[job_id])
+        data["duration_seconds"] = seconds
+    if status == Status.FAILED:
+        data["error"] = {"code": code, "message": message}
+    outbox.record(org, f"job.{status}", data, subject=str(job_id), job_url=url, endpoints=endpoints)
 
 
 def _completed(
@@ -220,7 +224,7 @@ def _end(job_id: Any, allowed: Q, status: JobStatus, **changes: Any) -> Synthesi
     )
     if job is not None:
         _settle(job.id, _delivered(job) if status == Status.CANCELED else ())
-        _announce(job)
+        _announce(job.id)
     return job
 
 
@@ -433,7 +437,8 @@ def _abandon(job_id: Any, allowed: Q) -> bool:
     locked = _transition(job_id, RUNNING & allowed, cancel_requested=True, waiter_until=None)
     if locked is None:
         return False
-    _settle(locked.id, _delivered(locked))
+    if _settle(locked.id, _delivered(locked)):
+        _announce(locked.id, ended=False)  # the end is announced when the worker stops
     return True
 
 
@@ -850,7 +855,7 @@ def complete_job(
             # The row is read again only for a job the cache served (its plan's price).
             parts = _completed_job(job_id, duration_seconds) if cached_characters else None
             _settle(job_id, parts or _completed(duration_seconds))
-        _announce(SynthesisJob.objects.get(id=job_id))
+        _announce(job_id)
     return True
 
 
@@ -863,7 +868,8 @@ def answer_handed(job_id: Any) -> bool:
             return False
         price = float(job.organization.plan.cached_character_price)
         seconds = float(job.duration_seconds or 0)
-        _settle(job.id, _completed(seconds, job.cached_characters, job.text_chars, price))
+        if _settle(job.id, _completed(seconds, job.cached_characters, job.text_chars, price)):
+            _announce(job.id, ended=False)  # job.succeeded went when it was published
         return True
 
 
@@ -874,7 +880,8 @@ def _leave_answer(job_id: Any, allowed: Q) -> bool:
     job = _transition(job_id, AWAITING_ANSWER & allowed, waiter_until=None)
     if job is None:
         return False
-    _settle(job.id, _delivered(job))
+    if _settle(job.id, _delivered(job)):
+        _announce(job.id, ended=False)
     transaction.on_commit(lambda: expire_audio(job_id, immediately=True), robust=True)
     return True
 

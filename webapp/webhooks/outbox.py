@@ -9,12 +9,13 @@ threshold checked again) writes nothing: the ``dedupe_key`` is unique.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from webapp.celery import app
@@ -84,21 +85,81 @@ def record(
                 enqueued_at=now,
             )
         )
-    if rows:
-        # Usually none: a threshold is checked at every charge past it, a transition may run twice.
-        known = set(
-            WebhookMessage.objects.filter(dedupe_key__in=[r.dedupe_key for r in rows]).values_list(
-                "dedupe_key", flat=True
-            )
-        )
-        rows = [row for row in rows if row.dedupe_key not in known]
     if not rows:
         return []
-    # A row whose key appeared meanwhile is skipped (its id then names nothing, and its send finds nothing).
-    WebhookMessage.objects.bulk_create(rows, ignore_conflicts=True)
-    ids = [row.id for row in rows]
-    transaction.on_commit(lambda: send_soon(ids), robust=True)
+    ids = _insert_new(rows)
+    if ids:
+        transaction.on_commit(lambda: send_soon(ids), robust=True)
     return ids
+
+
+_COLUMNS = (
+    "id",
+    "organization_id",
+    "endpoint_id",
+    "url",
+    "event",
+    "payload",
+    "dedupe_key",
+    "status",
+    "attempts",
+    "created_at",
+    "window_start",
+    "next_attempt_at",
+    "enqueued_at",
+    "last_error",
+)
+
+
+def _insert_new(rows: list[WebhookMessage]) -> list[uuid.UUID]:
+    """Insert the rows whose dedupe key is new, in one statement; the ids of those inserted.
+
+    A threshold is checked at every charge past it: its rows mostly exist already, and
+    only new ones may get a Celery message (the ORM's ignore_conflicts cannot say which).
+    """
+    one = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
+    values: list[Any] = []
+    for row in rows:
+        values += [
+            row.id,
+            row.organization_id,
+            row.endpoint_id,
+            row.url,
+            row.event,
+            json.dumps(row.payload),
+            row.dedupe_key,
+            WebhookMessage.Status.PENDING,
+            0,
+            row.created_at,
+            row.window_start,
+            row.next_attempt_at,
+            row.enqueued_at,
+            "",
+        ]
+    sql = (
+        f"INSERT INTO {WebhookMessage._meta.db_table} ({', '.join(_COLUMNS)}) "
+        f"VALUES {', '.join([one] * len(rows))} ON CONFLICT (dedupe_key) DO NOTHING RETURNING id"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        return [uuid.UUID(str(r[0])) for r in cursor.fetchall()]
+
+
+def endpoints_sql(organization_column: str) -> str:
+    """A subquery of the tenant's enabled endpoints as JSON, for a caller's own statement."""
+    table = WebhookEndpoint._meta.db_table
+    return (
+        "(SELECT coalesce(json_agg(json_build_object('id', e.id, 'url', e.url, 'events', e.events)), '[]'::json) "
+        f"FROM {table} e WHERE e.organization_id = {organization_column} AND e.enabled)"
+    )
+
+
+def endpoints_from(value: Any) -> list[WebhookEndpoint]:
+    """The endpoints :func:`endpoints_sql` read (enough of them to write messages for)."""
+    items = json.loads(value) if isinstance(value, str) else value
+    return [
+        WebhookEndpoint(id=uuid.UUID(str(e["id"])), url=e["url"], events=e["events"]) for e in items or []
+    ]
 
 
 def send_soon(ids: Iterable[uuid.UUID], countdown: float | None = None) -> None:
@@ -117,7 +178,13 @@ def usage_level_reached(used: int, monthly: int) -> list[int]:
     return [level for level in USAGE_LEVELS if used * 100 >= monthly * level]
 
 
-def record_usage(organization_id: Any, period: dt.date, used: int, monthly: int) -> None:
+def record_usage(
+    organization_id: Any,
+    period: dt.date,
+    used: int,
+    monthly: int,
+    endpoints: Iterable[WebhookEndpoint] | None = None,
+) -> None:
     """usage.threshold for each level reached this month (sent once per level and month)."""
     for level in usage_level_reached(used, monthly):
         data = {
@@ -127,4 +194,5 @@ def record_usage(organization_id: Any, period: dt.date, used: int, monthly: int)
             "characters_used": used,
             "monthly_characters": monthly,
         }
-        record(organization_id, EventType.USAGE_THRESHOLD, data, subject=f"{period:%Y-%m}:{level}")
+        subject = f"{period:%Y-%m}:{level}"
+        record(organization_id, EventType.USAGE_THRESHOLD, data, subject=subject, endpoints=endpoints)
