@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 
 from synth import lexicon
 from webapp.dictionaries import pls
@@ -235,12 +235,17 @@ def resolve(organization: Organization, refs: list[dict[str, Any]] | None) -> li
 
     A ref without ``version`` pins the dictionary's latest version at this moment.
     """
-    if refs is None:
-        default = Dictionary.objects.filter(organization=organization, is_default=True).first()
-        if default is None:
-            return []
-        version = DictionaryVersion.objects.filter(dictionary=default, number=default.latest_version).first()
-        return [version] if version is not None else []
+    if refs is None:  # one statement per submit: the default's latest version, if there is one
+        latest = (
+            DictionaryVersion.objects.filter(
+                dictionary__organization=organization,
+                dictionary__is_default=True,
+                number=F("dictionary__latest_version"),
+            )
+            .select_related("dictionary")
+            .first()
+        )
+        return [latest] if latest is not None else []
     if len(refs) > MAX_PER_REQUEST:
         raise DomainError(
             ErrorCode.INVALID_REQUEST,
