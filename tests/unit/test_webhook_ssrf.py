@@ -225,3 +225,52 @@ def test_a_port_nobody_listens_on_is_a_connect_error(local: tuple[_Server, int])
 
     answer = net.post(f"http://127.0.0.1:{spare_port()}/", b"{}", {})
     assert answer.status is None and answer.error.startswith("connect to 127.0.0.1")
+
+
+def test_https_checks_the_certificate_against_the_name_not_the_address(settings: Any, tmp_path: Any) -> None:
+    """TLS to the pinned address: SNI and the certificate check use the URL's host."""
+    import ssl
+    import subprocess
+
+    settings.TTS_WEBHOOK_ALLOW_PRIVATE = LOOPBACK
+    settings.TTS_WEBHOOK_CONNECT_TIMEOUT_SECONDS = settings.TTS_WEBHOOK_READ_TIMEOUT_SECONDS = 2.0
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    name = "hooks.example.test"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={name}"]
+        + ["-addext", f"subjectAltName=DNS:{name}", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(str(cert), str(key))
+    seen_sni: list[str | None] = []
+    server_context.sni_callback = lambda sock, server_name, ctx: seen_sni.append(server_name)  # type: ignore[assignment,func-returns-value]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.socket = server_context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    resolver = _names({name: ["127.0.0.1"]}, [])
+    try:
+        untrusted = net.post(f"https://{name}:{port}/", b"{}", {}, resolver=resolver)
+        assert untrusted.status is None and "CERTIFICATE_VERIFY_FAILED" in untrusted.error
+        settings.TTS_WEBHOOK_CA_FILE = str(cert)
+        trusted = net.post(f"https://{name}:{port}/", b"{}", {}, resolver=resolver)
+        assert trusted.status == 204, trusted.error
+        assert seen_sni[-1] == name
+        by_address = net.post(f"https://127.0.0.1:{port}/", b"{}", {})  # the certificate names no address
+        assert by_address.status is None and "CERTIFICATE_VERIFY_FAILED" in by_address.error
+    finally:
+        server.shutdown()
+        server.server_close()
