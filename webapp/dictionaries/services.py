@@ -308,6 +308,13 @@ def lexicons(pins: list[dict[str, Any]]) -> list[lexicon.Lexicon]:
     ]
 
 
+def pinned_versions(pins: list[dict[str, Any]]) -> list[DictionaryVersion]:
+    """The versions of a job's pins that still exist, in its order (an operator's Retry pins them again)."""
+    ids = [p["version_id"] for p in pins]
+    found = {v.pk: v for v in DictionaryVersion.objects.filter(pk__in=ids).select_related("dictionary")}
+    return [found[i] for i in ids if i in found]
+
+
 def versions_of(dictionary: Dictionary) -> QuerySet[DictionaryVersion]:
     return DictionaryVersion.objects.filter(dictionary=dictionary).order_by("-number")
 

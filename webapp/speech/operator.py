@@ -29,6 +29,7 @@ from django.db import models, transaction
 from django.db.models import Count, F, Sum
 
 from webapp.audit import services as audit
+from webapp.dictionaries import services as dictionary_services
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech import lifecycle
 from webapp.speech.models import IdempotencyKey, RetiredUsage, SynthesisJob, UsageEvent, UsagePeriod, Voice
@@ -74,6 +75,8 @@ def retry_job(job: SynthesisJob) -> SynthesisJob:
         params=_retry_params(job, voice),
         billable_chars=job.text_chars,
         source=job.source,
+        # The versions the failed job pinned, those still there (a dictionary deleted since is gone).
+        dictionaries=dictionary_services.pinned_versions(job.dictionaries or []),
     )
     new_job, _ = lifecycle.submit_job(
         job.organization, request, api_key=job.api_key, user=job.user, retry_of=job

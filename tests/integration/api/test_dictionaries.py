@@ -324,3 +324,19 @@ def test_the_worker_speaks_the_pinned_version_and_a_new_version_never_gets_stale
             assert any("pinyin needs a Chinese voice" in n for n in job.applied_instructions["not_applied"])
     assert "window" not in heard["none"] and "banana" not in heard["none"], heard
     assert "window" in heard["v1"] and "banana" in heard["v2"], heard
+
+
+@pytest.mark.usefixtures("queued_only")
+def test_an_operators_retry_pins_the_failed_jobs_versions_again(make_tenant: Any) -> None:
+    from webapp.speech import operator
+    from webapp.speech.models import SynthesisJob
+
+    tenant = make_tenant()
+    d = tenant.client.post("/api/v1/dictionaries", {"name": "d", "rules": RULES}).json()
+    job_id = tenant.client.post(
+        "/api/v1/speech", SPEAK | {"pronunciation_dictionaries": [{"id": d["id"]}]}
+    ).json()["id"]
+    SynthesisJob.objects.filter(pk=job_id).update(status="failed")
+    again = operator.retry_job(SynthesisJob.objects.get(pk=job_id))
+    assert [(p["id"], p["version"]) for p in again.dictionaries] == [(d["id"], 1)]
+    assert again.pinned_dictionary_versions.count() == 1
