@@ -35,6 +35,8 @@ from synth.timestamps import PAUSE_PHONEMES, SpokenWord, WordTiming, phoneme_wor
 if TYPE_CHECKING:
     import numpy as np
 
+ChunkAudio = Callable[..., "np.ndarray"]  # a job's ``_chunk_audio`` (synthesize's per-job state bound)
+
 
 # VITS rounds every phoneme (and every pad between phonemes) up to whole frames,
 # so duration is not proportional to length_scale: measured on the joe voice,
@@ -275,36 +277,50 @@ class PiperEngine:
         return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
 
     def _chunk_timed(
-        self, voice: Any, chunk: str, params: VoiceParams
+        self, voice: Any, chunk: str, params: VoiceParams, chunk_audio: ChunkAudio | None = None
     ) -> tuple[np.ndarray, list[WordTiming]]:
         """One chunk's audio (as :meth:`_chunk_audio`) and its words' timings from the durations."""
         import numpy as np
-        from piper.config import SynthesisConfig
 
         text, words = self.render_words(chunk, params)
+        sr = int(voice.config.sample_rate)
+        pieces = self._aligned_pieces(voice, text, params, chunk_audio)
+        spoken: list[list[tuple[float, float]]] = []
+        offset = 0.0
+        aligned = all(alignments is not None for _, alignments in pieces)  # else: durations not exposed
+        for piece, alignments in pieces:
+            if aligned and alignments is not None:
+                total = sum(n for _, n in alignments) or 1
+                stretch = len(piece) / total  # the samples the durations promise, made
+                for group in phoneme_words(alignments, sr):
+                    spoken.append([(offset + s * stretch, offset + e * stretch) for s, e in group])
+            offset += len(piece) / sr
+        audio = (
+            np.concatenate([p for p, _ in pieces]).astype(np.float32) if pieces else np.zeros(0, np.float32)
+        )
+        timings = place(self._counted(voice, words), spoken) if aligned and spoken else []
+        return audio, timings
+
+    def _aligned_pieces(
+        self, voice: Any, text: str, params: VoiceParams, chunk_audio: ChunkAudio | None
+    ) -> list[tuple[np.ndarray, list[tuple[str, int]] | None]]:
+        """Per Piper sentence of ``text``: its audio, and (phoneme, samples) in order (None: not known)."""
+        from piper.config import SynthesisConfig
+
         noise_scale, length_scale, noise_w = self.scales(voice, params)
         config = SynthesisConfig(
             length_scale=length_scale, noise_scale=noise_scale, noise_w_scale=noise_w, normalize_audio=True
         )
-        sr = int(voice.config.sample_rate)
-        pieces: list[np.ndarray] = []
-        spoken: list[list[tuple[float, float]]] = []
-        offset = 0.0
-        aligned = True
+        out: list[tuple[np.ndarray, list[tuple[str, int]] | None]] = []
         for c in voice.synthesize(text, syn_config=config, include_alignments=True):
-            pieces.append(c.audio_float_array)
-            if c.phoneme_alignments is None:
-                aligned = False  # a model whose durations could not be exposed
-            elif aligned:
-                alignments = [(a.phoneme, int(a.num_samples)) for a in c.phoneme_alignments]
-                total = sum(n for _, n in alignments) or 1
-                stretch = len(c.audio_float_array) / total  # the samples the durations promise, made
-                for group in phoneme_words(alignments, sr):
-                    spoken.append([(offset + s * stretch, offset + e * stretch) for s, e in group])
-            offset += len(c.audio_float_array) / sr
-        audio = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
-        timings = place(self._counted(voice, words), spoken) if aligned and spoken else []
-        return audio, timings
+            alignments = c.phoneme_alignments
+            out.append(
+                (
+                    c.audio_float_array,
+                    None if alignments is None else [(x.phoneme, int(x.num_samples)) for x in alignments],
+                )
+            )
+        return out
 
     def finish(self, audio: np.ndarray, params: VoiceParams, sample_rate: int) -> np.ndarray:
         """Pitch and volume, applied after synthesis."""
@@ -333,7 +349,7 @@ class PiperEngine:
                     if timings is None:
                         audio = chunk_audio(voice, self.render(chunk, params), params)
                     else:
-                        audio, words = self._chunk_timed(voice, chunk, params)
+                        audio, words = self._chunk_timed(voice, chunk, params, chunk_audio)
                     heap.sentence_done()
                     finished = self.finish(audio, params, sr)
                     if timings is not None:

@@ -91,7 +91,6 @@ class _Sentence:
 class PiperTorchEngine(PiperEngine):
     name = "piper"
     seeded = True
-    word_timings = False  # synth.timestamps: its durations (vits_torch.Output) are not mapped to words yet
 
     def __init__(
         self,
@@ -145,14 +144,23 @@ class PiperTorchEngine(PiperEngine):
             if p
         ]
 
-    def _forward(self, voice: _TorchVoice, utterances: list[Any], max_batch: int) -> list[np.ndarray]:
-        """Audio per utterance (peak-normalised like Piper's), shortest first in each pass."""
+    @property
+    def word_timings(self) -> bool:  # type: ignore[override]
+        """Unbatched, synthesize() fills ``timings`` from the durations (batched jobs get sentences only)."""
+        return self.batcher is None
+
+    def _forward(
+        self, voice: _TorchVoice, utterances: list[Any], max_batch: int, durations: list[Any] | None = None
+    ) -> list[np.ndarray]:
+        """Audio per utterance (peak-normalised like Piper's), shortest first in each pass;
+        ``durations`` gets each utterance's frames per phoneme id, in order."""
         import torch
 
         from synth.engines.vits_torch import infer
 
         order = sorted(range(len(utterances)), key=lambda i: len(utterances[i].phoneme_ids))
         audio: list[Any] = [None] * len(utterances)
+        frames: list[Any] = [None] * len(utterances)
         with voice.lock, torch.inference_mode():
             for start in range(0, len(order), max_batch):
                 picked = order[start : start + max_batch]
@@ -162,21 +170,48 @@ class PiperTorchEngine(PiperEngine):
                     strict=True,
                 ):
                     audio[i] = _peak_normalised(out.audio)
+                    frames[i] = out.durations
+        if durations is not None:
+            durations.extend(frames)
         return audio
 
-    def _chunk_audio(self, voice: Any, text: str, params: VoiceParams, seeds: Any = None) -> np.ndarray:
+    def _chunk_audio(
+        self, voice: Any, text: str, params: VoiceParams, seeds: Any = None, aligned: list[Any] | None = None
+    ) -> np.ndarray:
+        """``aligned`` gets per Piper sentence (its audio, its (phoneme, samples)) as _aligned_pieces."""
         import numpy as np
 
         utterances = self._utterances(voice, text, params, seeds)
-        pieces = self._forward(voice, utterances, DEFAULT_MAX_BATCH) if utterances else []
+        frames: list[Any] | None = [] if aligned is not None else None
+        pieces = self._forward(voice, utterances, DEFAULT_MAX_BATCH, frames) if utterances else []
+        if aligned is not None and frames is not None:
+            phonemes = [p for p in voice.phonemize(text) if p]  # as _utterances took them
+            for piece, sentence, durations in zip(pieces, phonemes, frames, strict=True):
+                aligned.append((piece, _phoneme_samples(voice.config, sentence, durations, len(piece))))
         return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
 
+    def _aligned_pieces(
+        self, voice: Any, text: str, params: VoiceParams, chunk_audio: Any
+    ) -> list[tuple[np.ndarray, list[tuple[str, int]] | None]]:
+        out: list[tuple[np.ndarray, list[tuple[str, int]] | None]] = []
+        if chunk_audio is None:
+            self._chunk_audio(voice, text, params, None, out)
+        else:
+            chunk_audio(voice, text, params, out)  # the job's seed stream
+        return out
+
     @contextmanager
-    def _job(self, params: VoiceParams) -> Iterator[Callable[[Any, str, VoiceParams], np.ndarray]]:
+    def _job(self, params: VoiceParams) -> Iterator[Callable[..., np.ndarray]]:
         """One job: its own seed stream, and its own CUDA memory peak."""
         seeds = _seed_stream(params.seed)
+
+        def chunk_audio(
+            voice: Any, text: str, p: VoiceParams, aligned: list[Any] | None = None
+        ) -> np.ndarray:
+            return self._chunk_audio(voice, text, p, seeds, aligned)
+
         with self._peak_memory(rss=False):
-            yield lambda voice, text, p: self._chunk_audio(voice, text, p, seeds)
+            yield chunk_audio
 
     def synthesize(
         self,
@@ -189,11 +224,11 @@ class PiperTorchEngine(PiperEngine):
     ) -> Iterator[np.ndarray]:
         """As PiperEngine's; with a batcher, each chunk waits for the next batch of the jobs running now.
 
-        ``timings`` is not filled (``word_timings`` is False): this runtime's durations are not
-        turned into word timestamps yet.
+        ``timings`` (unbatched only: ``word_timings``) as PiperEngine's, from the durations of the
+        torch model's own pass.
         """
         if self.batcher is None:
-            yield from super().synthesize(chunks, params, progress, should_cancel, total)
+            yield from super().synthesize(chunks, params, progress, should_cancel, total, timings)
             return
         seeds = _seed_stream(params.seed)  # drawn in the job's order: the same noise as unbatched
         with self.batcher.member():
@@ -339,6 +374,29 @@ class PiperTorchEngine(PiperEngine):
             box[0] = self.last_peak_mb = mem.peak_rss_mb
         else:
             yield box
+
+
+def _phoneme_samples(
+    config: Any, phonemes: list[str], frames: list[int], samples: int
+) -> list[tuple[str, int]] | None:
+    """(phoneme, samples) from frames per phoneme id, grouped as piper groups its alignments: each
+    phoneme with the pad after it, BOS first, EOS last. None where the ids do not line up."""
+    import itertools
+
+    from piper.const import BOS, EOS, PAD
+
+    id_map = config.phoneme_id_map
+    pad = list(id_map.get(PAD, []))
+    total = sum(frames) or 1
+    out: list[tuple[str, int]] = []
+    k = 0
+    for phoneme in itertools.chain([BOS], phonemes, [EOS]):
+        ids = list(id_map.get(phoneme, [])) + (pad if phoneme != EOS else [])
+        if k + len(ids) > len(frames):
+            return None
+        out.append((phoneme, int(round(sum(frames[k : k + len(ids)]) * samples / total))))
+        k += len(ids)
+    return out if k == len(frames) else None
 
 
 def _request_error(exc: Exception) -> Exception:

@@ -81,13 +81,24 @@ def test_it_aligns_words_espeak_ran_together() -> None:
     ]
 
 
-@pytest.mark.parametrize("voice", ["en_US-joe-medium", "espeak-en-us"])
+@pytest.fixture(scope="module")
+def torch_synthesizer() -> Synthesizer:
+    synth = Synthesizer(threads=1, engines=["piper"], piper_runtime="torch")
+    synth.load(["en_US-joe-medium"])
+    return synth
+
+
+@pytest.mark.parametrize(
+    ("voice", "runtime"),
+    [("en_US-joe-medium", "onnxruntime"), ("en_US-joe-medium", "torch"), ("espeak-en-us", "")],
+)
 def test_it_times_words_at_the_silences_between_them(
-    synthesizer: Synthesizer, tmp_path: Path, voice: str
+    synthesizer: Synthesizer, tmp_path: Path, voice: str, runtime: str, request: pytest.FixtureRequest
 ) -> None:
     text = "Apple, banana, cherry, orange. Lemon, melon, 42."
     out = tmp_path / "words.wav"
-    result = synthesizer.synthesize(SynthesisRequest(text=text, voice=voice, format="wav"), str(out))
+    synth = request.getfixturevalue("torch_synthesizer") if runtime == "torch" else synthesizer
+    result = synth.synthesize(SynthesisRequest(text=text, voice=voice, format="wav"), str(out))
     assert result.timestamps is not None
     words, sentences = result.timestamps["words"], result.timestamps["sentences"]
     assert [w["text"] for w in words[:6]] == ["Apple", "banana", "cherry", "orange", "Lemon", "melon"]

@@ -58,7 +58,7 @@ class TimestampsSerializer(serializers.Serializer):
     duration_seconds = serializers.FloatField(allow_null=True)
     words = WordTimestampSerializer(
         many=True,
-        help_text="In order, never overlapping; empty where the engine cannot tell (Piper on torch).",
+        help_text="In order, never overlapping; empty where the engine cannot tell (a batching torch worker).",
     )
     sentences = SentenceTimestampSerializer(many=True)
 
