@@ -183,6 +183,16 @@ def test_sse_with_timestamps_sends_one_timestamps_event_per_sentence(live_tenant
     job = SynthesisJob.objects.get(organization=t.org)
     stored = t.client.get(f"/api/v1/speech/{job.id}/timestamps").json()
     assert stored["sentences"] == [e["sentence"] for e in stamps]  # what the row published
+    # The captions through Nginx too.
+    vtt = requests.get(
+        f"{base_url(web)}/api/v1/speech/{job.id}/timestamps",
+        params={"format": "vtt"},
+        headers={"Authorization": f"Bearer {t.raw_key}"},
+        verify=False,
+        timeout=30,
+    )
+    assert vtt.status_code == 200 and vtt.headers["Content-Type"].startswith("text/vtt")
+    assert [c.text for c in webvtt.from_string(vtt.text).captions] == [e["sentence"]["text"] for e in stamps]
 
 
 def test_timestamps_without_sse_are_400(make_tenant: Any) -> None:
