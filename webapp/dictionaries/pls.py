@@ -68,8 +68,8 @@ def _parse_xml(data: bytes) -> ET.Element:
         raise _bad("the document uses XML features that are not accepted") from None
     except ET.ParseError as exc:
         raise _bad(f"not well-formed XML ({exc})") from None
-    except (ValueError, UnicodeError) as exc:  # an undecodable document
-        raise _bad(f"not readable XML ({exc})") from None
+    except (ValueError, UnicodeError, LookupError) as exc:  # undecodable, or an encoding Python lacks
+        raise _bad(f"not readable XML ({str(exc)[:100]})") from None
 
 
 def _alphabet(raw: str | None, where: str) -> str:

@@ -152,6 +152,7 @@ BILLION_LAUGHS = b"""<?xml version="1.0"?>
             "x-klingon",
         ),
         ("not XML", b"<lexicon", "not well-formed"),
+        ("unknown encoding", b'<?xml version="1.0" encoding="klingon"?><lexicon/>', "not readable"),
         ("not PLS", b"<speak/>", "root element"),
     ],
 )
