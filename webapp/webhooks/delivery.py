@@ -30,7 +30,7 @@ from typing import Any
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 from standardwebhooks import Webhook
 
@@ -96,13 +96,17 @@ def lease_seconds() -> float:
 
 
 def _take(message_id: Any, now: dt.datetime) -> WebhookMessage | None:
-    """The message, with its lease taken, if it is due and no other attempt holds it."""
+    """The message, with its lease taken and the attempt counted, if it is due and no other attempt holds it.
+
+    Counted here, not when the answer comes: an attempt cut off (its child killed at the time
+    limit by a receiver that drips its answer) still counts, and still ends with the window.
+    """
     lease = now + dt.timedelta(seconds=lease_seconds())
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     with transaction.atomic():
         taken = WebhookMessage.objects.filter(
             free, id=message_id, status=Status.PENDING, next_attempt_at__lte=now
-        ).update(lease_until=lease)
+        ).update(lease_until=lease, attempts=F("attempts") + 1)
         if not taken:
             return None
         return WebhookMessage.objects.select_related("endpoint").get(id=message_id)
@@ -118,6 +122,9 @@ def deliver(message_id: Any, now: dt.datetime | None = None, post: Poster | None
     if endpoint is not None and not endpoint.enabled:
         _finish(message, Status.FAILED, error="the endpoint is disabled")
         return "failed"
+    if now > _window_end(message) + dt.timedelta(seconds=lease_seconds()):
+        _finish(message, Status.FAILED, error="its attempts were cut off until the retry window ended")
+        return "failed"
     body = json.dumps(message.payload, separators=(",", ":"), sort_keys=True)
     headers = {
         "Content-Type": "application/json",
@@ -126,8 +133,14 @@ def deliver(message_id: Any, now: dt.datetime | None = None, post: Poster | None
         "webhook-timestamp": str(int(now.timestamp())),
         "webhook-signature": sign(_holder(message).signing_secrets(now), message.webhook_id, now, body),
     }
-    answer = (post or net.post)(message.url, body.encode(), headers)
+    # An endpoint's URL as it is now (it may have been changed since the event); a job's own as submitted.
+    url = endpoint.url if endpoint is not None else message.url
+    answer = (post or net.post)(url, body.encode(), headers)
     return _record(message, now, answer)
+
+
+def _window_end(message: WebhookMessage) -> dt.datetime:
+    return message.window_start + dt.timedelta(seconds=settings.TTS_WEBHOOK_RETRY_WINDOW_SECONDS)
 
 
 def _finish(message: WebhookMessage, status: str, error: str = "") -> None:
@@ -148,7 +161,6 @@ def _record(message: WebhookMessage, now: dt.datetime, answer: net.Answer) -> st
             response_excerpt=answer.excerpt,
         )
         changes: dict[str, Any] = {
-            "attempts": message.attempts + 1,
             "lease_until": None,
             "last_status_code": answer.status,
             "last_error": error[:500],
@@ -157,15 +169,13 @@ def _record(message: WebhookMessage, now: dt.datetime, answer: net.Answer) -> st
             outcome = "delivered"
             changes.update(status=Status.DELIVERED, delivered_at=now)
         else:
-            window_end = message.window_start + dt.timedelta(
-                seconds=settings.TTS_WEBHOOK_RETRY_WINDOW_SECONDS
-            )
+            window_end = _window_end(message)
             if now >= window_end:
                 outcome = "failed"
                 changes["status"] = Status.FAILED
             else:
                 # The last attempt is made at the window's end: a day of failures is a day.
-                next_at = min(now + dt.timedelta(seconds=backoff_seconds(message.attempts + 1)), window_end)
+                next_at = min(now + dt.timedelta(seconds=backoff_seconds(message.attempts)), window_end)
                 outcome = "retry"
                 changes.update(next_attempt_at=next_at, enqueued_at=now)
         WebhookMessage.objects.filter(id=message.id).update(**changes)
