@@ -46,7 +46,7 @@ from webapp.webhooks.models import (
 
 log = logging.getLogger(__name__)
 
-Status = WebhookMessage.Status
+MessageStatus = WebhookMessage.Status  # not "Status": a job's states are the lifecycle's alone (tests)
 Poster = Callable[[str, bytes, dict[str, str]], net.Answer]
 USER_AGENT = "tts-service-webhooks/1"
 
@@ -105,7 +105,7 @@ def _take(message_id: Any, now: dt.datetime) -> WebhookMessage | None:
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     with transaction.atomic():
         taken = WebhookMessage.objects.filter(
-            free, id=message_id, status=Status.PENDING, next_attempt_at__lte=now
+            free, id=message_id, status=MessageStatus.PENDING, next_attempt_at__lte=now
         ).update(lease_until=lease, attempts=F("attempts") + 1)
         if not taken:
             return None
@@ -120,10 +120,10 @@ def deliver(message_id: Any, now: dt.datetime | None = None, post: Poster | None
         return "skipped"
     endpoint = message.endpoint
     if endpoint is not None and not endpoint.enabled:
-        _finish(message, Status.FAILED, error="the endpoint is disabled")
+        _finish(message, MessageStatus.FAILED, error="the endpoint is disabled")
         return "failed"
     if now > _window_end(message) + dt.timedelta(seconds=lease_seconds()):
-        _finish(message, Status.FAILED, error="its attempts were cut off until the retry window ended")
+        _finish(message, MessageStatus.FAILED, error="its attempts were cut off until the retry window ended")
         return "failed"
     body = json.dumps(message.payload, separators=(",", ":"), sort_keys=True)
     headers = {
@@ -167,12 +167,12 @@ def _record(message: WebhookMessage, now: dt.datetime, answer: net.Answer) -> st
         }
         if answer.ok:
             outcome = "delivered"
-            changes.update(status=Status.DELIVERED, delivered_at=now)
+            changes.update(status=MessageStatus.DELIVERED, delivered_at=now)
         else:
             window_end = _window_end(message)
             if now >= window_end:
                 outcome = "failed"
-                changes["status"] = Status.FAILED
+                changes["status"] = MessageStatus.FAILED
             else:
                 # The last attempt is made at the window's end: a day of failures is a day.
                 next_at = min(now + dt.timedelta(seconds=backoff_seconds(message.attempts)), window_end)
@@ -210,8 +210,8 @@ def _endpoint_outcome(endpoint_id: Any, ok: bool, now: dt.datetime) -> None:
     endpoint.updated_at = now
     endpoint.save(update_fields=["enabled", "disabled_reason", "updated_at"])
     # Its waiting messages are not sent to an endpoint that is off.
-    WebhookMessage.objects.filter(endpoint_id=endpoint_id, status=Status.PENDING).update(
-        status=Status.FAILED, last_error="the endpoint was disabled"
+    WebhookMessage.objects.filter(endpoint_id=endpoint_id, status=MessageStatus.PENDING).update(
+        status=MessageStatus.FAILED, last_error="the endpoint was disabled"
     )
     org_name, reason, url = endpoint.organization.name, endpoint.disabled_reason, endpoint.url
     org_id = endpoint.organization_id
@@ -239,7 +239,7 @@ def redeliver(message: WebhookMessage, now: dt.datetime | None = None) -> Webhoo
     """Send a message again now, whatever became of it; same webhook-id, a fresh retry window."""
     now = now or timezone.now()
     WebhookMessage.objects.filter(id=message.id).update(
-        status=Status.PENDING, next_attempt_at=now, window_start=now, enqueued_at=now, lease_until=None
+        status=MessageStatus.PENDING, next_attempt_at=now, window_start=now, enqueued_at=now, lease_until=None
     )
     message_id = message.id
     transaction.on_commit(lambda: outbox.send_soon([message_id]), robust=True)
@@ -253,7 +253,7 @@ def sweep(now: dt.datetime | None = None, limit: int = 1000) -> int:
     due = WebhookMessage.objects.filter(
         Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale),
         Q(lease_until__isnull=True) | Q(lease_until__lt=now),
-        status=Status.PENDING,
+        status=MessageStatus.PENDING,
         next_attempt_at__lte=now,
     )
     ids: list[uuid.UUID] = list(due.order_by("next_attempt_at").values_list("id", flat=True)[:limit])
