@@ -229,8 +229,8 @@ def run(quick: bool) -> list[str]:
         f"{per_audio(ours_cpu, ours_run):.3f} | {cached / chars if chars else 0:.0%} of characters |",
         "",
         f"Throughput ours / peer: {tp_ratio:.2f}x (target >= 2.5x; ceiling 5x at an 80 % hit rate). "
-        "CPU: every process of each system (ours: worker, gunicorn, Nginx, PostgreSQL, Redis, and this "
-        "client).",
+        "CPU: every process of each system (ours: worker, gunicorn, Nginx, PostgreSQL, Redis; not the "
+        "client, this process, which both share).",
         "",
         f"Fully cached 3-sentence WAV request ({len(full)} characters), 1 client, 20 requests: "
         f"p50 {pct(cached_run.latencies, 50) * 1000:.0f} ms, p95 {pct(cached_run.latencies, 95) * 1000:.0f} ms "
