@@ -64,6 +64,7 @@ class ErrorCode(StrEnum):
     # 429: limits
     RATE_LIMITED = "rate_limited"
     QUOTA_EXCEEDED = "quota_exceeded"
+    KEY_QUOTA_EXCEEDED = "key_quota_exceeded"  # the key's own monthly characters (ApiKey.monthly_characters)
     CONCURRENCY_LIMIT = "concurrency_limit"
     STORAGE_LIMIT = "storage_limit"
     TOO_MANY_WAITS = "too_many_waits"

@@ -77,6 +77,7 @@ STATUS: dict[ErrorCode, int] = {
     C.DICTIONARY_LIMIT: 422,
     C.RATE_LIMITED: 429,
     C.QUOTA_EXCEEDED: 429,
+    C.KEY_QUOTA_EXCEEDED: 429,
     C.CONCURRENCY_LIMIT: 429,
     C.STORAGE_LIMIT: 429,
     C.TOO_MANY_WAITS: 429,
@@ -180,7 +181,7 @@ class Problem(Exception):
             return "authentication_error"
         if self.status == 403:
             return "permission_error"
-        if self.code == C.QUOTA_EXCEEDED:
+        if self.code in (C.QUOTA_EXCEEDED, C.KEY_QUOTA_EXCEEDED):
             return "insufficient_quota"
         if self.status == 429:
             return "rate_limit_error"

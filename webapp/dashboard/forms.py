@@ -122,10 +122,27 @@ class KeyForm(forms.Form):
         max_value=3650,
         help_text="Leave empty for a key that does not expire.",
     )
+    monthly_characters = forms.IntegerField(
+        label="Monthly characters (cap)",
+        required=False,
+        min_value=1,
+        max_value=10**15,
+        help_text="Leave empty for no cap of its own; past a cap its requests are refused until next month.",
+    )
 
     def expires_at(self) -> dt.datetime | None:
         days = self.cleaned_data.get("expires_in_days")
         return timezone.now() + dt.timedelta(days=days) if days else None
+
+
+# Choices for how long a rotated-out secret keeps working.
+OVERLAPS = [(0, "Stop the old secret now"), (3600, "1 hour"), (86400, "1 day"), (7 * 86400, "7 days")]
+
+
+class RotateForm(forms.Form):
+    overlap = forms.TypedChoiceField(
+        label="Old secret keeps working", choices=OVERLAPS, coerce=int, initial=3600
+    )
 
 
 def role_choices() -> list[tuple[str, str]]:

@@ -41,6 +41,7 @@ urlpatterns: list[URLPattern] = [
     path("app/usage/export.csv", speech.usage_export, name="usage-export"),
     path("app/keys/", people.keys, name="keys"),
     path("app/keys/<uuid:key_id>/revoke/", people.revoke_key, name="key-revoke"),
+    path("app/keys/<uuid:key_id>/rotate/", people.rotate_key, name="key-rotate"),
     path("app/members/", people.members, name="members"),
     path("app/members/<int:pk>/role/", people.member_role, name="member-role"),
     path("app/members/<int:pk>/remove/", people.member_remove, name="member-remove"),

@@ -298,7 +298,11 @@ class UsageEvent(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job_key", "kind"], name="one_event_per_job_kind")]
-        indexes = [models.Index(fields=["organization", "created_at"])]
+        indexes = [
+            models.Index(fields=["organization", "created_at"]),
+            # A key's month (a capped key's submits read it: ledger.key_characters).
+            models.Index(fields=["api_key", "period"], name="speech_usage_key_period_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.characters} for job {self.job_key}"

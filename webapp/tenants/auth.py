@@ -53,7 +53,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if key is None:
             auth_failures.record_failure(address)
             raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")
-        touch_api_key(key)
+        touch_api_key(key, address)
         return ApiKeyUser(key), key
 
     def authenticate_header(self, request: Request) -> str:

@@ -163,8 +163,17 @@ class ApiKey(models.Model):
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # The client address of that use, written with it (at most once a minute).
+    last_used_ip = models.GenericIPAddressField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Characters a month the key's jobs may take, below the plan's (None: only the plan's binds);
+    # a key created by this one gets no more (services.create_api_key).
+    monthly_characters = models.PositiveBigIntegerField(null=True, blank=True)
+    # Rotation: the secret before the last rotation keeps working until previous_valid_until.
+    previous_secret_hash = models.CharField(max_length=64, blank=True, default="", db_default="")
+    previous_valid_until = models.DateTimeField(null=True, blank=True)
+    rotated_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.name} (tts_{self.prefix}_…)"

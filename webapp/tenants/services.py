@@ -80,6 +80,7 @@ def create_api_key(
     scopes: list[str] | None = None,
     expires_at: dt.datetime | None = None,
     requests_per_minute: int | None = None,
+    monthly_characters: int | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key and return it with its full secret, which is never stored or shown again.
 
@@ -90,8 +91,8 @@ def create_api_key(
     key gets read and speech, never key management.
 
     A key created by a key (its ``parent``) is bounded by it: no scope the
-    parent lacks, no later expiry, no higher rate; left out, the expiry and the
-    rate are the parent's, and the default scopes are those of the default the
+    parent lacks, no later expiry, no higher rate or monthly characters; left
+    out, the expiry, the rate and the monthly characters are the parent's, and the default scopes are those of the default the
     parent carries. Revoking the parent revokes it (:func:`revoke_api_key`).
     A person's key is bounded by the person's role only.
     """
@@ -105,9 +106,14 @@ def create_api_key(
         raise DomainError(
             ErrorCode.INVALID_REQUEST, "requests_per_minute must be at least 1.", field="requests_per_minute"
         )
+    if monthly_characters is not None and monthly_characters < 1:
+        raise DomainError(
+            ErrorCode.INVALID_REQUEST, "monthly_characters must be at least 1.", field="monthly_characters"
+        )
     if parent is not None:
         _lock_unrevoked(parent)
         expires_at, requests_per_minute = _bounded_by_parent(parent, granted, expires_at, requests_per_minute)
+        monthly_characters = _cap_within_parent(parent, monthly_characters)
     prefix = _unused_prefix()
     secret = secrets.token_urlsafe(32)
     key = ApiKey.objects.create(
@@ -121,6 +127,7 @@ def create_api_key(
         parent=parent,
         expires_at=expires_at,
         requests_per_minute=requests_per_minute,
+        monthly_characters=monthly_characters,
     )
     details: dict[str, Any] = {"scopes": granted}
     if parent is not None:
@@ -159,6 +166,68 @@ def revoke_api_key(key: ApiKey, *, by: Any) -> None:
         generation = [child.pk for child in children]
 
 
+# The longest a rotated-out secret may keep working.
+MAX_ROTATION_OVERLAP = dt.timedelta(days=30)
+
+
+@transaction.atomic
+def rotate_api_key(key: ApiKey, *, by: Any, overlap: dt.timedelta) -> str:
+    """A new secret for the same key (its id, prefix, scopes, cap and the keys it created stay);
+    the current secret keeps working for ``overlap`` (0: stops at once), then is refused.
+
+    A secret rotated out earlier and still in its overlap stops now: two secrets at most.
+    Returns the full new key, shown once.
+    """
+    _require_key_manager(by, key.organization)
+    if isinstance(by, ApiKey) and by.pk != key.pk and not _descends_from(key, by):
+        raise DomainError(ErrorCode.PERMISSION_DENIED, "A key rotates only itself and the keys it created.")
+    if overlap < dt.timedelta(0) or overlap > MAX_ROTATION_OVERLAP:
+        raise DomainError(
+            ErrorCode.INVALID_REQUEST,
+            f"The overlap is from 0 to {MAX_ROTATION_OVERLAP.days} days.",
+            field="overlap_seconds",
+        )
+    locked = ApiKey.objects.select_for_update().filter(pk=key.pk, revoked_at__isnull=True).first()
+    if locked is None:
+        raise DomainError(ErrorCode.INVALID_REQUEST, "A revoked key cannot be rotated.")
+    now = timezone.now()
+    secret = secrets.token_urlsafe(32)
+    changes = {
+        "secret_hash": hash_secret(secret),
+        "previous_secret_hash": locked.secret_hash if overlap else "",
+        "previous_valid_until": now + overlap if overlap else None,
+        "rotated_at": now,
+    }
+    ApiKey.objects.filter(pk=key.pk).update(**changes)
+    for name, value in changes.items():
+        setattr(key, name, value)
+    details = {"overlap_seconds": int(overlap.total_seconds())}
+    audit.record("key.rotated", target=key, organization=key.organization, actor=by, details=details)
+    return f"tts_{key.prefix}_{secret}"
+
+
+def _descends_from(key: ApiKey, ancestor: ApiKey) -> bool:
+    parent_id = key.parent_id
+    while parent_id is not None:
+        if parent_id == ancestor.pk:
+            return True
+        parent_id = ApiKey.objects.filter(pk=parent_id).values_list("parent_id", flat=True).first()
+    return False
+
+
+def _secret_matches(key: ApiKey | None, secret: str) -> bool:
+    """The current secret, or the one before a rotation while its overlap lasts; constant time."""
+    presented = hash_secret(secret)
+    current = key.secret_hash if key is not None else hash_secret("no-such-key")
+    valid = hmac.compare_digest(current, presented)
+    previous = key.previous_secret_hash if key is not None else ""
+    until = key.previous_valid_until if key is not None else None
+    still = bool(previous) and until is not None and until > timezone.now()
+    # Compared whether or not it still counts, so the time taken tells nothing either way.
+    matches_previous = hmac.compare_digest(previous or current, presented)
+    return valid or (still and matches_previous)
+
+
 def find_api_key(raw: str) -> ApiKey | None:
     """The usable key for a presented token, or None. Compares in constant time.
 
@@ -172,8 +241,7 @@ def find_api_key(raw: str) -> ApiKey | None:
         return None
     prefix, secret = match.groups()
     key = _key_by_prefix(prefix)
-    expected = key.secret_hash if key is not None else hash_secret("no-such-key")
-    valid = hmac.compare_digest(expected, hash_secret(secret))
+    valid = _secret_matches(key, secret)
     if key is None or not valid or not key.is_usable() or not key.organization.is_active:
         return None
     if key.user_id is not None and (key.holder_role is None or not key.holder_active):  # type: ignore[attr-defined]
@@ -221,12 +289,13 @@ def key_role(key: ApiKey) -> str | None:
     return found if found is not None else roles.role_of(key.user, key.organization)
 
 
-def touch_api_key(key: ApiKey) -> None:
-    """Record use, at most once a minute per key to spare the database."""
+def touch_api_key(key: ApiKey, address: str | None = None) -> None:
+    """Record use and the client's address, at most once a minute per key to spare the database."""
     now = timezone.now()
     if key.last_used_at is None or now - key.last_used_at > dt.timedelta(seconds=60):
-        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now, last_used_ip=address or None)
         key.last_used_at = now
+        key.last_used_ip = address or None
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -306,6 +375,22 @@ def _lock_unrevoked(parent: ApiKey) -> None:
     """
     if not ApiKey.objects.select_for_update().filter(pk=parent.pk, revoked_at__isnull=True).exists():
         raise DomainError(ErrorCode.PERMISSION_DENIED, "The key creating this one has just been revoked.")
+
+
+def _cap_within_parent(parent: ApiKey, monthly_characters: int | None) -> int | None:
+    """The new key's monthly characters within its creator's: the parent's when left out; refused above it."""
+    if parent.monthly_characters is None:
+        return monthly_characters
+    if monthly_characters is None:
+        return parent.monthly_characters
+    if monthly_characters > parent.monthly_characters:
+        raise DomainError(
+            ErrorCode.INVALID_REQUEST,
+            f"monthly_characters may be at most {parent.monthly_characters:,}, "
+            "the cap of the key creating this one.",
+            field="monthly_characters",
+        )
+    return monthly_characters
 
 
 def _default_scopes_within(parent: ApiKey) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 
 from django.conf import settings
@@ -13,19 +14,41 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard import accounts
 from webapp.dashboard.access import MANAGERS, Tenant, error_text, tenant_page
-from webapp.dashboard.forms import InviteForm, KeyForm, RoleForm
+from webapp.dashboard.forms import InviteForm, KeyForm, RoleForm, RotateForm
 from webapp.errors import DomainError, ErrorCode
 from webapp.problems import Problem
+from webapp.speech.services import ledger, usage_report
 from webapp.tenants import accounts as people
+from webapp.tenants.api.serializers import EXPIRY_WARNING_DAYS
 from webapp.tenants.models import ApiKey, Invitation, Membership
-from webapp.tenants.services import create_api_key, revoke_api_key
+from webapp.tenants.services import create_api_key, revoke_api_key, rotate_api_key
 
 SERVICE_ERRORS = (DomainError, Problem)
 
 
 def _keys_context(tenant: Tenant, form: KeyForm) -> dict[str, object]:
-    keys = ApiKey.objects.filter(organization=tenant.organization).order_by("revoked_at", "-created_at")
-    return {"tenant": tenant, "form": form, "keys": keys}
+    keys = list(ApiKey.objects.filter(organization=tenant.organization).order_by("revoked_at", "-created_at"))
+    now = timezone.now()
+    used = usage_report.key_month_characters(tenant.organization, ledger.period_start(now))
+    soon = now + dt.timedelta(days=EXPIRY_WARNING_DAYS)
+    rows = [
+        {
+            "key": key,
+            "used": used.get(key.pk, 0),
+            "expires_soon": key.is_usable(now) and key.expires_at is not None and key.expires_at <= soon,
+            "overlap_open": key.previous_valid_until is not None and key.previous_valid_until > now,
+        }
+        for key in keys
+    ]
+    expiring = [row["key"] for row in rows if row["expires_soon"]]
+    return {
+        "tenant": tenant,
+        "form": form,
+        "keys": rows,
+        "expiring": expiring,
+        "rotate_form": RotateForm(),
+        "warning_days": EXPIRY_WARNING_DAYS,
+    }
 
 
 @tenant_page(roles=MANAGERS, verified=True)
@@ -41,6 +64,7 @@ def keys(request: HttpRequest, tenant: Tenant) -> HttpResponse:
                 scopes=list(form.cleaned_data["scopes"]),
                 created_by=request.user,
                 expires_at=form.expires_at(),
+                monthly_characters=form.cleaned_data.get("monthly_characters"),
             )
         except SERVICE_ERRORS as exc:
             form.add_error(None, error_text(exc))
@@ -67,6 +91,40 @@ def revoke_key(request: HttpRequest, tenant: Tenant, key_id: str) -> HttpRespons
     else:
         messages.success(request, f"Key {key.name} (tts_{key.prefix}_…) is revoked.")
     return redirect("dashboard:keys")
+
+
+@tenant_page(roles=MANAGERS, verified=True)
+@require_POST
+def rotate_key(request: HttpRequest, tenant: Tenant, key_id: str) -> HttpResponse:
+    """A new secret for the key, shown once; the old one works for the overlap chosen."""
+    key = (
+        ApiKey.objects.filter(organization=tenant.organization, pk=key_id)
+        .select_related("organization")
+        .first()
+    )
+    if key is None:
+        raise Http404("No such key.")
+    form = RotateForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose how long the old secret keeps working.")
+        return redirect("dashboard:keys")
+    try:
+        raw = rotate_api_key(key, by=request.user, overlap=dt.timedelta(seconds=form.cleaned_data["overlap"]))
+    except SERVICE_ERRORS as exc:
+        messages.error(request, error_text(exc))
+        return redirect("dashboard:keys")
+    base = request.build_absolute_uri("/").rstrip("/")
+    context = {
+        **_keys_context(tenant, KeyForm()),
+        "new_key": key,
+        "raw_key": raw,
+        "base": base,
+        "rotated": True,
+    }
+    context["default_voice"] = settings.TTS_DEFAULT_VOICE
+    response = render(request, "dashboard/keys.html", context)
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 def _members_page(request: HttpRequest, tenant: Tenant, form: InviteForm, status: int = 200) -> HttpResponse:

@@ -61,5 +61,9 @@ class Migration(migrations.Migration):
             name="source",
             field=models.CharField(blank=True, db_default="", default="", max_length=20),
         ),
+        migrations.AddIndex(
+            model_name="usageevent",
+            index=models.Index(fields=["api_key", "period"], name="speech_usage_key_period_idx"),
+        ),
         migrations.RunSQL(BACKFILL, migrations.RunSQL.noop, elidable=True),
     ]

@@ -36,7 +36,7 @@ from webapp.speech.models import (
     sql_status_in,
 )
 from webapp.speech.services import quota_mail
-from webapp.tenants.models import Organization, Plan
+from webapp.tenants.models import ApiKey, Organization, Plan
 
 # --------------------------------------------------------------------- periods
 
@@ -162,7 +162,15 @@ def check_limits(organization: Organization, chars: int, now: dt.datetime, engin
 
 
 def reserve_usage(job: SynthesisJob, period: dt.date) -> None:
-    """Reserve the job's characters in ``period``: its event and the usage row's total, in one statement."""
+    """Reserve the job's characters in ``period``: its event and the usage row's total, in one statement.
+
+    A key with monthly characters of its own (``ApiKey.monthly_characters``) is
+    checked first, under the tenant row's lock as the plan's quota is: refused
+    ``key_quota_exceeded``, the submit's transaction (the job row too) is undone.
+    """
+    key = job.api_key if job.api_key_id is not None else None
+    if key is not None and key.monthly_characters is not None:
+        check_key_cap(key, job.text_chars, period)
     with connection.cursor() as cursor:
         cursor.execute(
             _RESERVE,
@@ -177,6 +185,26 @@ def reserve_usage(job: SynthesisJob, period: dt.date) -> None:
                 "voice": job.voice_name,
                 "source": job.source,
             },
+        )
+
+
+def key_characters(key_id: Any, period: dt.date) -> int:
+    """Characters the key's jobs took in ``period``: charged when settled, reserved until then."""
+    row = fetch_one(_KEY_CHARACTERS, [key_id, period])
+    return int(row[0]) if row else 0
+
+
+def check_key_cap(key: ApiKey, chars: int, period: dt.date) -> None:
+    cap = key.monthly_characters
+    if cap is None:
+        return
+    taken = key_characters(key.pk, period)
+    if taken + chars > cap:
+        raise DomainError(
+            ErrorCode.KEY_QUOTA_EXCEEDED,
+            f"{format_count(taken + chars)} of this key's {format_count(cap)} characters this month "
+            f"({format_count(taken)} used or reserved, {format_count(chars)} requested).",
+            retry_after=seconds_to_period_end(),
         )
 
 
@@ -199,6 +227,11 @@ _LIMITS = f"""
             LIMIT %(queue_limit)s
         ) AS waiting)
     FROM {_JOBS} WHERE {_LIVE_OF_TENANT}"""
+_KEY_CHARACTERS = f"""
+    SELECT coalesce(sum(CASE WHEN s.kind IS NULL THEN r.characters ELSE s.characters END), 0)
+    FROM {UsageEvent._meta.db_table} r
+    LEFT JOIN {UsageEvent._meta.db_table} s ON s.job_key = r.job_key AND s.kind <> '{UsageEvent.Kind.RESERVE}'
+    WHERE r.api_key_id = %s AND r.kind = '{UsageEvent.Kind.RESERVE}' AND r.period = %s"""
 _RESERVE = f"""
     WITH event AS (
         INSERT INTO {UsageEvent._meta.db_table}

@@ -185,3 +185,19 @@ def _labels(group_by: str, groups: list[str]) -> dict[str, str]:
     if group_by == "source":
         return {g: SOURCE_LABELS.get(g, g or "unknown") for g in groups}
     return {g: g or "unknown" for g in groups}
+
+
+def key_month_characters(organization: Organization, period: dt.date) -> dict[Any, int]:
+    """Characters each of the tenant's keys took in the month ``period`` starts (as its cap counts them)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT r.api_key_id, sum(CASE WHEN s.kind IS NULL THEN r.characters ELSE s.characters END)
+            FROM {_EVENTS} r
+            LEFT JOIN {_EVENTS} s ON s.job_key = r.job_key AND s.kind <> '{UsageEvent.Kind.RESERVE}'
+            WHERE r.organization_id = %s AND r.kind = '{UsageEvent.Kind.RESERVE}' AND r.period = %s
+              AND r.api_key_id IS NOT NULL
+            GROUP BY r.api_key_id""",
+            [organization.pk, period],
+        )
+        return {key_id: int(n) for key_id, n in cursor.fetchall()}

@@ -12,6 +12,19 @@ from webapp.api_fields import StrictCharField, StrictIntegerField, StrictSeriali
 from webapp.tenants.models import ApiKey
 
 MAX_KEY_RATE = 1_000_000
+MAX_KEY_CHARACTERS = 10**15
+# Expiry warnings: a key that stops working within this many days is flagged (expires_soon).
+EXPIRY_WARNING_DAYS = 14
+
+
+class KeyRotateSerializer(StrictSerializer):
+    overlap_seconds = StrictIntegerField(
+        required=False,
+        default=0,
+        min_value=0,
+        max_value=30 * 24 * 3600,
+        help_text="How long the current secret keeps working next to the new one (0: it stops now).",
+    )
 
 
 class KeyCreateSerializer(StrictSerializer):
@@ -29,6 +42,13 @@ class KeyCreateSerializer(StrictSerializer):
         min_value=1,
         max_value=MAX_KEY_RATE,
         help_text="A rate of the key's own; the lower of it and the plan's rate binds.",
+    )
+    monthly_characters = StrictIntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_KEY_CHARACTERS,
+        help_text="Characters a month this key's jobs may take (429 key_quota_exceeded past it); "
+        "a key created by a key gets at most, and by default, its creator's.",
     )
 
     def validate_expires_at(self, value: dt.datetime) -> dt.datetime:
@@ -48,6 +68,14 @@ class KeySerializer(serializers.ModelSerializer):
         allow_null=True,
         help_text="The key that created this one (null: a person or the operator).",
     )
+    expires_soon = serializers.SerializerMethodField(
+        help_text=f"Usable now and expiring within {EXPIRY_WARNING_DAYS} days."
+    )
+
+    def get_expires_soon(self, key: ApiKey) -> bool:
+        if key.expires_at is None or not key.is_usable():
+            return False
+        return key.expires_at - timezone.now() <= dt.timedelta(days=EXPIRY_WARNING_DAYS)
 
     class Meta:
         model = ApiKey
@@ -59,9 +87,14 @@ class KeySerializer(serializers.ModelSerializer):
             "user",
             "parent_id",
             "requests_per_minute",
+            "monthly_characters",
             "created_at",
             "expires_at",
+            "expires_soon",
             "last_used_at",
+            "last_used_ip",
+            "rotated_at",
+            "previous_valid_until",
             "revoked_at",
         ]
         read_only_fields = fields

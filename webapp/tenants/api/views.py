@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
@@ -12,11 +14,12 @@ from webapp.tenants.api.base import TenantAPIView
 from webapp.tenants.api.serializers import (
     KeyCreateSerializer,
     KeyListSerializer,
+    KeyRotateSerializer,
     KeySerializer,
     NewKeySerializer,
 )
 from webapp.tenants.models import ApiKey
-from webapp.tenants.services import create_api_key, revoke_api_key
+from webapp.tenants.services import create_api_key, revoke_api_key, rotate_api_key
 
 KEYS_MANAGE = ApiKey.Scope.KEYS_MANAGE.value
 
@@ -50,6 +53,7 @@ class KeyListView(TenantAPIView):
             scopes=data.get("scopes"),
             expires_at=data.get("expires_at"),
             requests_per_minute=data.get("requests_per_minute"),
+            monthly_characters=data.get("monthly_characters"),
         )
         key.secret = secret  # type: ignore[attr-defined]
         location = reverse("api-key-detail", args=[key.pk])
@@ -66,3 +70,23 @@ class KeyDetailView(TenantAPIView):
         key = self.tenant_object(ApiKey.objects.all(), key_id, "key")
         revoke_api_key(key, by=request.auth)
         return Response(status=204)
+
+
+class KeyRotateView(TenantAPIView):
+    required_scopes = {"POST": KEYS_MANAGE}
+
+    @extend_schema(
+        request=KeyRotateSerializer,
+        responses={200: NewKeySerializer},
+        summary="A new secret for the same key; the old one works for overlap_seconds more",
+    )
+    def post(self, request: Request, key_id: str) -> Response:
+        key = self.tenant_object(ApiKey.objects.select_related("organization"), key_id, "key")
+        body = request.data if isinstance(request.data, dict) else {}
+        serializer = KeyRotateSerializer(data=body)
+        serializer.is_valid(raise_exception=True)
+        overlap = dt.timedelta(seconds=serializer.validated_data["overlap_seconds"])
+        key.secret = rotate_api_key(key, by=request.auth, overlap=overlap)  # type: ignore[attr-defined]
+        response = Response(NewKeySerializer(key).data)
+        response["Cache-Control"] = "no-store"
+        return response
