@@ -274,3 +274,23 @@ def test_the_schema_describes_the_webhooks_api(db: None) -> None:
         "/api/v1/webhooks/job-secret",
     ):
         assert path in paths, sorted(p for p in paths if "webhook" in p)
+
+
+def test_webhooks_have_their_own_worker_queue_and_beat_sweep() -> None:
+    """A slow receiver holds only a webhooks worker: the tasks' queue, make run's worker, beat's sweep."""
+    from django.conf import settings
+
+    from deploy.provision import StackConfig
+    from deploy.stack import app_services
+    from webapp.env import worker_queues
+    from webapp.webhooks import tasks
+
+    assert getattr(tasks.deliver, "queue") == getattr(tasks.sweep, "queue") == "webhooks"  # noqa: B009
+    assert worker_queues("webhooks", ["piper"]) == ["webhooks"]
+    assert "webhooks" not in worker_queues("synth", ["piper", "espeak"])
+    entry: dict[str, Any] = settings.CELERY_BEAT_SCHEDULE["webhooks.sweep"]
+    assert entry["task"] == "webhooks.sweep" and entry["options"]["queue"] == "webhooks"
+    services = {s.name: s for s in app_services(StackConfig.for_tests())}
+    webhooks = services["webhooks"]
+    assert webhooks.env["TTS_WORKER_ROLE"] == "webhooks" and not webhooks.required
+    assert webhooks.command[webhooks.command.index("-Q") + 1] == "webhooks"
