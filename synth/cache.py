@@ -23,9 +23,11 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol
 
 from synth.engines.base import CancelFn, ProgressFn, check_cancel
@@ -42,6 +44,9 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = 1
 MAGIC = b"TTSSC1\n"
 MAX_HEADER = 1 << 20  # bytes: a header longer than this is not ours
+# A run of hits reports progress (a database write in the worker: the lease, the cancel flag) at
+# most this often, and at the job's last sentence; a rendered sentence always reports.
+HIT_PROGRESS_SECONDS = 0.5
 
 
 @dataclass
@@ -148,6 +153,7 @@ def _version(package: str) -> str:
         return ""
 
 
+@cache  # read from the installed packages' metadata: milliseconds a call, fixed for a process
 def runtime_versions(engine: str, piper_runtime: str) -> dict[str, str]:
     """The software that turns text into samples for ``engine``: a new version may sound different."""
     if engine == "piper":
@@ -229,8 +235,9 @@ def cached_sentences(
 
     ``render(chunks, total)`` is the engine's ``synthesize`` over the misses; it is
     fed one miss at a time, as the sentence is needed, so it runs once per job
-    (batching and per-job state work as without a cache). ``progress`` and the
-    cancel check are called per sentence, hit or miss. What the engine rendered is
+    (batching and per-job state work as without a cache). The cancel check runs
+    per sentence; ``progress`` after each rendered sentence, and after hits at most
+    every HIT_PROGRESS_SECONDS and at the last sentence (a hit takes a file read). What the engine rendered is
     put into the store as it comes (``meta_of(i)``: the sidecar of sentence ``i``);
     a store that fails once is left alone for the rest of the job.
     """
@@ -244,6 +251,7 @@ def cached_sentences(
 
     engine: Iterator[np.ndarray] | None = None
     total = len(chunks)
+    reported = time.monotonic()
     try:
         for i, chunk in enumerate(chunks):
             check_cancel(should_cancel)
@@ -263,8 +271,11 @@ def cached_sentences(
                     meta = meta_of(i) if meta_of else None
                     _put(store, keys[i], SentenceEntry(audio, native_rate, meta), stats)
             yield audio
-            if progress is not None:
+            now = time.monotonic()
+            due = entry is None or i + 1 == total or now - reported >= HIT_PROGRESS_SECONDS
+            if progress is not None and due:
                 progress(i + 1, total)
+                reported = now
         if engine is not None:
             for _ in engine:  # the engine's own end (its per-job state) runs now
                 pass

@@ -169,7 +169,7 @@ def test_a_store_that_cannot_write_leaves_the_job_uncached_and_whole(
     assert result.cached_sentences == 0 and result.duration_seconds > 2 and audio.any()
 
 
-def test_progress_and_cancel_are_checked_per_sentence_hit_or_miss(
+def test_progress_follows_each_render_and_the_end_and_cancel_every_sentence(
     synthesizer: Synthesizer, tmp_path: Path
 ) -> None:
     from synth.errors import Cancelled
@@ -181,12 +181,27 @@ def test_progress_and_cancel_are_checked_per_sentence_hit_or_miss(
     synthesizer.synthesize(
         request, str(tmp_path / "b.wav"), progress=lambda d, t: seen.append((d, t)), cache=store
     )
+    # Two quick hits report nothing (a database write each in the worker), the render and the end do.
+    assert seen == [(3, 3)]
+    seen.clear()
+    _render(synthesizer, tmp_path, "c.wav", "A new one. " + TEXT, MemoryStore())  # (warm)
+    synthesizer.synthesize(
+        SynthesisRequest(text="A new one. And another. " + SENTENCES[0], format="wav"),
+        str(tmp_path / "d.wav"),
+        progress=lambda d, t: seen.append((d, t)),
+        cache=store,
+    )
     assert seen == [(1, 3), (2, 3), (3, 3)]
-    with pytest.raises(Cancelled):
+    asked: list[int] = []
+
+    def cancel_at_the_second_check() -> bool:
+        asked.append(1)
+        return len(asked) >= 2
+
+    with pytest.raises(Cancelled):  # every sentence checks, hits too: wholly cached, stopped at the second
         synthesizer.synthesize(
             request,
-            str(tmp_path / "c.wav"),
-            should_cancel=lambda: len(seen) >= 4,
-            progress=lambda d, t: seen.append((d, t)),
+            str(tmp_path / "e.wav"),
+            should_cancel=cancel_at_the_second_check,
             cache=store,
         )
