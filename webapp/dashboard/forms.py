@@ -158,10 +158,20 @@ class RoleForm(forms.Form):
     role = forms.ChoiceField(label="Role", choices=role_choices)
 
 
+SOURCES = [("", "Any source"), ("api", "API"), ("openai", "OpenAI endpoint"), ("dashboard", "Dashboard")]
+
+
 class HistoryFilterForm(forms.Form):
     q = forms.CharField(label="Search in the text", required=False, max_length=200)
     status = forms.ChoiceField(label="Status", required=False)
     voice = forms.CharField(label="Voice", required=False, max_length=200)
+    source = forms.ChoiceField(label="Source", required=False, choices=SOURCES)
+    created_from = forms.DateField(
+        label="From (UTC)", required=False, widget=forms.DateInput(attrs={"type": "date"})
+    )
+    created_to = forms.DateField(
+        label="To (UTC)", required=False, widget=forms.DateInput(attrs={"type": "date"})
+    )
 
     def __init__(self, *args: Any, statuses: list[str], voices: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -169,6 +179,13 @@ class HistoryFilterForm(forms.Form):
         assert isinstance(status, forms.ChoiceField)
         status.choices = [("", "Any status")] + [(s, s.capitalize()) for s in statuses]
         self.fields["voice"].widget = forms.Select(choices=[("", "Any voice")] + [(v, v) for v in voices])
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        start, end = data.get("created_from"), data.get("created_to")
+        if start and end and start > end:
+            self.add_error("created_to", "The last day comes before the first.")
+        return data
 
 
 # The words the uploader confirms; the voice stores who confirmed them and when.

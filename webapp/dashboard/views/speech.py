@@ -62,16 +62,39 @@ def by_language(voices: list[Voice]) -> list[tuple[str, list[Voice]]]:
 def synthesize(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     quota = quota_of(tenant.organization)
     plan = tenant.organization.plan
+    prefill = _prefill(request, tenant)
     context = {
         "tenant": tenant,
         "languages": by_language(_voices(tenant)),
-        "default_voice": settings.TTS_DEFAULT_VOICE,
+        "default_voice": prefill.get("voice") or settings.TTS_DEFAULT_VOICE,
+        "prefill": prefill,
         "formats": FORMATS,
         "max_chars": plan.max_characters_per_request,
         "monthly_left": quota.remaining,
         "quota": quota,
     }
     return render(request, "dashboard/synthesize.html", context)
+
+
+def _prefill(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
+    """``?from_job=<id>``: the form filled from one of the tenant's jobs ("edit and re-render")."""
+    raw = request.GET.get("from_job", "")
+    if not raw:
+        return {}
+    try:
+        job_id = uuid.UUID(raw)
+    except ValueError:
+        raise Http404("No such job.") from None
+    job = _job(tenant, job_id)
+    params = job.params or {}
+    return {
+        "job": job,
+        "text": job.text,
+        "voice": job.voice_name,
+        "format": job.format,
+        "speed": params.get("speed") or 1,
+        "instructions": params.get("instructions") or "",
+    }
 
 
 def job_json(job: SynthesisJob) -> dict[str, Any]:
@@ -240,6 +263,10 @@ def job_delete(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> HttpR
     return redirect(target)
 
 
+def _utc_midnight(day: dt.date) -> dt.datetime:
+    return dt.datetime.combine(day, dt.time(0), tzinfo=dt.UTC)
+
+
 @tenant_page()
 @require_GET
 def history(request: HttpRequest, tenant: Tenant) -> HttpResponse:
@@ -254,6 +281,15 @@ def history(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             selected = selected.filter(status=form.cleaned_data["status"])
         if form.cleaned_data["voice"]:
             selected = selected.filter(voice_name=form.cleaned_data["voice"])
+        if form.cleaned_data["source"]:
+            selected = selected.filter(source=form.cleaned_data["source"])
+        if form.cleaned_data["created_from"]:
+            selected = selected.filter(created_at__gte=_utc_midnight(form.cleaned_data["created_from"]))
+        if form.cleaned_data["created_to"]:
+            after = form.cleaned_data["created_to"] + dt.timedelta(days=1)
+            selected = selected.filter(created_at__lt=_utc_midnight(after))
+    elif form.is_bound:
+        selected = all_jobs.none()
     page = Paginator(selected.order_by("-created_at", "-id"), PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
