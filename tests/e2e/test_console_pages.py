@@ -144,3 +144,82 @@ def test_it_tells_a_newcomer_that_accounts_are_by_invitation_and_whom_to_ask(con
     page.goto("/accounts/signup/")
     assert CONTACT in page.locator("#invitation-only").inner_text()
     check_page(page, "signup-invite-only")
+
+
+@pytest.fixture
+def busy_tenant(context: Any) -> dict[str, Any]:
+    """An owner whose tenant used 85 % of a small plan through two keys, two voices and three sources."""
+    from tests.dashboard_data import make_job, make_owner
+    from tests.usage_data import billed_job
+    from webapp.tenants.models import Plan
+    from webapp.tenants.services import create_api_key
+
+    user, org = make_owner("console.owner@example.com", "Console Co")
+    org.plan = Plan.objects.create(slug="console-small", name="Small", monthly_characters=10_000)
+    org.save()
+    key_a, _ = create_api_key(org, "backend", created_by=user)
+    key_b, _ = create_api_key(org, "@batch", created_by=user)
+    billed_job(org, 4_000, user=user, key=key_a, source="api")
+    billed_job(org, 3_000, user=user, key=key_b, voice="en_US-amy-medium", source="openai")
+    billed_job(org, 1_500, user=user, source="dashboard")
+    make_job(org, user, "Please read the quarterly report aloud.", params={"speed": 1.5})
+    return {"user": user, "org": org}
+
+
+def test_it_explores_usage_and_downloads_what_it_shows_with_the_keyboard(
+    context: Any, edge: NginxInstance, busy_tenant: dict[str, Any]
+) -> None:
+    page = signed_in(context, edge, busy_tenant["user"])
+    page.goto("/app/usage/")
+    assert "85 % of this month's characters are used" in page.locator("#quota-banner").inner_text()
+    assert page.locator("#characters-left strong").inner_text() == "1,500"
+    check_page(page, "usage-explorer")
+    page.focus("#usage-group")
+    page.keyboard.press("ArrowDown")  # Day -> API key
+    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")  # the Show button
+    page.wait_for_url("**group_by=key**")
+    cells = page.locator("#usage-table tbody tr").all_inner_texts()
+    shown = [line.split("\t") for line in cells]
+    assert {row[0].split(" (")[0] for row in shown} == {"backend", "@batch", "no key"}
+    check_page(page, "usage-by-key")
+    with page.expect_download() as download:
+        page.focus("#usage-csv")
+        page.keyboard.press("Enter")
+    text = open(download.value.path(), encoding="utf-8").read()
+    lines = [line.split(",") for line in text.strip().splitlines()]
+    assert lines[0] == ["API key", "Characters", "Cached characters", "Jobs"]
+    exported = {row[0]: row[1] for row in lines[1:-1]}
+    on_page = {row[0]: row[1].replace(",", "") for row in shown}
+    assert {label.lstrip("'"): n for label, n in exported.items()} == on_page
+    assert any(label.startswith("'@batch") for label in exported)  # a formula-looking cell, escaped
+    assert lines[-1] == ["Total", "8500", "0", "3"]
+
+
+def test_it_rotates_a_key_and_finds_and_re_renders_a_job_with_the_keyboard(
+    context: Any, edge: NginxInstance, busy_tenant: dict[str, Any]
+) -> None:
+    page = signed_in(context, edge, busy_tenant["user"])
+    page.goto("/app/keys/")
+    check_page(page, "keys-lifecycle")
+    row = page.locator("#key-list tr", has_text="backend")
+    row.locator("select").focus()
+    page.keyboard.press("Tab")  # to Rotate
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#new-key")
+    assert "keeps working until" in page.locator("#rotation-note").inner_text()
+    check_page(page, "keys-rotated")
+
+    page.goto("/app/history/")
+    page.focus("#id_q")
+    page.keyboard.type("quarterly")
+    page.keyboard.press("Enter")
+    page.wait_for_url("**q=quarterly**")
+    assert page.locator("tbody tr").count() == 1
+    check_page(page, "history-search")
+    page.get_by_role("link", name="Edit and re-render this job").focus()
+    page.keyboard.press("Enter")
+    page.wait_for_url("**from_job=**")
+    assert page.locator("#text").input_value() == "Please read the quarterly report aloud."
+    assert page.locator("#speed").input_value() == "1.5"
+    check_page(page, "synthesize-prefilled")
