@@ -41,6 +41,7 @@ REQUIRED = {
     ("GET", "/api/v1/keys"): KEYS,
     ("POST", "/api/v1/keys"): KEYS,
     ("DELETE", "/api/v1/keys/{key_id}"): KEYS,
+    ("POST", "/api/v1/keys/{key_id}/rotate"): KEYS,
     ("GET", "/api/v1/dictionaries"): READ,
     ("POST", "/api/v1/dictionaries"): VOICES,
     ("GET", "/api/v1/dictionaries/{dictionary_id}"): READ,
