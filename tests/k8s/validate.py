@@ -70,7 +70,7 @@ DJANGO_IMAGES = ("tts-web", "tts-worker", "tts-worker-gpu", "tts-analysis")
 NON_SETTINGS = {"DJANGO_SETTINGS_MODULE", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "HOME", "POD_IP"}
 
 # The pods that reach PostgreSQL and Redis (NetworkPolicy tts-data-clients), by component label.
-DATA_CLIENTS = {"web", "beat", "housekeeping", "analysis", "migrate"}
+DATA_CLIENTS = {"web", "beat", "housekeeping", "analysis", "webhooks", "migrate"}
 DATA_CLIENT_LABEL = "tts-data-client"
 # Time a worker may still need after TTS_WORKER_STOP_GRACE (deploy/stack.py WORKER_STOP_MARGIN_SECONDS).
 WORKER_STOP_MARGIN_SECONDS = 15
