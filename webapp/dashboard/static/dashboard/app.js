@@ -46,10 +46,16 @@
     return job;
   }
 
+  /* Seconds for people, as the pages' duration filter writes them: 0.8 s, 42 s, 3 min 05 s, 1 h 02 min. */
   function formatSeconds(s) {
-    if (s === null || s === undefined) return "";
-    s = Math.max(0, Math.round(s));
-    return s < 60 ? `${s} s` : `${Math.floor(s / 60)} min ${s % 60} s`;
+    if (s === null || s === undefined || !Number.isFinite(s)) return "";
+    s = Math.max(0, s);
+    if (s < 10 && !Number.isInteger(s)) return `${s.toFixed(1)} s`;
+    s = Math.round(s);
+    if (s < 60) return `${s} s`;
+    const minutes = Math.floor(s / 60);
+    if (minutes < 60) return `${minutes} min ${String(s % 60).padStart(2, "0")} s`;
+    return `${Math.floor(minutes / 60).toLocaleString("en-US")} h ${String(minutes % 60).padStart(2, "0")} min`;
   }
 
   function describe(job) {
@@ -97,7 +103,7 @@
     const buffer = await context.decodeAudioData(bytes.slice(0));
     player.dataset.decodedDuration = String(buffer.duration);
     if (canvas) drawWaveform(canvas, buffer);
-    if (durationLabel) durationLabel.textContent = `${buffer.duration.toFixed(1)} seconds`;
+    if (durationLabel) durationLabel.textContent = formatSeconds(buffer.duration);
     context.close();
   }
 
