@@ -239,7 +239,10 @@ def cached_sentences(
     per sentence; ``progress`` after each rendered sentence, and after hits at most
     every HIT_PROGRESS_SECONDS and at the last sentence (a hit takes a file read). What the engine rendered is
     put into the store as it comes (``meta_of(i)``: the sidecar of sentence ``i``);
-    a store that fails once is left alone for the rest of the job.
+    a store that fails once is left alone for the rest of the job. A sentence the
+    job itself stored is not read back by a repeat later in its text: what a job
+    costs and how long it runs depend on what the tenant rendered before it, not on
+    repeats inside its own text (a long job of repeated sentences stays long).
     """
     import numpy as np
 
@@ -252,10 +255,12 @@ def cached_sentences(
     engine: Iterator[np.ndarray] | None = None
     total = len(chunks)
     reported = time.monotonic()
+    stored_here: set[str] = set()
     try:
         for i, chunk in enumerate(chunks):
             check_cancel(should_cancel)
-            entry = store_get(store, keys[i])  # read as needed: a long job holds one entry at a time
+            # Read as needed: a long job holds one entry at a time.
+            entry = None if keys[i] in stored_here else store_get(store, keys[i])
             if entry is not None and entry.sample_rate == native_rate:
                 stats.hits += 1
                 stats.cached_characters += len(chunk)
@@ -270,6 +275,7 @@ def cached_sentences(
                 if not stats.store_failed:
                     meta = meta_of(i) if meta_of else None
                     _put(store, keys[i], SentenceEntry(audio, native_rate, meta), stats)
+                    stored_here.add(keys[i])
             yield audio
             now = time.monotonic()
             due = entry is None or i + 1 == total or now - reported >= HIT_PROGRESS_SECONDS

@@ -147,6 +147,17 @@ def test_espeak_entries_hit_too_and_loudness_runs_after_stitching(
     assert other.cached_sentences == 3 and Path(other.path).read_bytes() != Path(first.path).read_bytes()
 
 
+def test_a_repeat_inside_one_job_is_rendered_and_a_later_job_finds_it(
+    synthesizer: Synthesizer, tmp_path: Path
+) -> None:
+    store = MemoryStore()
+    twice = f"{SENTENCES[0]} {SENTENCES[0]}"
+    first, _ = _render(synthesizer, tmp_path, "a.wav", twice, store)
+    assert first.cached_sentences == 0 and len(store.entries) == 1
+    again, _ = _render(synthesizer, tmp_path, "b.wav", twice, store)
+    assert again.cached_sentences == 2
+
+
 def test_a_corrupt_entry_is_a_miss_and_is_rendered_again(synthesizer: Synthesizer, tmp_path: Path) -> None:
     store = MemoryStore()
     _render(synthesizer, tmp_path, "a.wav", TEXT, store)
