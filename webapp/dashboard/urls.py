@@ -33,6 +33,7 @@ urlpatterns: list[URLPattern] = [
     path("app/jobs/<uuid:job_id>/cancel/", speech.job_cancel, name="job-cancel"),
     path("app/jobs/<uuid:job_id>/audio/", speech.job_audio, name="job-audio"),
     path("app/jobs/<uuid:job_id>/delete/", speech.job_delete, name="job-delete"),
+    path("app/jobs/<uuid:job_id>/captions/", speech.job_captions, name="job-captions"),
     path("app/history/", speech.history, name="history"),
     path("app/voices/", voices.voices, name="voices"),
     path("app/voices/upload/", voices.voice_upload, name="voice-upload"),

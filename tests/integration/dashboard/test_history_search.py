@@ -66,3 +66,28 @@ def test_it_does_not_fill_the_form_from_another_tenants_job(owner: tuple[Any, An
     client = client_for(owner[0])
     assert client.get("/app/synthesize/", {"from_job": str(theirs.id)}).status_code == 404
     assert client.get("/app/synthesize/", {"from_job": "not-a-uuid"}).status_code == 404
+
+
+def test_it_downloads_a_jobs_captions_where_it_has_timestamps(owner: tuple[Any, Any]) -> None:
+    from webapp.speech.models import JobTimestamps
+
+    user, org = owner
+    timed = make_job(org, user, "Hello there. Goodbye now.", audio_path="a.wav", duration_seconds=2.0)
+    sentences = [
+        {"index": 0, "text": "Hello there.", "start": 0.0, "end": 0.9, "char_start": 0, "char_end": 12},
+        {"index": 1, "text": "Goodbye now.", "start": 1.1, "end": 2.0, "char_start": 13, "char_end": 25},
+    ]
+    JobTimestamps.objects.create(job=timed, words=[], sentences=sentences)
+    untimed = make_job(org, user, "No timestamps here.", audio_path="b.wav")
+    client = client_for(user)
+    html = client.get("/app/history/").content.decode()
+    assert f"/app/jobs/{timed.id}/captions/?format=srt" in html
+    assert f"/app/jobs/{untimed.id}/captions/" not in html
+    srt = client.get(f"/app/jobs/{timed.id}/captions/", {"format": "srt"})
+    assert srt.status_code == 200 and srt["Content-Disposition"].startswith("attachment")
+    assert "00:00:01,100 --> 00:00:02,000\nGoodbye now." in srt.content.decode()
+    vtt = client.get(f"/app/jobs/{timed.id}/captions/", {"format": "vtt"}).content.decode()
+    assert vtt.startswith("WEBVTT") and "Hello there." in vtt
+    assert client.get(f"/app/jobs/{untimed.id}/captions/").status_code == 404
+    other_user, other_org = make_owner("someone@example.com", "Elsewhere")
+    assert client_for(other_user).get(f"/app/jobs/{timed.id}/captions/").status_code == 404

@@ -18,7 +18,7 @@ from urllib.parse import quote
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Count
+from django.db.models import Count, Exists, OuterRef
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
@@ -36,9 +36,10 @@ from webapp.dashboard.quota import quota_of
 from webapp.errors import DomainError
 from webapp.problems import Problem
 from webapp.speech import lifecycle, submission
+from webapp.speech.api import timestamps
 from webapp.speech.api.serializers import SpeechRequestSerializer
 from webapp.speech.api.waiting import Prepare, SharedAnswer, Wait, WaitSlot, wait_view
-from webapp.speech.models import SynthesisJob, Voice
+from webapp.speech.models import JobTimestamps, SynthesisJob, Voice
 from webapp.speech.services import eta, queries, usage_report
 from webapp.speech.services.usage_report import Report
 from webapp.speech.submission import FORMATS
@@ -47,6 +48,7 @@ from webapp.tenants.api import ratelimit
 WAIT_SECONDS = 10
 PAGE_SIZE = 20
 SUBMIT_FIELDS = ("text", "voice", "format", "speed", "instructions")
+CAPTION_TYPES = {"srt": "application/x-subrip; charset=utf-8", "vtt": "text/vtt; charset=utf-8"}
 
 
 def _voices(tenant: Tenant) -> list[Voice]:
@@ -245,6 +247,24 @@ def job_audio(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> HttpRe
 
 
 @tenant_page()
+@require_GET
+def job_captions(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> HttpResponse:
+    """The job's captions (``?format=srt`` or ``vtt``, a cue per sentence), as the API writes them."""
+    job = _job(tenant, job_id)
+    fmt = request.GET.get("format", "srt")
+    row = JobTimestamps.objects.filter(job_id=job.id).first()
+    if fmt not in CAPTION_TYPES or job.status != SynthesisJob.Status.SUCCEEDED or row is None:
+        return HttpResponse("This job has no captions.", status=404, content_type="text/plain")
+    data = {"job_id": str(job.id), "duration_seconds": job.duration_seconds, "words": row.words}
+    data["sentences"] = row.sentences
+    body = timestamps.srt_captions(data) if fmt == "srt" else timestamps.vtt_captions(data)
+    response = HttpResponse(body, content_type=CAPTION_TYPES[fmt])
+    response["Content-Disposition"] = f'attachment; filename="{job.id}.{fmt}"'
+    response["Cache-Control"] = "private, no-store"
+    return response
+
+
+@tenant_page()
 @require_POST
 def job_delete(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> HttpResponse:
     job = _job(tenant, job_id)
@@ -290,7 +310,9 @@ def history(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             selected = selected.filter(created_at__lt=_utc_midnight(after))
     elif form.is_bound:
         selected = all_jobs.none()
-    page = Paginator(selected.order_by("-created_at", "-id"), PAGE_SIZE).get_page(request.GET.get("page"))
+    has_captions = Exists(JobTimestamps.objects.filter(job_id=OuterRef("pk")))
+    ordered = selected.annotate(has_captions=has_captions).order_by("-created_at", "-id")
+    page = Paginator(ordered, PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     context = {"tenant": tenant, "form": form, "page": page, "query": query.urlencode()}
