@@ -63,8 +63,15 @@ def submit(org: Any, text: str, voice: str = ESPEAK, fmt: str = "wav", **params:
     from webapp.speech.models import Voice
 
     v = Voice.objects.get(voice_id=voice)
+    # Uncached (sentence cache): these tests time the worker with one long text in several jobs.
     request = lifecycle.JobRequest(
-        text=text, voice=v, format=fmt, sample_rate=None, params=params, billable_chars=len(text)
+        text=text,
+        voice=v,
+        format=fmt,
+        sample_rate=None,
+        params=params,
+        billable_chars=len(text),
+        use_cache=False,
     )
     job, created = lifecycle.submit_job(org, request)
     assert created
