@@ -35,6 +35,7 @@ REQUIRED = {
     ("GET", "/api/v1/usage"): READ,
     ("DELETE", "/api/v1/cache"): WRITE,
     ("GET", "/api/v1/speech/{job_id}/stream"): READ,
+    ("GET", "/api/v1/speech/{job_id}/timestamps"): READ,
     ("POST", "/v1/audio/speech"): WRITE,
     ("GET", "/v1/models"): READ,
     ("GET", "/v1/audio/voices"): READ,
@@ -50,6 +51,19 @@ REQUIRED = {
     ("GET", "/api/v1/dictionaries/{dictionary_id}/versions"): READ,
     ("POST", "/api/v1/dictionaries/{dictionary_id}/versions"): VOICES,
     ("GET", "/api/v1/dictionaries/{dictionary_id}/versions/{number}"): READ,
+    # Webhooks configure the tenant, as keys do: keys:manage for reading them too (their log
+    # holds what was sent).
+    ("GET", "/api/v1/webhooks"): KEYS,
+    ("POST", "/api/v1/webhooks"): KEYS,
+    ("GET", "/api/v1/webhooks/{endpoint_id}"): KEYS,
+    ("PATCH", "/api/v1/webhooks/{endpoint_id}"): KEYS,
+    ("DELETE", "/api/v1/webhooks/{endpoint_id}"): KEYS,
+    ("POST", "/api/v1/webhooks/{endpoint_id}/rotate-secret"): KEYS,
+    ("POST", "/api/v1/webhooks/{endpoint_id}/ping"): KEYS,
+    ("GET", "/api/v1/webhooks/{endpoint_id}/deliveries"): KEYS,
+    ("GET", "/api/v1/webhooks/deliveries"): KEYS,
+    ("POST", "/api/v1/webhooks/deliveries/{delivery_id}/redeliver"): KEYS,
+    ("POST", "/api/v1/webhooks/job-secret"): KEYS,
 }
 # What each role may use; "tenant" is a key the operator issued to the tenant as a whole.
 ROLE_MAY = {
@@ -73,6 +87,7 @@ def _call(client: ApiClient, method: str, template: str) -> Any:
     # Ids that exist nowhere: a call that passes the checks answers 404, or 400 for an empty
     # body (415 where the endpoint takes an upload, not JSON).
     template = template.replace("{dictionary_id}", str(uuid.uuid4())).replace("{number}", "1")
+    template = template.replace("{endpoint_id}", str(uuid.uuid4())).replace("{delivery_id}", str(uuid.uuid4()))
     path = template.format(voice_id="no-such-voice", job_id=uuid.uuid4(), key_id=uuid.uuid4())
     if method == "POST":
         return client.post(path, {})

@@ -47,6 +47,7 @@ def test_submit_returns_202_with_job_and_location(make_tenant: Any) -> None:
         "metrics",
         "error",
         "pronunciation_dictionaries",
+        "cached_characters",
     }
     assert job["status"] == "queued" and job["text_chars"] == 12 and job["format"] == "wav"
     assert job["queue_position"] is not None and job["eta_seconds"] > 0
