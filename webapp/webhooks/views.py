@@ -6,13 +6,11 @@ and admins can use): an endpoint receives the tenant's events, and its secret si
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from django.db import transaction
 from django.db.models import Prefetch, QuerySet
 from django.urls import reverse
-from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -20,9 +18,8 @@ from rest_framework.response import Response
 from webapp.errors import DomainError, ErrorCode
 from webapp.tenants.api.base import TenantAPIView
 from webapp.tenants.models import ApiKey
-from webapp.webhooks import delivery, outbox
+from webapp.webhooks import delivery, services
 from webapp.webhooks.models import (
-    EventType,
     JobWebhookSecret,
     WebhookAttempt,
     WebhookEndpoint,
@@ -41,7 +38,6 @@ from webapp.webhooks.serializers import (
 
 MANAGE = ApiKey.Scope.KEYS_MANAGE.value
 ALL_MANAGE = {m: MANAGE for m in ("GET", "POST", "PATCH", "DELETE")}
-MAX_ENDPOINTS = 20
 DEFAULT_LIMIT, MAX_LIMIT = 50, 100
 
 
@@ -94,29 +90,26 @@ class EndpointListView(TenantAPIView):
         serializer = EndpointWriteSerializer(data=_body(request))
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        with transaction.atomic():
-            if WebhookEndpoint.objects.filter(organization=self.organization).count() >= MAX_ENDPOINTS:
-                raise DomainError(
-                    ErrorCode.INVALID_REQUEST, f"A tenant has at most {MAX_ENDPOINTS} webhook endpoints."
-                )
-            endpoint = WebhookEndpoint(
-                organization=self.organization,
-                url=data["url"],
-                events=data["events"],
-                description=data.get("description", ""),
-                enabled=data.get("enabled", True),
-            )
-            delivery.rotate(endpoint)
-            endpoint.save(force_insert=True)
+        endpoint = services.create_endpoint(
+            self.organization,
+            data["url"],
+            data["events"],
+            description=data.get("description", ""),
+            enabled=data.get("enabled", True),
+        )
         return _with_secret(endpoint, 201, Location=reverse("api-webhook-detail", args=[endpoint.pk]))
 
 
-class EndpointDetailView(TenantAPIView):
+class _OneEndpoint(TenantAPIView):
+    """One endpoint's routes; each view declares only its own methods (a rotate URL answers no GET)."""
+
     required_scopes = ALL_MANAGE
 
     def _endpoint(self, endpoint_id: str) -> WebhookEndpoint:
         return self.tenant_object(WebhookEndpoint.objects.all(), endpoint_id, "webhook endpoint")
 
+
+class EndpointDetailView(_OneEndpoint):
     @extend_schema(responses=EndpointSerializer, summary="A webhook endpoint")
     def get(self, request: Request, endpoint_id: str) -> Response:
         return Response(EndpointSerializer(self._endpoint(endpoint_id)).data)
@@ -130,22 +123,16 @@ class EndpointDetailView(TenantAPIView):
         endpoint = self._endpoint(endpoint_id)
         serializer = EndpointWriteSerializer(data=_body(request), partial=True)
         serializer.is_valid(raise_exception=True)
-        for name, value in serializer.validated_data.items():
-            setattr(endpoint, name, value)
-        if serializer.validated_data.get("enabled"):
-            endpoint.disabled_reason = ""
-            endpoint.failing_since = None
-        endpoint.updated_at = timezone.now()
-        endpoint.save()
+        endpoint = services.update_endpoint(endpoint, dict(serializer.validated_data))
         return Response(EndpointSerializer(endpoint).data)
 
     @extend_schema(responses={204: None}, summary="Delete a webhook endpoint (and its delivery log)")
     def delete(self, request: Request, endpoint_id: str) -> Response:
-        self._endpoint(endpoint_id).delete()
+        services.delete_endpoint(self._endpoint(endpoint_id))
         return Response(status=204)
 
 
-class RotateSecretView(EndpointDetailView):
+class RotateSecretView(_OneEndpoint):
     @extend_schema(
         request=RotateSerializer,
         responses=NewSecretEndpointSerializer,
@@ -154,37 +141,22 @@ class RotateSecretView(EndpointDetailView):
     def post(self, request: Request, endpoint_id: str) -> Response:
         serializer = RotateSerializer(data=_body(request))
         serializer.is_valid(raise_exception=True)
-        with transaction.atomic():
-            endpoint = WebhookEndpoint.objects.select_for_update().get(pk=self._endpoint(endpoint_id).pk)
-            delivery.rotate(endpoint)
-            _overlap(endpoint, serializer.validated_data.get("overlap_seconds"))
-            endpoint.updated_at = timezone.now()
-            endpoint.save()
+        endpoint = services.rotate_secret(
+            self._endpoint(endpoint_id), serializer.validated_data.get("overlap_seconds")
+        )
         return _with_secret(endpoint)
 
 
-def _overlap(holder: Any, seconds: int | None) -> None:
-    if seconds is not None and holder.previous_secret:
-        holder.previous_valid_until = timezone.now() + dt.timedelta(seconds=seconds)
-
-
-class PingView(EndpointDetailView):
+class PingView(_OneEndpoint):
     @extend_schema(
         request=None, responses={202: DeliverySerializer}, summary="Send a ping event to the endpoint"
     )
     def post(self, request: Request, endpoint_id: str) -> Response:
-        endpoint = self._endpoint(endpoint_id)
-        now = timezone.now()
-        data = {"endpoint": str(endpoint.pk), "message": "A test event sent from the API."}
-        with transaction.atomic():
-            ids = outbox.record(
-                endpoint.organization_id, EventType.PING, data, subject=now.isoformat(), endpoints=[endpoint]
-            )
-        message = WebhookMessage.objects.get(id=ids[0])
+        message = services.ping(self._endpoint(endpoint_id))
         return Response(DeliverySerializer(message).data, status=202)
 
 
-class EndpointDeliveriesView(EndpointDetailView):
+class EndpointDeliveriesView(_OneEndpoint):
     @extend_schema(
         parameters=[LIMIT_PARAM],
         responses=DeliveryListSerializer,
@@ -221,12 +193,7 @@ class RedeliverView(TenantAPIView):
         message = self.tenant_object(
             WebhookMessage.objects.select_related("endpoint"), delivery_id, "delivery"
         )
-        if message.endpoint is not None and not message.endpoint.enabled:
-            raise DomainError(
-                ErrorCode.INVALID_REQUEST, "The endpoint is disabled; enable it first (PATCH enabled: true)."
-            )
-        with transaction.atomic():
-            message = delivery.redeliver(message)
+        message = services.redeliver(message)
         return Response(DeliverySerializer(message).data, status=202)
 
 
@@ -247,7 +214,7 @@ class JobSecretView(TenantAPIView):
             )
             if not created:
                 delivery.rotate(holder)
-            _overlap(holder, serializer.validated_data.get("overlap_seconds"))
+            services.overlap(holder, serializer.validated_data.get("overlap_seconds"))
             holder.save()
         response = Response({"secret": holder.secret, "previous_valid_until": holder.previous_valid_until})
         response["Cache-Control"] = "no-store"

@@ -1,0 +1,103 @@
+"""What changes a tenant's webhook endpoints, as named actions: the API's views and the dashboard's call these.
+
+Inputs arrive checked (the API's serializers, the dashboard's forms, both with
+``net.check_literal`` for the URL); these functions keep the rules that hold
+whoever asks: the endpoint count, the secret shown once, pings and redeliveries
+through the outbox.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from webapp.errors import DomainError, ErrorCode
+from webapp.tenants.models import Organization
+from webapp.webhooks import delivery, outbox
+from webapp.webhooks.models import EventType, WebhookEndpoint, WebhookMessage
+
+MAX_ENDPOINTS = 20
+# What a change may set (the secret changes only by a rotation).
+CHANGEABLE = ("url", "events", "description", "enabled")
+
+
+def create_endpoint(
+    organization: Organization,
+    url: str,
+    events: list[str],
+    *,
+    description: str = "",
+    enabled: bool = True,
+) -> WebhookEndpoint:
+    """A new endpoint with its first signing secret (``endpoint.secret``: show it this once)."""
+    with transaction.atomic():
+        if WebhookEndpoint.objects.filter(organization=organization).count() >= MAX_ENDPOINTS:
+            raise DomainError(
+                ErrorCode.INVALID_REQUEST, f"A tenant has at most {MAX_ENDPOINTS} webhook endpoints."
+            )
+        endpoint = WebhookEndpoint(
+            organization=organization, url=url, events=events, description=description, enabled=enabled
+        )
+        delivery.rotate(endpoint)
+        endpoint.save(force_insert=True)
+    return endpoint
+
+
+def update_endpoint(endpoint: WebhookEndpoint, changes: dict[str, Any]) -> WebhookEndpoint:
+    """Set the given fields; enabling clears what the service's own disabling left."""
+    for name, value in changes.items():
+        if name not in CHANGEABLE:
+            raise ValueError(f"not a changeable endpoint field: {name}")
+        setattr(endpoint, name, value)
+    if changes.get("enabled"):
+        endpoint.disabled_reason = ""
+        endpoint.failing_since = None
+    endpoint.updated_at = timezone.now()
+    endpoint.save()
+    return endpoint
+
+
+def delete_endpoint(endpoint: WebhookEndpoint) -> None:
+    """The endpoint and its delivery log."""
+    endpoint.delete()
+
+
+def overlap(holder: Any, seconds: int | None) -> None:
+    """A rotation's overlap other than the setting's default, when one is asked for."""
+    if seconds is not None and holder.previous_secret:
+        holder.previous_valid_until = timezone.now() + dt.timedelta(seconds=seconds)
+
+
+def rotate_secret(endpoint: WebhookEndpoint, overlap_seconds: int | None = None) -> WebhookEndpoint:
+    """A new signing secret (show it this once); the old one keeps signing for the overlap."""
+    with transaction.atomic():
+        locked = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+        delivery.rotate(locked)
+        overlap(locked, overlap_seconds)
+        locked.updated_at = timezone.now()
+        locked.save()
+    return locked
+
+
+def ping(endpoint: WebhookEndpoint, note: str = "A test event sent from the API.") -> WebhookMessage:
+    """A ping message to the endpoint, sent through the outbox like any event."""
+    now = timezone.now()
+    data = {"endpoint": str(endpoint.pk), "message": note}
+    with transaction.atomic():
+        ids = outbox.record(
+            endpoint.organization_id, EventType.PING, data, subject=now.isoformat(), endpoints=[endpoint]
+        )
+    return WebhookMessage.objects.get(id=ids[0])
+
+
+def redeliver(message: WebhookMessage) -> WebhookMessage:
+    """Send a delivery again (same webhook-id); refused while its endpoint is disabled."""
+    if message.endpoint is not None and not message.endpoint.enabled:
+        raise DomainError(
+            ErrorCode.INVALID_REQUEST, "The endpoint is disabled; enable it first (PATCH enabled: true)."
+        )
+    with transaction.atomic():
+        return delivery.redeliver(message)
