@@ -96,7 +96,9 @@ def _setting_names() -> set[str]:
     settings_src = (ROOT / "webapp" / "settings.py").read_text() + (
         ROOT / "webapp" / "provisioning.py"
     ).read_text()
-    names |= set(re.findall(r'env_(?:str|int|float|bool|list|map|origin|networks)\(\s*"([A-Z0-9_]+)"', settings_src))
+    names |= set(
+        re.findall(r'env_(?:str|int|float|bool|list|map|origin|networks)\(\s*"([A-Z0-9_]+)"', settings_src)
+    )
     names |= set(re.findall(r'os\.environ\.get\("([A-Z0-9_]+)"', settings_src))
     for path in (ROOT / "deploy").glob("*.py"):
         names |= set(

@@ -87,7 +87,9 @@ def _call(client: ApiClient, method: str, template: str) -> Any:
     # Ids that exist nowhere: a call that passes the checks answers 404, or 400 for an empty
     # body (415 where the endpoint takes an upload, not JSON).
     template = template.replace("{dictionary_id}", str(uuid.uuid4())).replace("{number}", "1")
-    template = template.replace("{endpoint_id}", str(uuid.uuid4())).replace("{delivery_id}", str(uuid.uuid4()))
+    template = template.replace("{endpoint_id}", str(uuid.uuid4())).replace(
+        "{delivery_id}", str(uuid.uuid4())
+    )
     path = template.format(voice_id="no-such-voice", job_id=uuid.uuid4(), key_id=uuid.uuid4())
     if method == "POST":
         return client.post(path, {})
