@@ -12,6 +12,8 @@ from django.utils import timezone
 
 from webapp.speech.api.voices import MAX_NAME_CHARS, MAX_TRANSCRIPT_CHARS
 from webapp.tenants.models import ApiKey, Membership
+from webapp.webhooks import net
+from webapp.webhooks.models import SUBSCRIBABLE
 
 
 class SignUpForm(forms.Form):
@@ -212,4 +214,121 @@ class VoiceUploadForm(forms.Form):
     consent = forms.BooleanField(
         label=CONSENT_TEXT,
         error_messages={"required": "Confirm that you have the speaker's permission to upload their voice."},
+    )
+
+
+# ----------------------------------------------------------------- pronunciation dictionaries
+
+RULES_HELP = (
+    "One rule per line: “word = what to say” (an alias), or “word = [arpabet] HH AH0 L OW1” "
+    "(phonemes in arpabet, ipa or pinyin); “==” instead of “=” matches the word's case exactly. "
+    "Lines starting with # are skipped; the first rule for a word wins."
+)
+RULE_ALPHABETS = ("arpabet", "ipa", "pinyin")
+
+
+def parse_rule_lines(text: str) -> list[dict[str, Any]]:
+    """The rules of the textarea as the API's rule fields (the services check each one)."""
+    rules: list[dict[str, Any]] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        exact = "==" in line
+        grapheme, sep, said = line.partition("==" if exact else "=")
+        grapheme, said = grapheme.strip(), said.strip()
+        if not sep or not grapheme or not said:
+            raise forms.ValidationError(f"Line {n}: write “word = what to say”.")
+        rule: dict[str, Any] = {"grapheme": grapheme, "case_sensitive": exact}
+        if said.startswith("["):
+            alphabet, closed, phonemes = said[1:].partition("]")
+            if not closed or alphabet.strip().lower() not in RULE_ALPHABETS or not phonemes.strip():
+                raise forms.ValidationError(
+                    f"Line {n}: phonemes are written “[arpabet] HH AH0”, “[ipa] …” or “[pinyin] …”."
+                )
+            rule.update(alphabet=alphabet.strip().lower(), phonemes=phonemes.strip())
+        else:
+            rule["alias"] = said
+        rules.append(rule)
+    return rules
+
+
+def rule_lines(rules: Any) -> str:
+    """A version's rules written back in the textarea's form (to start the next version from)."""
+    lines = []
+    for r in rules:
+        sep = "==" if r.case_sensitive else "="
+        said = f"[{r.alphabet}] {r.phonemes}" if r.alphabet else r.alias
+        lines.append(f"{r.grapheme} {sep} {said}")
+    return "\n".join(lines)
+
+
+class VersionForm(forms.Form):
+    """A version's rules: typed in, or a PLS 1.0 document uploaded (the upload wins)."""
+
+    rules = forms.CharField(
+        label="Rules",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false"}),
+        help_text=RULES_HELP,
+    )
+    pls_file = forms.FileField(
+        label="Or import a PLS file",
+        required=False,
+        help_text="A W3C Pronunciation Lexicon (.pls); its rules replace what is typed above.",
+        widget=forms.ClearableFileInput(attrs={"accept": ".pls,.xml,application/pls+xml"}),
+    )
+
+    def clean_rules(self) -> list[dict[str, Any]]:
+        return parse_rule_lines(self.cleaned_data.get("rules") or "")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if not self.errors and not data.get("pls_file") and not data.get("rules"):
+            self.add_error("rules", "Enter at least one rule, or choose a PLS file.")
+        return data
+
+
+class DictionaryForm(VersionForm):
+    name = forms.CharField(label="Name", max_length=100)
+    description = forms.CharField(label="Description", max_length=500, required=False)
+    is_default = forms.BooleanField(
+        label="Use for every request that names no dictionary (the default)", required=False
+    )
+    field_order = ["name", "description", "rules", "pls_file", "is_default"]
+
+
+# ----------------------------------------------------------------- webhooks
+
+
+class WebhookForm(forms.Form):
+    url = forms.CharField(
+        label="URL",
+        max_length=2000,
+        widget=forms.TextInput(
+            attrs={"inputmode": "url", "autocomplete": "url", "placeholder": "https://example.com/hooks/tts"}
+        ),
+        help_text="An https URL on a public address; events are POSTed to it, signed.",
+    )
+    events = forms.MultipleChoiceField(
+        label="Events", choices=[(e, e) for e in SUBSCRIBABLE], widget=forms.CheckboxSelectMultiple
+    )
+    description = forms.CharField(label="Description", max_length=500, required=False)
+    enabled = forms.BooleanField(label="Enabled", required=False, initial=True)
+
+    def clean_url(self) -> str:
+        url: str = self.cleaned_data["url"].strip()
+        try:
+            net.check_literal(url)
+        except net.Refused as exc:
+            raise forms.ValidationError(f"Not a webhook URL: {exc}.") from None
+        return url
+
+    def clean_events(self) -> list[str]:
+        return sorted(set(self.cleaned_data["events"]))
+
+
+class WebhookRotateForm(forms.Form):
+    overlap = forms.TypedChoiceField(
+        label="Old secret keeps signing", choices=OVERLAPS, coerce=int, initial=3600
     )

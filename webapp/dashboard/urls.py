@@ -1,6 +1,15 @@
 from django.urls import URLPattern, path
 
-from webapp.dashboard.views import account, invitations, people, public, speech, voices
+from webapp.dashboard.views import (
+    account,
+    dictionaries,
+    invitations,
+    people,
+    public,
+    speech,
+    voices,
+    webhooks,
+)
 
 app_name = "dashboard"
 
@@ -38,6 +47,29 @@ urlpatterns: list[URLPattern] = [
     path("app/voices/", voices.voices, name="voices"),
     path("app/voices/upload/", voices.voice_upload, name="voice-upload"),
     path("app/voices/<uuid:pk>/delete/", voices.voice_delete, name="voice-delete"),
+    path("app/dictionaries/", dictionaries.dictionaries, name="dictionaries"),
+    path("app/dictionaries/<uuid:pk>/", dictionaries.dictionary, name="dictionary"),
+    path(
+        "app/dictionaries/<uuid:pk>/versions/", dictionaries.version_create, name="dictionary-version-create"
+    ),
+    path(
+        "app/dictionaries/<uuid:pk>/versions/<int:number>/export.pls",
+        dictionaries.version_export,
+        name="dictionary-export",
+    ),
+    path("app/dictionaries/<uuid:pk>/default/", dictionaries.dictionary_default, name="dictionary-default"),
+    path("app/dictionaries/<uuid:pk>/delete/", dictionaries.dictionary_delete, name="dictionary-delete"),
+    path("app/webhooks/", webhooks.webhooks, name="webhooks"),
+    path("app/webhooks/<uuid:pk>/", webhooks.webhook, name="webhook"),
+    path("app/webhooks/<uuid:pk>/edit/", webhooks.webhook_edit, name="webhook-edit"),
+    path("app/webhooks/<uuid:pk>/rotate/", webhooks.webhook_rotate, name="webhook-rotate"),
+    path("app/webhooks/<uuid:pk>/ping/", webhooks.webhook_ping, name="webhook-ping"),
+    path("app/webhooks/<uuid:pk>/delete/", webhooks.webhook_delete, name="webhook-delete"),
+    path(
+        "app/webhooks/deliveries/<uuid:pk>/redeliver/",
+        webhooks.delivery_redeliver,
+        name="webhook-redeliver",
+    ),
     path("app/usage/", speech.usage, name="usage"),
     path("app/usage/export.csv", speech.usage_export, name="usage-export"),
     path("app/keys/", people.keys, name="keys"),
