@@ -173,3 +173,28 @@ def test_the_secret_is_shown_once_and_a_disabled_endpoint_is_not_redelivered(
     assert not endpoint.enabled and endpoint.description == "off for now"
     page = client.post(f"/app/webhooks/deliveries/{message.pk}/redeliver/", follow=True).content.decode()
     assert "The endpoint is disabled; enable it first" in page
+
+
+def test_the_delivery_log_shows_each_attempt_with_its_answer_latency_and_excerpt(
+    owner: tuple[Any, Any], endpoint: Any
+) -> None:
+    from django.utils import timezone
+
+    from webapp.webhooks import services
+    from webapp.webhooks.models import WebhookAttempt
+
+    message = services.ping(endpoint)
+    WebhookAttempt.objects.create(
+        message=message,
+        started_at=timezone.now(),
+        status_code=503,
+        latency_ms=1234,
+        error="HTTP 503",
+        response_excerpt="<b>busy</b>",
+    )
+    message.attempts, message.last_status_code = 1, 503
+    message.save()
+    page = client_for(owner[0]).get(f"/app/webhooks/{endpoint.pk}/").content.decode()
+    row = page[page.index(f'data-delivery="{message.pk}"') :]
+    assert "HTTP 503" in row and "1,234 ms" in row and "&lt;b&gt;busy&lt;/b&gt;" in row
+    assert message.webhook_id in row and "Redeliver" in row
