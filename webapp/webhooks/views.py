@@ -74,7 +74,11 @@ LIMIT_PARAM = OpenApiParameter("limit", int, description=f"1 - {MAX_LIMIT}, defa
 class EndpointListView(TenantAPIView):
     required_scopes = ALL_MANAGE
 
-    @extend_schema(responses=EndpointListSerializer, summary="This tenant's webhook endpoints")
+    @extend_schema(
+        operation_id="api_v1_webhooks_list",
+        responses=EndpointListSerializer,
+        summary="This tenant's webhook endpoints",
+    )
     def get(self, request: Request) -> Response:
         endpoints = WebhookEndpoint.objects.filter(organization=self.organization).order_by(
             "-created_at", "-id"
@@ -159,6 +163,7 @@ class PingView(_OneEndpoint):
 class EndpointDeliveriesView(_OneEndpoint):
     @extend_schema(
         parameters=[LIMIT_PARAM],
+        operation_id="api_v1_webhooks_endpoint_deliveries_list",
         responses=DeliveryListSerializer,
         summary="Deliveries to an endpoint, newest first",
     )
@@ -172,6 +177,7 @@ class DeliveryListView(TenantAPIView):
 
     @extend_schema(
         parameters=[LIMIT_PARAM, OpenApiParameter("event", str, description="Only this event type")],
+        operation_id="api_v1_webhooks_deliveries_list",
         responses=DeliveryListSerializer,
         summary="Every delivery of this tenant (endpoints and jobs' own URLs), newest first",
     )
