@@ -19,6 +19,8 @@ if [ "${TTS_TORCH:-cpu}" = cuda ]; then
   lock=/tmp/lock.cuda
 fi
 python3 "$build/requirements.py" "$build/pyproject.toml" "$@" > /tmp/requirements.txt
-/opt/venv/bin/pip install --only-binary=:all: ${TTS_WHEELS:+--find-links "$TTS_WHEELS"} \
+# srt (the captions' library) is pure Python published as an sdist only: pip builds it here (no
+# compiler involved); every other package comes as a wheel.
+/opt/venv/bin/pip install --only-binary=:all: --no-binary=srt ${TTS_WHEELS:+--find-links "$TTS_WHEELS"} \
   -c "$lock" -r /tmp/requirements.txt
 rm -f /tmp/requirements.txt /tmp/lock.cuda
