@@ -24,10 +24,8 @@ bench-cache markers).
 
 from __future__ import annotations
 
-import os
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 from tests.bench.bench_peer import (
@@ -40,6 +38,7 @@ from tests.bench.bench_peer import (
     start_ours,
     start_peer,
     wav_seconds,
+    write_docs_section,
 )
 from tests.bench.peer_table import CLIENT, PEER, Result, pct
 
@@ -254,17 +253,7 @@ def run(quick: bool) -> list[str]:
 
 def write_docs(table: list[str], quick: bool) -> None:
     """Replace the bench-cache section of docs/performance.md (between its markers) with this run."""
-    command = "make bench-cache" + (" BENCH_ARGS=--quick" if quick else "")
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    block = [MARK_START, f"Measured {stamp} with `{command}` ({os.cpu_count()} CPUs).", "", *table, MARK_END]
-    path = Path(__file__).resolve().parents[2] / "docs" / "performance.md"
-    text = path.read_text()
-    if MARK_START in text and MARK_END in text:
-        head, rest = text.split(MARK_START, 1)
-        text = head + "\n".join(block) + rest.split(MARK_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n## The sentence cache (issue 33)\n\n" + "\n".join(block) + "\n"
-    path.write_text(text)
+    write_docs_section("bench-cache", table, quick, "## The sentence cache (issue 33)", MARK_START, MARK_END)
 
 
 __all__ = ["run", "wav_seconds", "workload"]

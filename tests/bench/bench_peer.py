@@ -447,19 +447,29 @@ def run(quick: bool) -> list[str]:
 
 def write_docs(table: list[str], quick: bool) -> None:
     """Replace the bench-peer section of docs/performance.md (between its markers) with this run."""
-    command = "make bench-peer" + (" BENCH_ARGS=--quick" if quick else "")
+    write_docs_section(
+        "bench-peer",
+        table,
+        quick,
+        "## Side by side with Piper's HTTP server (issue 15)",
+        MARK_START,
+        MARK_END,
+    )
+
+
+def write_docs_section(
+    target: str, table: list[str], quick: bool, heading: str, start: str, end: str
+) -> None:
+    """Put this run of `make <target>` between ``start`` and ``end`` in docs/performance.md, or at
+    its end under ``heading`` the first time."""
+    command = f"make {target}" + (" BENCH_ARGS=--quick" if quick else "")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    block = [MARK_START, f"Measured {stamp} with `{command}` ({os.cpu_count()} CPUs).", "", *table, MARK_END]
+    block = [start, f"Measured {stamp} with `{command}` ({os.cpu_count()} CPUs).", "", *table, end]
     path = Path(__file__).resolve().parents[2] / "docs" / "performance.md"
     text = path.read_text()
-    if MARK_START in text and MARK_END in text:
-        head, rest = text.split(MARK_START, 1)
-        text = head + "\n".join(block) + rest.split(MARK_END, 1)[1]
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + "\n".join(block) + rest.split(end, 1)[1]
     else:
-        text = (
-            text.rstrip("\n")
-            + "\n\n## Side by side with Piper's HTTP server (issue 15)\n\n"
-            + "\n".join(block)
-            + "\n"
-        )
+        text = text.rstrip("\n") + f"\n\n{heading}\n\n" + "\n".join(block) + "\n"
     path.write_text(text)
