@@ -21,7 +21,7 @@ import pytest
 
 from deploy import stack as deploy_stack
 from deploy.stack import Service
-from tests.e2e.dashboard_browser import CHROMIUM, CHROMIUM_ARGS, CSP_WATCH, check_page
+from tests.e2e.dashboard_browser import CSP_WATCH, check_page
 from tests.e2e.nginx_helpers import NginxInstance, start_nginx
 from tests.stack import CFG, django_env
 from tests.stack import TestStack as Stack
@@ -61,16 +61,6 @@ def edge(web: Stack) -> Iterator[NginxInstance]:
             web.stop_service(nginx.service)
     finally:
         web.stop_service(gunicorn)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

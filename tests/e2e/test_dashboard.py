@@ -17,8 +17,6 @@ import requests
 from tests.dashboard_data import PASSWORD, make_job, make_owner
 from tests.e2e.dashboard_browser import (
     BASE,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     check_page,
     csp_violations,
     mail_files,
@@ -36,16 +34,6 @@ SENTENCES = " ".join(
     f"This is sentence number {n}, and it carries a few more words so that each one takes a moment to speak."
     for n in range(1, 21)
 )
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

@@ -14,22 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.dashboard_browser import BASE, CHROMIUM, CHROMIUM_ARGS, check_page, new_context
+from tests.e2e.dashboard_browser import BASE, check_page, new_context
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 pytestmark = pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
 
 HOOK_URL = "https://hooks.example.com/tts"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture
