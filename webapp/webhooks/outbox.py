@@ -55,36 +55,28 @@ def record(
         )
     now = timezone.now()
     body = envelope(event, data, now)
-    rows = [
-        WebhookMessage(
+
+    def message(url: str, destination: str, endpoint: WebhookEndpoint | None = None) -> WebhookMessage:
+        return WebhookMessage(
             organization_id=organization_id,
             endpoint=endpoint,
-            url=endpoint.url,
+            url=url,
             event=event,
             payload=body,
-            dedupe_key=f"{event}:{subject}:{endpoint.id}",
+            dedupe_key=f"{event}:{subject}:{destination}",
             created_at=now,
             window_start=now,
             next_attempt_at=now,
             enqueued_at=now,
         )
+
+    rows = [
+        message(endpoint.url, str(endpoint.id), endpoint)
         for endpoint in endpoints
         if event == EventType.PING or event in (endpoint.events or [])
     ]
     if job_url:
-        rows.append(
-            WebhookMessage(
-                organization_id=organization_id,
-                url=job_url,
-                event=event,
-                payload=body,
-                dedupe_key=f"{event}:{subject}:job",
-                created_at=now,
-                window_start=now,
-                next_attempt_at=now,
-                enqueued_at=now,
-            )
-        )
+        rows.append(message(job_url, "job"))
     if not rows:
         return []
     ids = _insert_new(rows)
