@@ -45,7 +45,7 @@ CACHE_FORMAT = 1
 MAGIC = b"TTSSC1\n"
 MAX_HEADER = 1 << 20  # bytes: a header longer than this is not ours
 # A run of hits reports progress (a database write in the worker: the lease, the cancel flag) at
-# most this often, and at the job's last sentence; a rendered sentence always reports.
+# most this often, and at the last sentence of a job that ran longer; a rendered sentence always reports.
 HIT_PROGRESS_SECONDS = 0.5
 
 
@@ -237,7 +237,8 @@ def cached_sentences(
     fed one miss at a time, as the sentence is needed, so it runs once per job
     (batching and per-job state work as without a cache). The cancel check runs
     per sentence; ``progress`` after each rendered sentence, and after hits at most
-    every HIT_PROGRESS_SECONDS and at the last sentence (a hit takes a file read). What the engine rendered is
+    every HIT_PROGRESS_SECONDS and at the last sentence of a job that took longer (a hit takes a
+    file read). What the engine rendered is
     put into the store as it comes (``meta_of(i)``: the sidecar of sentence ``i``);
     a store that fails once is left alone for the rest of the job. A sentence the
     job itself stored is not read back by a repeat later in its text: what a job
@@ -254,7 +255,7 @@ def cached_sentences(
 
     engine: Iterator[np.ndarray] | None = None
     total = len(chunks)
-    reported = time.monotonic()
+    started = reported = time.monotonic()
     stored_here: set[str] = set()
     try:
         for i, chunk in enumerate(chunks):
@@ -278,7 +279,10 @@ def cached_sentences(
                     stored_here.add(keys[i])
             yield audio
             now = time.monotonic()
-            due = entry is None or i + 1 == total or now - reported >= HIT_PROGRESS_SECONDS
+            # A job that ends on hits within HIT_PROGRESS_SECONDS says nothing at its end: its
+            # completion follows at once, and the lease it was claimed with is still young.
+            last = i + 1 == total and now - started >= HIT_PROGRESS_SECONDS
+            due = entry is None or last or now - reported >= HIT_PROGRESS_SECONDS
             if progress is not None and due:
                 progress(i + 1, total)
                 reported = now

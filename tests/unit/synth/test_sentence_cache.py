@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+import synth.cache as cache_module
 from synth import SynthesisRequest, Synthesizer
 from synth.cache import (
     MemoryStore,
@@ -181,7 +182,7 @@ def test_a_store_that_cannot_write_leaves_the_job_uncached_and_whole(
 
 
 def test_progress_follows_each_render_and_the_end_and_cancel_every_sentence(
-    synthesizer: Synthesizer, tmp_path: Path
+    synthesizer: Synthesizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from synth.errors import Cancelled
 
@@ -195,6 +196,18 @@ def test_progress_follows_each_render_and_the_end_and_cancel_every_sentence(
     # Two quick hits report nothing (a database write each in the worker), the render and the end do.
     assert seen == [(3, 3)]
     seen.clear()
+    # Wholly cached and quick: nothing until its completion; one that took longer reports its end.
+    synthesizer.synthesize(
+        request, str(tmp_path / "b2.wav"), progress=lambda d, t: seen.append((d, t)), cache=store
+    )
+    assert seen == []
+    monkeypatch.setattr(cache_module, "HIT_PROGRESS_SECONDS", 0.0)
+    synthesizer.synthesize(
+        request, str(tmp_path / "b3.wav"), progress=lambda d, t: seen.append((d, t)), cache=store
+    )
+    assert seen[-1] == (3, 3)
+    monkeypatch.undo()
+    seen.clear()
     _render(synthesizer, tmp_path, "c.wav", "A new one. " + TEXT, MemoryStore())  # (warm)
     synthesizer.synthesize(
         SynthesisRequest(text="A new one. And another. " + SENTENCES[0], format="wav"),
@@ -202,7 +215,7 @@ def test_progress_follows_each_render_and_the_end_and_cancel_every_sentence(
         progress=lambda d, t: seen.append((d, t)),
         cache=store,
     )
-    assert seen == [(1, 3), (2, 3), (3, 3)]
+    assert seen == [(1, 3), (2, 3)]  # the renders; the quick hit that ends the job says nothing
     asked: list[int] = []
 
     def cancel_at_the_second_check() -> bool:
