@@ -794,6 +794,7 @@ def complete_job(
     applied_instructions: dict[str, Any],
     cached_characters: int = 0,
     timestamps: dict[str, Any] | None = None,
+    awaited: bool = False,
 ) -> bool:
     """Publish this attempt's file as the job's audio and charge it, exactly once.
 
@@ -801,6 +802,9 @@ def complete_job(
     the plan's cached_character_price).
 
     ``timestamps`` (synth's ``{"words", "sentences"}``) are published with it, in this transaction.
+
+    ``awaited``: the claimed row had a waiting client (an OpenAI request), so the statement for a
+    job with a waiter is tried first; a wrong guess (the client left or came meanwhile) costs one more.
 
     Under the row lock and only for the current token: the row then names the
     winning attempt's own file. A cancel requested meanwhile ends the job
@@ -832,23 +836,28 @@ def complete_job(
         )
         # One statement: the row lock, the check that this attempt still owns the job and no
         # cancel was asked for, and the expiry from the tenant's plan. A job without a waiting client
-        # is settled here; one with (its lease held) by its answer, and is published by a second try.
-        published = SynthesisJob.objects.filter(
-            _current(token), id=job_id, cancel_requested=False, waiter_until__isnull=True
-        ).update(**outcome)
-        settle_now = bool(published)
-        if not published:
-            published = SynthesisJob.objects.filter(
-                _current(token), id=job_id, cancel_requested=False, waiter_until__isnull=False
-            ).update(**outcome)
+        # is settled here; one with (its lease held) by its answer.
+        published = settle_now = False
+        for waiting in (True, False) if awaited else (False, True):
+            published = bool(
+                SynthesisJob.objects.filter(
+                    _current(token), id=job_id, cancel_requested=False, waiter_until__isnull=not waiting
+                ).update(**outcome)
+            )
+            if published:
+                settle_now = not waiting
+                break
         if not published:
             # Taken over (a no-op here), or a cancel was asked for meanwhile: then it ends canceled.
             _cancel(job_id, _current(token) & Q(cancel_requested=True))
             return False
         if timestamps is not None:
-            JobTimestamps.objects.update_or_create(
-                job_id=job_id,
-                defaults={"words": timestamps.get("words", []), "sentences": timestamps.get("sentences", [])},
+            # One INSERT ... ON CONFLICT: a row left by an earlier publish of this job is replaced.
+            row = JobTimestamps(
+                job_id=job_id, words=timestamps.get("words", []), sentences=timestamps.get("sentences", [])
+            )
+            JobTimestamps.objects.bulk_create(
+                [row], update_conflicts=True, unique_fields=["job"], update_fields=["words", "sentences"]
             )
         notify.job_changed(job_id, Status.SUCCEEDED, 1.0)
         if settle_now:

@@ -202,6 +202,7 @@ def _run(state: worker.WorkerState, attempt: Attempt, rss_before: float) -> Outc
                 "dictionaries": result.dictionaries,
             },
             cached_characters=getattr(result, "cached_characters", 0),  # (a test's stand-in may have none)
+            awaited=job.waiter_until is not None,
         )
     except JobLost:
         discard_output(job.id, attempt.token, relative)
