@@ -140,7 +140,7 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
         # Before the submit: a request refused for want of a wait slot leaves no job behind.
         slot = WaitSlot.take(self.organization, wait)
         try:
-            job = _submit(request, self.organization, serializer.validated_data)
+            job, created = _submit(request, self.organization, serializer.validated_data)
             sse = serializer.validated_data.get("stream_format") == "sse"
             timestamps = bool(serializer.validated_data.get("timestamps"))
             if (sse or wants_stream(request, serializer.validated_data)) and job.format in STREAMABLE:
@@ -159,7 +159,10 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
         # openai_speech waits for the job to finish, then answer_after_wait delivers it; the request
         # holds the job's waiter lease meanwhile, and its client going away abandons the job.
         lease = WaiterLease(
-            renew=lifecycle.renew_waiter, leave=_leave, every=settings.TTS_WAITER_LEASE_SECONDS / 3
+            renew=lifecycle.renew_waiter,
+            leave=_leave,
+            every=settings.TTS_WAITER_LEASE_SECONDS / 3,
+            fresh=created,
         )
         # (flac, sent whole, waits here too; as SSE its file is then one event: ``seen``.)
         return Wait(
@@ -179,9 +182,10 @@ def _leave(job_id: Any) -> None:
         lifecycle.abandon_job(job)  # also a job that succeeded as it left: its answer was never sent
 
 
-def _submit(request: Request, organization: Organization, data: dict[str, Any]) -> SynthesisJob:
+def _submit(request: Request, organization: Organization, data: dict[str, Any]) -> tuple[SynthesisJob, bool]:
+    """The job, and whether this request made it (not an Idempotency-Key replay)."""
     try:
-        return submit(request, organization, job_body(data), "openai")[0]
+        return submit(request, organization, job_body(data), "openai")
     except DomainError as error:
         if error.field == "text":
             error.field = "input"  # OpenAI's name for it

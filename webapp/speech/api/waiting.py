@@ -119,6 +119,9 @@ class WaiterLease:
     renew: Callable[[Any], Any]  # job id: the client is still here
     leave: Callable[[Any], Any]  # job id: the client went away (abandon the job)
     every: float  # seconds between renewals
+    # The job was made by this request, with a whole lease (lifecycle.submit_job): the first renewal
+    # waits a period. Renewing at once locked the row just as a worker went to claim it.
+    fresh: bool = False
 
 
 Prepare = Callable[..., HttpResponseBase | Wait]
@@ -300,6 +303,8 @@ def _renewing(wait: Wait) -> asyncio.Task[None] | None:
         return None
 
     async def renew() -> None:
+        if lease.fresh:
+            await asyncio.sleep(lease.every)
         while True:
             try:
                 await _in_pool_thread(lease.renew, wait.job_id)
