@@ -21,6 +21,7 @@ from deploy import backup
 from deploy.provision import StackConfig
 from tests.stack import spare_port
 from webapp.housekeeping.disk import is_temp_name
+from webapp.speech.services import sentence_cache
 
 # A writer's temp files in the jobs' own folder, as the synth library names them
 # (`.<job>.<token>.<format>.<hex>.part`), each removed a moment after it was made:
@@ -112,6 +113,11 @@ def test_a_backup_taken_under_load_restores_every_job_it_lists_with_its_audio(
 
     restored_media = fresh_cfg.path("media")
     assert not [p for p in restored_media.rglob("*") if is_temp_name(p.name)], "temp files were archived"
+    # The sentence cache is rebuilt by use: the tenant's entries were there, none were archived.
+    cached = sentence_cache.tenant_folder(tenant.org.pk)
+    assert list(cached.rglob("*.sc")), "the tenant's jobs stored no sentence: nothing to leave out"
+    restored_cache = Path(restored_media, cached.relative_to(settings.MEDIA_ROOT))
+    assert not restored_cache.exists(), "the sentence cache was archived"
     assert (
         fresh_cfg.path("secrets", "api_key_secret").read_text()
         == stack.cfg.path("secrets", "api_key_secret").read_text()
