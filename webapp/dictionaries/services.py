@@ -152,12 +152,30 @@ def create_dictionary(
 def add_version(
     organization: Organization, dictionary: Dictionary, rules: list[lexicon.Rule], *, language: str = ""
 ) -> DictionaryVersion:
-    """The dictionary's next version; earlier ones stay as they were."""
+    """The dictionary's next version; earlier ones stay as they were, the plan's newest count of them.
+
+    Under the tenant's lock, which submits take to pin versions: a version pruned here is
+    not being pinned meanwhile.
+    """
     with transaction.atomic(durable=True):
-        locked = Dictionary.objects.select_for_update().get(pk=dictionary.pk, organization=organization)
-        _check_rules(rules, organization)
+        org = _lock_tenant(organization)
+        locked = Dictionary.objects.select_for_update().get(pk=dictionary.pk, organization=org)
+        _check_rules(rules, org)
         version = _write_version(locked, rules, language)
+        _prune_versions(locked, org.plan.max_dictionary_versions)
     return version
+
+
+def _prune_versions(dictionary: Dictionary, keep: int) -> None:
+    """Versions older than the newest ``keep`` go, except those a queued or running job pins.
+
+    Each version holds its rules in full: without a bound, a key could grow the database
+    by a version a request. Finished jobs keep their record of what they applied (pin_record).
+    """
+    oldest_kept = dictionary.latest_version - max(1, keep) + 1
+    DictionaryVersion.objects.filter(dictionary=dictionary, number__lt=oldest_kept).exclude(
+        pinning_jobs__status__in=UNFINISHED_JOB_STATUSES
+    ).delete()
 
 
 def update_dictionary(

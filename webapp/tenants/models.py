@@ -42,6 +42,8 @@ class Plan(models.Model):
     # Pronunciation dictionaries (webapp.dictionaries): how many, rules per version, bytes per PLS import.
     max_dictionaries = models.PositiveIntegerField(default=10)
     max_dictionary_rules = models.PositiveIntegerField(default=1000)
+    # Versions kept per dictionary: a new one past it removes the oldest no unfinished job pins.
+    max_dictionary_versions = models.PositiveIntegerField(default=50)
     max_dictionary_import_bytes = models.PositiveIntegerField(default=256 * 1024)
 
     class Meta:

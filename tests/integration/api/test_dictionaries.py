@@ -233,6 +233,35 @@ def test_a_job_pins_the_versions_it_names_and_their_dictionary_cannot_go_while_i
 
 
 @pytest.mark.usefixtures("queued_only")
+def test_it_keeps_the_plans_newest_versions_and_any_a_queued_job_pins(make_tenant: Any) -> None:
+    from webapp.dictionaries.models import DictionaryVersion, Rule
+    from webapp.speech.models import SynthesisJob
+
+    tenant = make_tenant(max_dictionary_versions=2)
+    d = tenant.client.post("/api/v1/dictionaries", {"name": "d", "rules": RULES}).json()
+    versions = f"/api/v1/dictionaries/{d['id']}/versions"
+    ref = [{"id": d["id"], "version": 1}]
+    job = tenant.client.post("/api/v1/speech", {**SPEAK, "pronunciation_dictionaries": ref})
+    assert job.status_code == 202, job.content
+    for _ in range(3):
+        assert tenant.client.post(versions, {"rules": RULES[:1]}).status_code == 201
+
+    def listed() -> list[int]:
+        return [v["version"] for v in tenant.client.get(versions).json()["results"]]
+
+    assert listed() == [4, 3, 1]  # the newest two, and the one the queued job pins
+    assert tenant.client.get(f"{versions}/2").status_code == 404
+    SynthesisJob.objects.filter(pk=job.json()["id"]).update(status="succeeded")
+    assert tenant.client.post(versions, {"rules": RULES[:1]}).status_code == 201
+    assert listed() == [5, 4]
+    # Gone with their rules, not hidden: the rows are bounded.
+    assert DictionaryVersion.objects.filter(dictionary_id=d["id"]).count() == 2
+    assert Rule.objects.filter(version__dictionary_id=d["id"]).count() == 2
+    shown = tenant.client.get(f"/api/v1/speech/{job.json()['id']}").json()["pronunciation_dictionaries"]
+    assert shown == [{"id": d["id"], "version": 1, "name": "d"}]  # the finished job's record stays
+
+
+@pytest.mark.usefixtures("queued_only")
 def test_the_tenant_default_applies_when_a_request_names_none_also_on_the_openai_path(
     make_tenant: Any,
 ) -> None:
