@@ -73,6 +73,7 @@ def _list_page(request: HttpRequest, tenant: Tenant, form: DictionaryForm, statu
         "can_change": _can_change(tenant),
         "max_dictionaries": plan.max_dictionaries,
         "max_rules": plan.max_dictionary_rules,
+        "max_versions": plan.max_dictionary_versions,
     }
     return render(request, "dashboard/dictionaries.html", context, status=status)
 
