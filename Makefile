@@ -61,7 +61,7 @@ validate-k8s:
 	deploy/k8s/validate.sh $(VALIDATE_ARGS)
 
 # Files a GPU machine needs for tests/gpu/check.sh --prepared var/gpu-check: fp16 weights, phoneme ids,
-# onnxruntime and CPU float32 references, Python 3.12 wheels (docs/gpu.md, "The GPU check"; ~49 MiB).
+# onnxruntime and CPU float32 references, Python 3.12 wheels (docs/gpu.md, "The GPU check"; ~54 MiB).
 gpu-check-prepare: bootstrap
 	$(PY) -m tests.gpu.prepare --out var/gpu-check
 

@@ -4,11 +4,12 @@
 #
 #   tests/gpu/check.sh --device cpu   # in `make test`: every section on small workloads, from the source
 #                                     # tree with the project's venv; installs and downloads nothing
-#   make gpu-check-prepare            # on a CPU machine: var/gpu-check/ (~48 MiB, tests/gpu/prepare.py)
+#   make gpu-check-prepare            # on a CPU machine: var/gpu-check/ (~54 MiB, tests/gpu/prepare.py)
 #   tests/gpu/check.sh --prepared var/gpu-check --device cuda:0 --out "$OUT"   # on the GPU machine
 #
 # The GPU machine needs a copy of the working tree, the prepared folder and a Python with CUDA torch.
-# The packages the check needs besides torch (numpy, nvidia-ml-py, psutil) come as Python 3.12 wheels
+# The packages the check needs besides torch (numpy, nvidia-ml-py, psutil; voxcpm and its missing imports
+# for the VoxCPM section, tests/gpu/voxcpm_check.py) come as Python 3.12 wheels
 # in the prepared folder; those that Python lacks are installed from there into a temporary folder
 # (pip --no-index, or unpacked where it has no pip): no registry, never torch. Results: results.json
 # (every figure, written as each section ends) and check.log (this output) in --out (default $OUT;

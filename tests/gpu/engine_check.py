@@ -34,6 +34,10 @@ as it ends (a run cut short leaves what it measured):
 7. throughput at batch 1, 8 and 32 (fp16 on CUDA, the GPU workers' dtype): audio
    seconds per wall second, the aggregate RTF, per-job RTF (a job waits for its whole
    pass), peak memory per pass, beside CosyVoice2's published TensorRT-LLM RTF.
+8. VoxCPM (tests/gpu/voxcpm_check.py, last, key ``voxcpm``): a tiny random-weight
+   VoxCPM2 loaded through the voxcpm package; memory after load, per job, after
+   recycling and in a fresh process; memory and leak figures only. SKIP where voxcpm
+   is not installed (the project's venv).
 
 Tolerances: durations within one frame, at most 2 % of phonemes off; waveforms by
 signal-to-difference ratio (SNR) and the correlation of the 10 ms loudness envelopes
@@ -661,6 +665,41 @@ def _setup(prepared: Path) -> None:
             sys.path.insert(0, path)
 
 
+VOXCPM_NEEDS_S = 30  # build, load, 20 short jobs, a fresh child: about 15 s on a GPU
+
+
+def _voxcpm_section(device: str, results: Results, env: dict[str, str]) -> None:
+    """The VoxCPM section, under ``voxcpm`` in results.json; a failure is a FAIL line, never a crash."""
+    import gc
+    import importlib.util
+
+    from tests.gpu import voxcpm_check
+
+    name = "VoxCPM2 tiny model: memory and leaks"
+    started = time.monotonic()
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+    figures: dict[str, Any]
+    if importlib.util.find_spec("voxcpm") is not None and results.remaining() < VOXCPM_NEEDS_S:
+        results.report("FAIL", name, f"time budget spent ({results.remaining():.0f} s left)")
+        figures = {"error": "time budget spent"}
+    else:
+        try:
+            figures = voxcpm_check.check_voxcpm(device, results, env)
+        except Exception:
+            import traceback
+
+            traceback.print_exc()
+            last = traceback.format_exc().strip().splitlines()[-1]
+            results.report("FAIL", name, last)
+            figures = {"error": last}
+    figures["section_s"] = round(time.monotonic() - started, 1)
+    results.section("voxcpm", figures)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="tests/gpu/engine_check.py")
     parser.add_argument("--device", default="cuda:0")
@@ -735,6 +774,10 @@ def main() -> int:
         if isinstance(figures, dict):
             figures["section_s"] = round(time.monotonic() - started, 1)
         results.section(name, figures)
+    # VoxCPM last and on its own (tests/gpu/voxcpm_check.py), the Piper model freed first so
+    # its memory figures start clean; whatever happens there, the figures above stand.
+    del runner.model
+    _voxcpm_section(args.device, results, reader_env)
     results.save("failed" if results.failed else "passed")
     print(
         f"engine check: {'FAIL' if results.failed else 'PASS'} in {results.data['elapsed_s']} s", flush=True

@@ -3,7 +3,7 @@
 A GPU check machine gets a copy of the working tree plus at most 64 MiB in all of
 carried files, has a Python 3.12 with CUDA torch and nothing else of this project's,
 and reaches no registry. So, on this (CPU) machine, this writes to ``--out`` (default
-``var/gpu-check``, ignored by git; about 48 MiB):
+``var/gpu-check``, ignored by git; about 54 MiB):
 
 - ``weights.pt``: the voice's inference weights as the engine's own loader
   extracted them from its .onnx (synth.engines.vits_torch), in fp16, with the
@@ -23,9 +23,12 @@ and reaches no registry. So, on this (CPU) machine, this writes to ``--out`` (de
   fp16 on CUDA is measured against, same text and seed;
 - ``pysrc/piper/train/vits/``: piper-tts's VITS model code (the files the model
   needs, with empty package ``__init__`` files), put on PYTHONPATH there;
-- ``wheels/``: Python 3.12 x86-64 wheels of numpy, nvidia-ml-py and psutil
-  (tests/gpu/wheels.py; downloaded once, kept on a rerun), installed there only
-  when that Python lacks them. Not torch: the GPU machine brings its own.
+- ``wheels/``: Python 3.12 x86-64 wheels of numpy, nvidia-ml-py and psutil, and for
+  the VoxCPM section voxcpm 2.0.3 (no dependencies) with what its imports need that
+  the GPU machine lacks (pydantic, librosa, soundfile...: 4.7 MiB; tests/gpu/wheels.py;
+  downloaded once, kept on a rerun), installed there only when that Python lacks
+  them. Not torch: the GPU machine brings its own. No VoxCPM weights: the VoxCPM
+  section builds its tiny random-weight model there (tests/gpu/voxcpm_tiny.py).
 
 onnxruntime therefore never runs on the GPU machine: its figures come from here.
 """

@@ -14,6 +14,15 @@ None of the three has a dependency of its own. torch's own dependencies come wit
 GPU machine's torch. numpy is 1.26.4: it runs with a torch built against numpy 1.x
 (torch 2.2, the first for Python 3.12) and with one built against 2.x, and is within
 the project's ``numpy>=1.26``.
+
+The VoxCPM section (tests/gpu/voxcpm_check.py) adds :data:`VOXCPM`: voxcpm 2.0.3 without
+its dependencies (most of which it never imports: gradio, funasr, modelscope...) and what
+``import voxcpm`` and ``librosa.load`` (its prompt-wav path) need that the GPU machine's
+Python lacks. That set was found by importing in a clean venv holding only what the GPU
+machine has (torch, torchaudio, transformers, tokenizers, safetensors, einops, numpy,
+huggingface-hub, tqdm, scipy, scikit-learn, numba, joblib, msgpack, lazy-loader, psutil,
+nvidia-ml-py; packaging and typing_extensions come with those). pydantic is 2.11, whose
+``typing-extensions>=4.12.2`` an older machine still meets (2.12 and later want newer).
 """
 
 from __future__ import annotations
@@ -26,13 +35,33 @@ import zipfile
 from pathlib import Path
 
 PYTHON_VERSION = "3.12"
-PLATFORM = "manylinux2014_x86_64"
+# pip download tries these in turn (soundfile's wheel is manylinux_2_28 only).
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # import name -> (distribution, version); the versions the project's venv runs, except numpy (above).
 REQUIRED: dict[str, tuple[str, str]] = {
     "numpy": ("numpy", "1.26.4"),
     "pynvml": ("nvidia-ml-py", "13.615.71"),
     "psutil": ("psutil", "7.2.2"),
 }
+# The VoxCPM section's: import name -> (distribution, version), 4.7 MiB of wheels.
+VOXCPM: dict[str, tuple[str, str]] = {
+    "voxcpm": ("voxcpm", "2.0.3"),
+    "pydantic": ("pydantic", "2.11.10"),
+    "pydantic_core": ("pydantic-core", "2.33.2"),  # pinned by pydantic 2.11.10
+    "annotated_types": ("annotated-types", "0.7.0"),
+    "typing_inspection": ("typing-inspection", "0.4.1"),
+    "librosa": ("librosa", "0.11.0"),
+    # librosa.core.audio's imports (librosa.load reads the prompt wav): soundfile brings its
+    # own libsndfile and needs cffi's backend only (no pycparser); pooch needs platformdirs.
+    "soundfile": ("soundfile", "0.14.0"),
+    "cffi": ("cffi", "2.1.1"),
+    "audioread": ("audioread", "3.1.0"),
+    "soxr": ("soxr", "1.1.0"),
+    "decorator": ("decorator", "5.3.1"),
+    "pooch": ("pooch", "1.9.0"),
+    "platformdirs": ("platformdirs", "4.14.9"),
+}
+CARRIED: dict[str, tuple[str, str]] = {**REQUIRED, **VOXCPM}
 
 
 def _wheel_prefix(distribution: str, version: str) -> str:
@@ -45,11 +74,12 @@ def find_wheel(wheels: Path, distribution: str, version: str) -> Path | None:
 
 
 def download(wheels: Path, pip: list[str] | None = None) -> list[Path]:
-    """The Python 3.12 x86-64 wheels of REQUIRED into ``wheels`` (those not there yet)."""
+    """The Python 3.12 x86-64 wheels of CARRIED into ``wheels`` (those not there yet)."""
     wheels.mkdir(parents=True, exist_ok=True)
     pip = pip or [sys.executable, "-m", "pip"]
+    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     out = []
-    for distribution, version in REQUIRED.values():
+    for distribution, version in CARRIED.values():
         wheel = find_wheel(wheels, distribution, version)
         if wheel is None:
             subprocess.run(
@@ -61,8 +91,7 @@ def download(wheels: Path, pip: list[str] | None = None) -> list[Path]:
                     "--only-binary=:all:",
                     "--python-version",
                     PYTHON_VERSION,
-                    "--platform",
-                    PLATFORM,
+                    *platforms,
                     "--implementation",
                     "cp",
                     "-d",
@@ -93,8 +122,8 @@ def fits(name: str) -> bool:
 
 
 def missing() -> list[str]:
-    """Import names of REQUIRED that this Python cannot import."""
-    return [name for name in REQUIRED if importlib.util.find_spec(name) is None]
+    """Import names of CARRIED that this Python cannot import."""
+    return [name for name in CARRIED if importlib.util.find_spec(name) is None]
 
 
 def install(wheels: Path, target: Path, names: list[str]) -> list[str]:
@@ -102,7 +131,7 @@ def install(wheels: Path, target: Path, names: list[str]) -> list[str]:
     target.mkdir(parents=True, exist_ok=True)
     picked = []
     for name in names:
-        distribution, version = REQUIRED[name]
+        distribution, version = CARRIED[name]
         wheel = find_wheel(wheels, distribution, version)
         if wheel is None:
             raise SystemExit(f"FAIL: no wheel of {distribution}=={version} in {wheels}")
@@ -133,10 +162,32 @@ def main() -> int:
     args = parser.parse_args()
     names = missing()
     if not names:
-        print("wheels: this Python has numpy, pynvml and psutil; nothing installed")
+        print("wheels: this Python has every carried package; nothing installed")
         return 0
-    for line in install(Path(args.wheels), Path(args.target), names):
-        print(f"wheels: {line} -> {args.target}")
+    wheels, target = Path(args.wheels), Path(args.target)
+    piper = [name for name in names if name in REQUIRED]
+    if piper:
+        for line in install(wheels, target, piper):
+            print(f"wheels: {line} -> {args.target}")
+    # VoxCPM's are optional: a folder prepared without them, or one that will not install,
+    # must not stop the Piper sections; the VoxCPM section then says why it cannot run.
+    voxcpm = [name for name in names if name in VOXCPM]
+    found = [find_wheel(wheels, *VOXCPM[name]) for name in voxcpm]
+    # All or nothing: half a set (say voxcpm without pydantic_core, on another Python)
+    # would make the section fail instead of skip.
+    unfit = sorted(w.name for w in found if w is not None and not fits(w.name))
+    if voxcpm and None in found:
+        print("wheels: the prepared folder lacks VoxCPM's wheels; the VoxCPM section will skip")
+    elif unfit:
+        print(
+            f"wheels: VoxCPM's wheels are not for this Python ({', '.join(unfit)}); the VoxCPM section will skip"
+        )
+    elif voxcpm:
+        try:
+            for line in install(wheels, target, voxcpm):
+                print(f"wheels: {line} -> {args.target}")
+        except (SystemExit, Exception) as exc:
+            print(f"wheels: VoxCPM's wheels not installed ({exc}); the VoxCPM section will fail")
     return 0
 
 
