@@ -29,6 +29,6 @@ def billed_job(
     period = ledger.period_start(when)
     UsagePeriod.objects.get_or_create(organization=org, period=period)
     ledger.reserve_usage(job, period)
-    assert ledger.settle(job.id, (ledger.Part(ledger.PartKind.FRESH),))
+    assert ledger.settle_completion(job.id, 0.0)
     UsageEvent.objects.filter(job_key=job.id).update(created_at=when)
     return job

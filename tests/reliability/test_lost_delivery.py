@@ -56,15 +56,15 @@ def test_a_message_dropped_after_dispatch_runs_within_t(stack: TestStack, builti
 def test_a_job_queued_past_the_maximum_age_ends_queue_timeout(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    from webapp.speech import lifecycle
+    from webapp.housekeeping import synthesis
 
     flush_queues(stack, "synth.espeak")  # no worker: the job only waits
     org = make_org("stale-queue")
     j = submit(org, SHORT)
     with override_settings(TTS_JOB_MAX_QUEUE_SECONDS=1, TTS_JOB_REDELIVER_SECONDS=3600):
-        assert lifecycle.resend_lost_deliveries() == (0, 0)
+        assert synthesis.resend_lost_deliveries() == (0, 0)
         time.sleep(1.2)
-        assert lifecycle.resend_lost_deliveries() == (0, 1)
+        assert synthesis.resend_lost_deliveries() == (0, 1)
     row = job(j.id)
     assert (row.status, row.error_code) == ("failed", "queue_timeout")
     assert usage_events(j.id) == ["release", "reserve"]

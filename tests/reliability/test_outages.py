@@ -174,7 +174,7 @@ def test_redis_stopped_with_jobs_queued_then_started(stack: TestStack, builtin_v
 def test_redis_killed_loses_its_last_writes_and_every_job_still_runs(
     stack: TestStack, builtin_voices: list[str], settings: Any
 ) -> None:
-    from webapp.speech import lifecycle
+    from webapp.housekeeping import synthesis
 
     flush_queues(stack, "synth.piper")
     org = make_org("redis-kill")
@@ -190,7 +190,7 @@ def test_redis_killed_loses_its_last_writes_and_every_job_still_runs(
     assert all(job(j.id).status == "queued" and job(j.id).dispatched_at is not None for j in queued)
     # The lost-delivery sweep (beat's, called here at once) sends what the queue lacks.
     settings.TTS_JOB_REDELIVER_SECONDS = 0
-    assert lifecycle.resend_lost_deliveries() == (3, 0)
+    assert synthesis.resend_lost_deliveries() == (3, 0)
     assert stack.redis_client().llen("synth.piper") == 3
     worker = start_worker(stack, "w-redis-kill", engines="piper")
     try:

@@ -1,4 +1,4 @@
-"""The webhook sender's SSRF rules (webapp/webhooks/net.py): which addresses it refuses, and how it connects.
+"""The webhook sender's SSRF rules (webapp/outbound.py): which addresses it refuses, and how it connects.
 
 Address classes are judged without a network; the connection rules against a
 tiny HTTP server on 127.0.0.1 (allowed by TTS_WEBHOOK_ALLOW_PRIVATE here), with a
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from webapp.webhooks import net
+from webapp import outbound as net
 
 LOOPBACK = [ipaddress.ip_network("127.0.0.0/8")]
 

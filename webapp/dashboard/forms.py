@@ -10,9 +10,9 @@ from django.contrib.auth import password_validation
 from django.contrib.auth.forms import AuthenticationForm
 from django.utils import timezone
 
+from webapp import outbound
 from webapp.speech.api.voices import MAX_NAME_CHARS, MAX_TRANSCRIPT_CHARS
 from webapp.tenants.models import ApiKey, Membership
-from webapp.webhooks import net
 from webapp.webhooks.models import SUBSCRIBABLE
 
 
@@ -319,8 +319,8 @@ class WebhookForm(forms.Form):
     def clean_url(self) -> str:
         url: str = self.cleaned_data["url"].strip()
         try:
-            net.check_literal(url)
-        except net.Refused as exc:
+            outbound.check_literal(url)
+        except outbound.Refused as exc:
             raise forms.ValidationError(f"Not a webhook URL: {exc}.") from None
         return url
 

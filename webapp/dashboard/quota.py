@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from django.utils import timezone
 
 from webapp.speech.models import UsagePeriod
-from webapp.speech.services.ledger import QUOTA_LEVELS, period_end, period_start
+from webapp.speech.services.ledger import highest_level, period_end, period_start
 from webapp.tenants.models import Organization
 
 
@@ -37,8 +37,8 @@ class Quota:
 
     @property
     def level(self) -> int:
-        """The highest of QUOTA_LEVELS reached (0: none), for the banner."""
-        return max([level for level in QUOTA_LEVELS if self.percent >= level], default=0)
+        """The highest quota level reached (0: none), for the banner."""
+        return highest_level(self.percent)
 
 
 def quota_of(organization: Organization, now: dt.datetime | None = None) -> Quota:

@@ -91,6 +91,13 @@ def redispatch_jobs(ctx: Context) -> None:
 def sweep_lost_deliveries(ctx: Context) -> None:
     # One pass per run: the re-sent jobs move their dispatched_at on, so a
     # second pass in the same run would find only what the batch left over.
-    resent, timed_out = lifecycle.resend_lost_deliveries(limit=ctx.batch)
+    resent, timed_out = resend_lost_deliveries(limit=ctx.batch)
     ctx.add("resent", resent)
     ctx.add("queue_timeout", timed_out)
+
+
+def resend_lost_deliveries(limit: int = 500) -> tuple[int, int]:
+    """(re-sent, timed out): jobs queued too long end ``queue_timeout`` (the lifecycle), then the
+    queued jobs whose message the broker lost get it again (dispatch, which asks the broker)."""
+    timed_out = lifecycle.fail_queue_timeouts(limit)
+    return dispatch.resend_lost(limit), timed_out

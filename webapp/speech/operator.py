@@ -34,6 +34,7 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.speech import lifecycle
 from webapp.speech.models import IdempotencyKey, RetiredUsage, SynthesisJob, UsageEvent, UsagePeriod, Voice
 from webapp.speech.services import files, prompts, sentence_cache
+from webapp.speech.services.pins import dictionary_pins
 from webapp.tenants.models import ApiKey, Membership, Organization
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def retry_job(job: SynthesisJob) -> SynthesisJob:
         billable_chars=job.text_chars,
         source=job.source,
         # The versions the failed job pinned, those still there (a dictionary deleted since is gone).
-        dictionaries=dictionary_services.pinned_versions(job.dictionaries or []),
+        dictionaries=dictionary_pins(dictionary_services.pinned_versions(job.dictionaries or [])),
     )
     new_job, _ = lifecycle.submit_job(
         job.organization, request, api_key=job.api_key, user=job.user, retry_of=job

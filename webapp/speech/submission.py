@@ -28,6 +28,7 @@ from webapp.speech.lifecycle import JobRequest
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import dispatch, prompts
 from webapp.speech.services.eta import serving_children
+from webapp.speech.services.pins import dictionary_pins
 from webapp.speech.services.queries import visible_voice
 from webapp.tenants.models import ApiKey, Organization
 
@@ -81,7 +82,9 @@ def job_request(organization: Organization, data: dict[str, Any], source: str = 
         billable_chars=billable_characters(text),
         source=source,
         # Named ones, else the tenant's default (also on /v1/audio/speech, which names none).
-        dictionaries=dictionaries.resolve(organization, data.get("pronunciation_dictionaries")),
+        dictionaries=dictionary_pins(
+            dictionaries.resolve(organization, data.get("pronunciation_dictionaries"))
+        ),
         # The OpenAI route answers a client that waits on the job (or its stream): it holds the
         # job's waiter lease, and its going away abandons the job.
         waited=source == "openai",

@@ -34,8 +34,9 @@ from django.db.models import F, Q
 from django.utils import timezone
 from standardwebhooks import Webhook
 
+from webapp import outbound
 from webapp.tenants.models import Membership
-from webapp.webhooks import net, outbox
+from webapp.webhooks import outbox
 from webapp.webhooks.models import (
     JobWebhookSecret,
     SigningSecret,
@@ -47,7 +48,7 @@ from webapp.webhooks.models import (
 log = logging.getLogger(__name__)
 
 MessageStatus = WebhookMessage.Status  # not "Status": a job's states are the lifecycle's alone (tests)
-Poster = Callable[[str, bytes, dict[str, str]], net.Answer]
+Poster = Callable[[str, bytes, dict[str, str]], outbound.Answer]
 USER_AGENT = "tts-service-webhooks/1"
 
 
@@ -135,7 +136,7 @@ def deliver(message_id: Any, now: dt.datetime | None = None, post: Poster | None
     }
     # An endpoint's URL as it is now (it may have been changed since the event); a job's own as submitted.
     url = endpoint.url if endpoint is not None else message.url
-    answer = (post or net.post)(url, body.encode(), headers)
+    answer = (post or outbound.post)(url, body.encode(), headers)
     return _record(message, now, answer)
 
 
@@ -149,7 +150,7 @@ def _finish(message: WebhookMessage, status: str, error: str = "") -> None:
     )
 
 
-def _record(message: WebhookMessage, now: dt.datetime, answer: net.Answer) -> str:
+def _record(message: WebhookMessage, now: dt.datetime, answer: outbound.Answer) -> str:
     error = answer.error or ("" if answer.ok else f"answered {answer.status}")
     with transaction.atomic():
         WebhookAttempt.objects.create(

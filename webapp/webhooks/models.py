@@ -151,7 +151,7 @@ class WebhookAttempt(models.Model):
     latency_ms = models.PositiveIntegerField(default=0)
     # Why there was no 2xx: refused address, connection error, timeout, or the status.
     error = models.CharField(max_length=500, blank=True)
-    # The start of the answer's body, capped (webapp/webhooks/net.py, MAX_BODY_BYTES).
+    # The start of the answer's body, capped (webapp/outbound.py, MAX_BODY_BYTES).
     response_excerpt = models.TextField(blank=True)
 
     class Meta:

@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 QUEUE = "webhooks"
 DELIVER_TASK = "webhooks.deliver"
 # The share of the month's characters at which usage.threshold is sent, once each per month.
-USAGE_LEVELS = (80, 100)
 
 
 def envelope(event: str, data: dict[str, Any], when: dt.datetime | None = None) -> dict[str, Any]:
@@ -161,30 +160,3 @@ def send_soon(ids: Iterable[uuid.UUID], countdown: float | None = None) -> None:
             app.send_task(DELIVER_TASK, args=(str(message_id),), queue=QUEUE, countdown=countdown)
         except Exception:
             log.warning("webhook message %s not sent to the broker; the sweep will send it", message_id)
-
-
-def usage_level_reached(used: int, monthly: int) -> list[int]:
-    """The levels (percent of the month's characters) ``used`` has reached."""
-    if monthly <= 0:
-        return []
-    return [level for level in USAGE_LEVELS if used * 100 >= monthly * level]
-
-
-def record_usage(
-    organization_id: Any,
-    period: dt.date,
-    used: int,
-    monthly: int,
-    endpoints: Iterable[WebhookEndpoint] | None = None,
-) -> None:
-    """usage.threshold for each level reached this month (sent once per level and month)."""
-    for level in usage_level_reached(used, monthly):
-        data = {
-            "organization": str(organization_id),
-            "period": period.isoformat(),
-            "percent": level,
-            "characters_used": used,
-            "monthly_characters": monthly,
-        }
-        subject = f"{period:%Y-%m}:{level}"
-        record(organization_id, EventType.USAGE_THRESHOLD, data, subject=subject, endpoints=endpoints)

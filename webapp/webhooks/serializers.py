@@ -6,15 +6,15 @@ from typing import Any
 
 from rest_framework import serializers
 
+from webapp import outbound
 from webapp.api_fields import StrictCharField, StrictSerializer
-from webapp.webhooks import net
 from webapp.webhooks.models import SUBSCRIBABLE, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 
 def _checked_url(value: str) -> str:
     try:
-        net.check_literal(value)
-    except net.Refused as exc:
+        outbound.check_literal(value)
+    except outbound.Refused as exc:
         raise serializers.ValidationError(f"Not a webhook URL: {exc}.") from None
     return value
 

@@ -275,7 +275,7 @@ def test_the_tenant_default_applies_when_a_request_names_none_also_on_the_openai
     none = tenant.client.post("/api/v1/speech", {**SPEAK, "pronunciation_dictionaries": []}).json()
     assert none["pronunciation_dictionaries"] == []
     openai = submission.job_request(tenant.org, {"text": "Hi.", "voice": "espeak-en-us"}, "openai")
-    assert [v.number for v in openai.dictionaries] == [2]
+    assert [v.number for v in openai.dictionaries.versions] == [2]
 
 
 @pytest.mark.usefixtures("queued_only")

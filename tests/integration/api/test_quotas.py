@@ -121,9 +121,8 @@ def test_redelivered_job_is_charged_once(make_tenant: Any) -> None:
     }
     assert lifecycle.complete_job(job_id, claimed.claim_token, **done) is True
     assert lifecycle.complete_job(job_id, claimed.claim_token, **done) is False
-    fresh = (ledger.Part(ledger.PartKind.FRESH),)
-    assert ledger.settle(SynthesisJob.objects.get(id=job_id).id, fresh) is False
-    assert ledger.settle(SynthesisJob.objects.get(id=job_id).id) is False
+    assert ledger.settle_completion(SynthesisJob.objects.get(id=job_id).id, 1.0) is None
+    assert ledger.release(SynthesisJob.objects.get(id=job_id).id) is None
     row = UsagePeriod.objects.get(organization=t.org)
     assert (row.characters_used, row.characters_reserved) == (10, 0)
     assert UsageEvent.objects.filter(job_key=job_id, kind="charge").count() == 1
@@ -327,9 +326,14 @@ def test_a_settled_job_is_never_settled_again(make_tenant: Any) -> None:
     assert lifecycle.complete_job(job_id, claimed.claim_token, audio_path="a.wav", **done) is True
     job = SynthesisJob.objects.get(id=job_id)
     assert job.metrics == {"synth_ms": 5} and job.audio_path == "a.wav" and job.progress == 1.0
-    for parts in ((ledger.Part(ledger.PartKind.FRESH),), (), (ledger.Part(ledger.PartKind.DELIVERED, 3),)):
+    settlements = (
+        lambda: ledger.settle_completion(job.id, 1.0),
+        lambda: ledger.release(job.id),
+        lambda: ledger.settle_delivery(job.id, 3, 0.0),
+    )
+    for settle in settlements:
         with transaction.atomic():
-            assert ledger.settle(job.id, parts) is False
+            assert settle() is None
     kinds = sorted(UsageEvent.objects.filter(job_key=job_id).values_list("kind", "characters"))
     assert kinds == [("charge", 10), ("reserve", 10)]
     row = UsagePeriod.objects.get(organization=t.org)

@@ -224,7 +224,8 @@ def test_a_rotated_secret_and_the_old_one_both_verify_during_the_overlap(
 def test_a_replay_older_than_the_tolerance_is_rejected_by_the_receiver_library(
     tenant: Any, receiver: Receiver
 ) -> None:
-    from webapp.webhooks import delivery, net
+    from webapp import outbound as net
+    from webapp.webhooks import delivery
 
     endpoint = _endpoint(tenant, receiver, "replay")
     then = timezone.now() - dt.timedelta(minutes=10)

@@ -80,10 +80,10 @@ def test_a_job_that_finishes_while_cleanup_runs_is_not_expired(
     relative = f"audio/{org.id}/{job.id}.wav"
     locked, go, done = threading.Event(), threading.Event(), threading.Event()
 
-    real_settle = ledger.settle
+    real_settle = ledger.settle_completion
 
-    def charge_then_hold(job_id: Any, parts: Any = ()) -> bool:
-        charged = real_settle(job_id, parts)
+    def charge_then_hold(job_id: Any, *args: Any, **kwargs: Any) -> Any:
+        charged = real_settle(job_id, *args, **kwargs)
         locked.set()
         go.wait(10)  # the row stays locked, uncommitted, until the cleanup reaches it
         return charged
@@ -94,7 +94,7 @@ def test_a_job_that_finishes_while_cleanup_runs_is_not_expired(
         # transaction is held open at its last step.
         try:
             write_file(media / relative, 2222)
-            monkeypatch.setattr(ledger, "settle", charge_then_hold)
+            monkeypatch.setattr(ledger, "settle_completion", charge_then_hold)
             assert lifecycle.complete_job(
                 job.id,
                 claimed.claim_token,

@@ -17,6 +17,7 @@ from django.urls import reverse
 from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
+from webapp import outbound
 from webapp.api_fields import (
     StrictBooleanField,
     StrictCharField,
@@ -29,7 +30,6 @@ from webapp.speech.api.voice_fields import uploaded_voice_fields
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services.eta import estimate
 from webapp.speech.submission import FORMATS, LOUDNESS_RANGE, MAX_INSTRUCTIONS
-from webapp.webhooks import net
 
 
 class SpeechTextField(StrictCharField):
@@ -94,8 +94,8 @@ class SpeechRequestSerializer(StrictSerializer):
 
     def validate_webhook_url(self, value: str) -> str:
         try:
-            net.check_literal(value)
-        except net.Refused as exc:
+            outbound.check_literal(value)
+        except outbound.Refused as exc:
             raise serializers.ValidationError(f"Not a webhook URL: {exc}.") from None
         return value
 

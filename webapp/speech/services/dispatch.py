@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Count
 from django.utils import timezone
 
 from webapp.celery import app
@@ -161,3 +162,33 @@ def send_analysis(voice_pk: Any) -> bool:
         log.warning("could not queue the analysis of voice %s: %s", voice_pk, exc)
         return False
     return True
+
+
+def resend_lost(limit: int = 500) -> int:
+    """Send again the message of queued jobs whose message was lost; how many were sent.
+
+    A message is a wake-up for its engine's queue (any waiting message claims
+    one queued job of the engine), so a message is lost only where the queue
+    holds fewer messages than the engine has dispatched queued jobs: that many
+    jobs, those dispatched longest ago (more than TTS_JOB_REDELIVER_SECONDS,
+    ``dispatched_at`` then moves on), get theirs again. The broker is asked, not
+    a marker of ours: a purge, a Redis restarted without its last writes, a
+    worker that died holding a message all show as a shorter queue, and a
+    backlog with no worker keeps one message per job, never more. A duplicate
+    (a message a worker holds but has not claimed with yet) is harmless: the
+    claim is conditional.
+    """
+    cutoff = timezone.now() - dt.timedelta(seconds=settings.TTS_JOB_REDELIVER_SECONDS)
+    dispatched = SynthesisJob.objects.filter(status=SynthesisJob.Status.QUEUED, dispatched_at__isnull=False)
+    lost: list[Any] = []
+    per_engine = dispatched.values_list("engine").annotate(jobs=Count("id")).order_by("engine")
+    for engine, jobs in per_engine:
+        waiting = messages_waiting(engine)
+        missing = 0 if waiting is None else min(jobs - waiting, limit - len(lost))
+        if missing > 0:
+            lost += (
+                dispatched.filter(engine=engine, dispatched_at__lt=cutoff)
+                .order_by("dispatched_at")
+                .values_list("id", flat=True)[:missing]
+            )
+    return sum(1 for job_id in lost if dispatch_job(job_id))

@@ -29,9 +29,8 @@ from django.utils import timezone
 from synth.prompt import UPLOAD_CODES, PromptLimits, PromptRejected, prepare_prompt, sandbox_mode
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import Voice
-from webapp.speech.services import decodes, dispatch, files, ledger
+from webapp.speech.services import decodes, dispatch, events, files, ledger
 from webapp.tenants.models import Organization
-from webapp.webhooks import outbox
 
 if TYPE_CHECKING:
     from synth.engines.base import VoicePrompt
@@ -311,13 +310,10 @@ def finish_analysis(voice_pk: Any, profile: Any, closest: Any, builtin: Voice) -
 
 
 def announce_voice(voice: Voice) -> None:
-    """voice.ready / voice.rejected to the tenant's webhook endpoints, in the transaction that decided it."""
+    """The voice's analysis decided it (ready, rejected): its event, in the transaction that decided it."""
     if voice.organization_id is None:
         return  # a built-in voice: no tenant to tell
-    data: dict[str, Any] = {"id": voice.voice_id, "name": voice.name, "status": str(voice.status)}
-    if voice.status == Voice.Status.REJECTED:
-        data["error"] = {"code": voice.rejected_code, "message": voice.status_reason}
-    outbox.record(voice.organization_id, f"voice.{voice.status}", data, subject=str(voice.pk))
+    events.publish(events.VoiceDecided(voice.pk, voice.organization_id, str(voice.status)))
 
 
 def reject_voice(voice_pk: Any, code: str, reason: str) -> bool:

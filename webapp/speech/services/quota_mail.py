@@ -1,6 +1,7 @@
 """The e-mail to a tenant's owners when its month's charges reach a quota level (80 %, 100 %).
 
-Sent after the settling transaction commits (``ledger.quota_level_reached``),
+Sent after the settling transaction commits (subscribed to the job events that
+carry a settlement, ``webapp.speech.services.events``), for the highest level it crossed,
 through Django's mail backend as the account mails are; a mail server that is
 down costs the owners the mail, never the job its settlement.
 """
@@ -15,6 +16,7 @@ from django.conf import settings
 from django.core.mail import send_mail
 
 from webapp.public_urls import public_url_for
+from webapp.speech.services import events
 from webapp.tenants.models import Membership, Organization
 
 log = logging.getLogger(__name__)
@@ -57,3 +59,17 @@ def send_quota_mail(organization_id: Any, level: int, used: int, monthly: int, r
         send_mail(subject, body, settings.DEFAULT_FROM_EMAIL, to)
     except Exception:  # any backend's failure: logged, the settlement it follows stands
         log.exception("quota mail to the owners of %s not sent", organization_id)
+
+
+def on_settlement(event: events.JobEnded | events.JobSettled) -> None:
+    """After the commit of a settlement that crossed quota levels: one mail, for the highest."""
+    settlement = event.settlement
+    if settlement is None or not settlement.levels:
+        return
+    send_quota_mail(
+        settlement.organization_id,
+        max(settlement.levels),
+        settlement.used,
+        settlement.monthly,
+        settlement.resets,
+    )

@@ -6,21 +6,22 @@ exactly one of charge (success) or release (failure, cancel, expiry). The
 release impossible, whatever retries or redeliveries happen.
 
 The functions here are steps, not actions: they run inside the transaction of
-the job transition that calls them (``webapp.speech.lifecycle``).
+the job transition that calls them (``webapp.speech.lifecycle``). The ledger owns
+every rule of money: callers state what happened (``settle_completion``,
+``settle_delivery``, ``release``) and the charge's parts, prices and quota levels
+are built in ``_charges``, which nothing outside this package imports.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
@@ -35,7 +36,7 @@ from webapp.speech.models import (
     Voice,
     sql_status_in,
 )
-from webapp.speech.services import quota_mail
+from webapp.speech.services.ledger import _charges
 from webapp.tenants.models import ApiKey, Organization, Plan
 
 # --------------------------------------------------------------------- periods
@@ -244,65 +245,60 @@ _RESERVE = f"""
     WHERE organization_id = %(org)s AND period = %(period)s"""
 
 
-class PartKind(StrEnum):
-    """What a charged part of a job's characters was."""
-
-    FRESH = "fresh"  # synthesised for this job and delivered whole
-    DELIVERED = "delivered"  # handed to a client before a cancel or disconnect
-    # Audio past TTS_AUDIO_SECONDS_PER_CHAR per character of the parts above, charged by its
-    # seconds (speed 0.25, long pauses): the one part not capped by the reservation.
-    AUDIO_SECONDS = "audio_seconds"
-    # Sentences served from the tenant's sentence cache: charged at the plan's
-    # cached_character_price (``covers`` records how many characters they were).
-    CACHED = "cached"
-
-
 @dataclass(frozen=True)
-class Part:
-    """A charged part; ``characters`` None: all of the reservation not charged by an earlier part."""
+class Settlement:
+    """What one settlement did: the characters charged (0: released) and the month it counted in.
 
-    kind: PartKind
-    characters: int | None = None
-    seconds: float | None = None  # AUDIO_SECONDS: the audio's length, charged beyond the parts before it
-    # The characters the part stands for when it charges fewer (CACHED): they count towards the
-    # bound of audio per character as if charged, so a discount is never taken back as audio seconds.
-    covers: int | None = None
-
-
-def cached_part(characters: int, price: float) -> Part:
-    """Characters served from the sentence cache, at ``price`` (0.0 .. 1.0) of a fresh one, rounded up."""
-    price = min(1.0, max(0.0, float(price)))
-    return Part(PartKind.CACHED, math.ceil(characters * price - 1e-9), covers=characters)
-
-
-def audio_seconds_part(audio_seconds: float) -> Part:
-    """What ``audio_seconds`` of audio cost beyond the characters of the parts before it.
-
-    Cheap characters can ask for much compute (speed 0.25, long pauses): each
-    character pays for at most TTS_AUDIO_SECONDS_PER_CHAR seconds of audio, and
-    audio past that is charged one character per that many seconds.
+    ``used`` and ``monthly`` are the month's characters after it and the plan's allowance;
+    ``levels`` the quota levels (percent) this settlement crossed, each crossed once a month
+    (the owners' e-mail and the usage.threshold event both read them).
     """
-    return Part(PartKind.AUDIO_SECONDS, seconds=audio_seconds)
+
+    organization_id: Any
+    charged: int
+    period: dt.date
+    used: int
+    monthly: int
+    levels: tuple[int, ...] = ()
+
+    @property
+    def resets(self) -> dt.datetime:
+        return period_end(dt.datetime.combine(self.period, dt.time(0), tzinfo=dt.UTC))
 
 
-def _beyond_the_bound(part: Part, charged: int) -> int:
-    if part.seconds is None:
-        return max(0, part.characters or 0)
-    per_char = settings.TTS_AUDIO_SECONDS_PER_CHAR
-    if per_char <= 0 or part.seconds <= 0:
-        return 0
-    return max(0, math.floor(part.seconds / per_char) - charged)
+def settle_completion(
+    job_id: Any, duration_seconds: float, *, characters: int = 0, cached: int = 0, cached_price: float = 1.0
+) -> Settlement | None:
+    """A job that delivered its whole audio: its characters (``cached`` of them from the sentence
+    cache, at ``cached_price``), and audio past the bound per character by its seconds."""
+    return _settle(job_id, _charges.completion(duration_seconds, cached, characters, cached_price))
 
 
-def settle(job_id: Any, parts: Iterable[Part] = ()) -> bool:
+def settle_delivery(job_id: Any, characters: int, seconds: float) -> Settlement | None:
+    """A job that ended before its whole audio was handed (canceled, deleted, its client gone):
+    what its streams handed to clients, nothing for the rest."""
+    return _settle(job_id, _charges.delivery(characters, seconds))
+
+
+def release(job_id: Any) -> Settlement | None:
+    """A job that ends charging nothing: its whole reservation back."""
+    return _settle(job_id, ())
+
+
+def highest_level(percent: float) -> int:
+    """The highest quota level (percent of the month) that ``percent`` reaches; 0: none."""
+    return _charges.highest_level(percent)
+
+
+def _settle(job_id: Any, parts: Iterable[_charges.Part]) -> Settlement | None:
     """Settle the job's reservation exactly once: charge ``parts``, give the rest back.
 
-    The one settlement of a job, whichever way it ended (the lifecycle calls it
-    inside the transition's transaction). No parts, or none with characters:
-    a release. The event records the parts; what they add up to is capped by the
-    reservation, except an ``AUDIO_SECONDS`` part (audio past the bound per
-    character), which may take the tenant past its monthly quota: its next
-    submit is then refused. Returns False if the job was settled already (or never reserved).
+    The one settlement of a job, whichever way it ended (the lifecycle calls one
+    of the functions above inside the transition's transaction). No parts, or none
+    with characters: a release. The event records the parts; what they add up to
+    is capped by the reservation, except audio past the bound per character, which
+    may take the tenant past its monthly quota: its next submit is then refused.
+    Returns None if the job was settled already (or never reserved).
     """
     # The job's ledger in one read: its reservation (tenant, characters, period), and whether
     # it is settled already. The job row is not needed: a settlement works from its ledger.
@@ -313,23 +309,9 @@ def settle(job_id: Any, parts: Iterable[Part] = ()) -> bool:
     )
     reserve = next((e[1:] for e in events if e[0] == UsageEvent.Kind.RESERVE), None)
     if reserve is None or any(e[0] != UsageEvent.Kind.RESERVE for e in events):
-        return False
+        return None
     organization_id, reserved, period = reserve
-    recorded: list[dict[str, Any]] = []
-    room, beyond, covered = reserved, 0, 0
-    for part in parts:
-        if part.kind == PartKind.AUDIO_SECONDS:
-            take = _beyond_the_bound(part, covered + beyond)
-            beyond += take
-        else:
-            take = room if part.characters is None else max(0, min(part.characters, room))
-            room -= take
-            covered += take if part.covers is None else max(take, part.covers)
-        if part.covers:  # recorded also when free: the usage splits fresh from cached characters
-            recorded.append({"kind": str(part.kind), "characters": take, "covers": part.covers})
-        elif take:
-            recorded.append({"kind": str(part.kind), "characters": take})
-    charged = reserved - room + beyond
+    charged, recorded = _charges.tally(reserved, parts)
     kind = UsageEvent.Kind.CHARGE if charged else UsageEvent.Kind.RELEASE
     with connection.cursor() as cursor:
         # The tenant row before the usage row, as every other transaction locks them; only
@@ -342,51 +324,33 @@ def settle(job_id: Any, parts: Iterable[Part] = ()) -> bool:
             [organization_id, job_id, job_id, kind, charged, json.dumps(recorded), period, timezone.now()],
         )
         if cursor.fetchone() is None:
-            return False
+            return None
     # The tenant row is locked: the usage row (there since the reservation, gone only with its
     # tenant) is updated, and locked, in one statement, which also marks a quota level reached.
     row = fetch_one(
         _SETTLE_PERIOD, {"org": organization_id, "period": period, "reserved": reserved, "charged": charged}
     )
-    if row is not None and row[0] > row[1]:
-        quota_level_reached(organization_id, period, int(row[0]), int(row[2]), int(row[3]))
-    return True
+    if row is None:
+        return Settlement(organization_id, charged, period, 0, 0)
+    after, before, used, monthly = (int(v) for v in row)
+    return Settlement(organization_id, charged, period, used, monthly, _charges.levels_crossed(before, after))
 
 
-# --------------------------------------------------------------------- quota levels
-
-# Percent of the plan's monthly characters at which the owners are told (once each a month).
-QUOTA_LEVELS = (80, 100)
-
-
-def quota_level_reached(organization_id: Any, period: dt.date, level: int, used: int, monthly: int) -> None:
-    """The one hook for a quota level crossed, called once per level and month inside the settling
-    transaction: the owners' e-mail goes once it commits (a usage.threshold webhook belongs here too)."""
-    resets = period_end(dt.datetime.combine(period, dt.time(0), tzinfo=dt.UTC))
-    transaction.on_commit(lambda: quota_mail.send_quota_mail(organization_id, level, used, monthly, resets))
-
-
-# The highest level the month's characters reach with this charge. A level is marked in
-# ``quota_level_announced`` by the settlement that reaches it: each is announced once a month
-# (under the tenant row's lock, whatever settles at once); jumping past 80 % to 100 % announces 100.
-_LEVEL_AFTER = " ".join(
-    f"WHEN (u.characters_used + %(charged)s) * 100 >= p.monthly_characters * {level} THEN {level}"
-    for level in sorted(QUOTA_LEVELS, reverse=True)
-)
+# A level is marked in ``quota_level_announced`` by the settlement that reaches it: each is
+# announced once a month (under the tenant row's lock, whatever settles at once).
 _SETTLE_PERIOD = f"""
     UPDATE {_PERIODS} u SET
         characters_reserved = u.characters_reserved - %(reserved)s,
         characters_used = u.characters_used + %(charged)s,
         quota_level_announced = GREATEST(
             u.quota_level_announced,
-            CASE WHEN %(charged)s = 0 OR p.monthly_characters <= 0 THEN 0 {_LEVEL_AFTER} ELSE 0 END
+            CASE WHEN %(charged)s = 0 OR p.monthly_characters <= 0 THEN 0 {_charges.LEVEL_AFTER_SQL} ELSE 0 END
         )
     FROM {Organization._meta.db_table} o JOIN {Plan._meta.db_table} p ON p.id = o.plan_id,
         (SELECT quota_level_announced AS level FROM {_PERIODS}
          WHERE organization_id = %(org)s AND period = %(period)s) AS before
     WHERE u.organization_id = %(org)s AND u.period = %(period)s AND o.id = u.organization_id
     RETURNING u.quota_level_announced, before.level, u.characters_used, p.monthly_characters"""
-
 
 _LOCK_TENANT = f"SELECT 1 FROM {Organization._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
 # The settlement's key, member, voice and source are its reservation's (the job may be gone).

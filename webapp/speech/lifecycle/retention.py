@@ -1,0 +1,78 @@
+"""Retention: a finished job's audio expires, and its text is blanked past the plan's text retention.
+
+Run by beat (webapp/housekeeping), and at once for an answer its client left
+(``client._leave_answer``). Each public function is an outer action.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db import transaction
+from django.db.models import DurationField, ExpressionWrapper, F, Q
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from webapp.speech.lifecycle._core import Status, _transition
+from webapp.speech.models import JobTimestamps, SynthesisJob
+from webapp.speech.services import files
+
+
+def expire_audio(job_id: Any, *, immediately: bool = False) -> int:
+    """Remove a finished job's audio past retention (``immediately``: now) and mark it expired.
+
+    Returns bytes freed.
+    """
+    due = Q(status=Status.SUCCEEDED)
+    if not immediately:
+        due &= Q(expires_at__lte=timezone.now())
+    with transaction.atomic(durable=True):
+        row = (
+            SynthesisJob.objects.select_for_update()
+            .filter(due, id=job_id)
+            .values("audio_path", "audio_bytes")
+        )
+        before = row.first()
+        if before is None:
+            return 0
+        _transition(job_id, due, status=Status.EXPIRED, audio_path="", audio_bytes=0)
+        JobTimestamps.objects.filter(job_id=job_id).delete()  # they describe the audio: gone with it
+    # After the commit: a file is never gone while a committed row still points at it.
+    freed = files.remove_file(before["audio_path"])
+    return freed or int(before["audio_bytes"])
+
+
+def blank_old_texts(limit: int = 500) -> int:
+    """Blank the text (and instructions) of finished jobs past their plan's text retention; returns how many.
+
+    The text is the tenant's content and goes; the row stays, with what history
+    and usage need (key, voice, source, characters, times, status). Judged by the
+    database clock: ``finished_at`` is set by it. Only the text changes, and only
+    on finished jobs (a queued or running job still needs its text), so this
+    never races a state change: each UPDATE re-checks the job is finished.
+    """
+    retention = ExpressionWrapper(
+        F("organization__plan__text_retention_days") * dt.timedelta(days=1), output_field=DurationField()
+    )
+    due = (
+        SynthesisJob.objects.filter(
+            status__in=SynthesisJob.FINISHED,
+            organization__plan__text_retention_days__isnull=False,
+            finished_at__lt=Now() - retention,
+        )
+        .exclude(text="")
+        .order_by("finished_at", "id")
+    )
+    ids = list(due.values_list("id", flat=True)[:limit])
+    if not ids:
+        return 0
+    with transaction.atomic(durable=True):
+        rows = SynthesisJob.objects.filter(id__in=ids, status__in=SynthesisJob.FINISHED).exclude(text="")
+        # The instructions are the tenant's own words too, and what could not be applied of them
+        # quotes them ("unrecognised instruction: ..."): they go with the text.
+        worded = list(rows.filter(params__has_key="instructions").only("id", "params"))
+        for job in worded:
+            job.params = {name: value for name, value in job.params.items() if name != "instructions"}
+        SynthesisJob.objects.bulk_update(worded, ["params"])
+        return rows.update(text="", applied_instructions={})
