@@ -74,7 +74,7 @@ class Voice(models.Model):
 
 
 class JobStatus(models.TextChoices):
-    """A job's state; only webapp/speech/lifecycle.py changes it."""
+    """A job's state; only webapp/speech/lifecycle/ changes it."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -256,7 +256,7 @@ class UsagePeriod(models.Model):
     period = models.DateField()  # first day of the month
     characters_used = models.PositiveBigIntegerField(default=0)
     characters_reserved = models.PositiveBigIntegerField(default=0)
-    # The highest quota level (percent of the plan's month, ledger.QUOTA_LEVELS) the owners were
+    # The highest quota level (percent of the plan's month, the ledger's QUOTA_LEVELS) the owners were
     # told of this month: each level is announced once (issue 35).
     quota_level_announced = models.PositiveSmallIntegerField(default=0, db_default=0)
 
@@ -270,7 +270,7 @@ class UsagePeriod(models.Model):
 class UsageEvent(models.Model):
     """Ledger: one reserve, then one settlement (a charge or a release) per job, never more.
 
-    A charge lists its parts (``ledger.Part``: fresh, delivered before a cancel or
+    A charge lists its parts (the ledger's parts: fresh, delivered before a cancel or
     disconnect); ``characters`` is their sum.
     """
 
