@@ -17,7 +17,7 @@ from webapp.dashboard.access import MANAGERS, Tenant, error_text, tenant_page
 from webapp.dashboard.forms import InviteForm, KeyForm, RoleForm, RotateForm
 from webapp.errors import DomainError, ErrorCode
 from webapp.problems import Problem
-from webapp.speech.services import ledger, usage_report
+from webapp.speech.services import ledger
 from webapp.tenants import accounts as people
 from webapp.tenants.api.serializers import EXPIRY_WARNING_DAYS
 from webapp.tenants.models import ApiKey, Invitation, Membership
@@ -29,7 +29,7 @@ SERVICE_ERRORS = (DomainError, Problem)
 def _keys_context(tenant: Tenant, form: KeyForm) -> dict[str, object]:
     keys = list(ApiKey.objects.filter(organization=tenant.organization).order_by("revoked_at", "-created_at"))
     now = timezone.now()
-    used = usage_report.key_month_characters(tenant.organization, ledger.period_start(now))
+    used = ledger.key_characters(tenant.organization.pk, ledger.period_start(now))
     soon = now + dt.timedelta(days=EXPIRY_WARNING_DAYS)
     rows = [
         {

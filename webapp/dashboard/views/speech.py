@@ -40,8 +40,9 @@ from webapp.speech.api import timestamps
 from webapp.speech.api.serializers import SpeechRequestSerializer
 from webapp.speech.api.waiting import Prepare, SharedAnswer, Wait, WaitSlot, wait_view
 from webapp.speech.models import JobTimestamps, SynthesisJob, Voice
-from webapp.speech.services import eta, queries, usage_report
-from webapp.speech.services.usage_report import Report
+from webapp.speech.services import eta, queries
+from webapp.speech.services.ledger import reports
+from webapp.speech.services.ledger.reports import Report
 from webapp.speech.submission import FORMATS
 from webapp.tenants.api import ratelimit
 
@@ -334,15 +335,15 @@ def _report(request: HttpRequest, tenant: Tenant) -> tuple[dict[str, str], Repor
     if period == "range":
         start, end = request.GET.get("from") or None, request.GET.get("to") or None
     else:
-        first, last = usage_report.last_month(today) if period == "last" else usage_report.this_month(today)
+        first, last = reports.last_month(today) if period == "last" else reports.this_month(today)
         start, end = first.isoformat(), last.isoformat()
     choices = {"period": period, "group_by": group, "from": start or "", "to": end or ""}
     try:
-        group, first, last = usage_report.parse(group, start, end, today=today)
+        group, first, last = reports.parse(group, start, end, today=today)
     except DomainError as exc:
         return choices, None, exc.message
     choices.update({"from": first.isoformat(), "to": last.isoformat()})
-    return choices, usage_report.breakdown(tenant.organization, group, first, last), ""
+    return choices, reports.breakdown(tenant.organization, group, first, last), ""
 
 
 def _chart(report: Report | None) -> tuple[list[dict[str, Any]], int]:
@@ -359,7 +360,7 @@ def _chart(report: Report | None) -> tuple[list[dict[str, Any]], int]:
 @tenant_page()
 @require_GET
 def usage(request: HttpRequest, tenant: Tenant) -> HttpResponse:
-    summary = queries.usage_summary(tenant.organization, days=1)
+    summary = reports.summary(tenant.organization, days=1)
     choices, report, problem = _report(request, tenant)
     bars, width = _chart(report)
     status_counts = list(

@@ -4,7 +4,7 @@ It runs a normal job (quota, history, limits and rate apply), waits for it up
 to ``TTS_OPENAI_WAIT_SECONDS`` and answers with the audio bytes. The job is
 settled by that answer: charged once its first block (a stream's last) was
 handed to the connection, and for what its stream handed if the client left
-first (``lifecycle.answer_handed``, ``abandon_job``). On that
+first (``lifecycle.report_handed``, whole or left). On that
 timeout the job is canceled, its characters given back, and the answer is a
 504 (``x-should-retry: false``). The request holds the job's waiter lease while
 it waits: a client that disconnects abandons the job at once, and one whose web
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from asgiref.sync import sync_to_async
@@ -56,8 +57,15 @@ from webapp.speech.models import SynthesisJob
 from webapp.speech.services.files import media_path
 from webapp.tenants.models import Organization
 
-SSE = "sse"  # Wait.seen of a request that asked for server-sent events (a flac answer, sent whole)
-SSE_TIMESTAMPS = "sse+timestamps"  # the same, with the timestamps events
+
+@dataclass(frozen=True)
+class AnswerForm:
+    """The answer a waiting request waits for: the file, or (``sse``) server-sent events, then with
+    ``timestamps`` events too (a flac answer waits for its whole file either way)."""
+
+    sse: bool = False
+    timestamps: bool = False
+
 
 SSE_SCHEMA = (
     'The audio bytes (chunked as sentences finish with stream_format "audio"). With stream_format '
@@ -164,22 +172,21 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
             every=settings.TTS_WAITER_LEASE_SECONDS / 3,
             fresh=created,
         )
-        # (flac, sent whole, waits here too; as SSE its file is then one event: ``seen``.)
+        # (flac, sent whole, waits here too; as SSE its file is then one event.)
         return Wait(
             job.pk,
             wait,
             lambda now: now[0] in SynthesisJob.FINISHED,
             slot=slot,
             lease=lease,
-            seen=(SSE_TIMESTAMPS if timestamps else SSE) if sse else None,
+            answer=AnswerForm(sse=sse, timestamps=timestamps),
         )
 
 
 def _leave(job_id: Any) -> None:
     """The waiting client disconnected before its answer was sent: the job ends, nothing charged."""
-    job = SynthesisJob.objects.filter(pk=job_id).first()
-    if job is not None:
-        lifecycle.abandon_job(job)  # also a job that succeeded as it left: its answer was never sent
+    # Also a job that succeeded as it left: its answer was never sent.
+    lifecycle.report_handed(job_id, handing=lifecycle.Handing.LEFT)
 
 
 def _submit(request: Request, organization: Organization, data: dict[str, Any]) -> tuple[SynthesisJob, bool]:
@@ -202,7 +209,7 @@ def _open_binary(path: str) -> BinaryIO:
 class AnswerResponse(StreamingHttpResponse):
     """A finished job's stored audio as the waiting client's answer, read ``READ_BLOCK`` at a time
     as the server sends it, which settles the job once it took the first block
-    (``lifecycle.answer_handed``: a no-op for a job settled already, such as a replay's).
+    (``lifecycle.report_handed`` whole: a no-op for a job settled already, such as a replay's).
 
     Under ASGI each block is read in a pool thread (Django would read a sync iterator whole
     before sending any of it: a ten-minute WAV is 26 MB); under WSGI and in Django's test client
@@ -221,7 +228,7 @@ class AnswerResponse(StreamingHttpResponse):
                 yield block
                 taken += 1
                 if taken == 1:
-                    lifecycle.answer_handed(self.job_id)
+                    _answer_handed(self.job_id)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
         handle = await sync_to_async(_open_binary, thread_sensitive=False)(self.path)
@@ -232,9 +239,13 @@ class AnswerResponse(StreamingHttpResponse):
                 yield block
                 taken += 1
                 if taken == 1:
-                    await sync_to_async(lifecycle.answer_handed, thread_sensitive=False)(self.job_id)
+                    await sync_to_async(_answer_handed, thread_sensitive=False)(self.job_id)
         finally:
             handle.close()
+
+
+def _answer_handed(job_id: Any) -> None:
+    lifecycle.report_handed(job_id, handing=lifecycle.Handing.WHOLE)
 
 
 def deliver(job_id: Any, sse_for: HttpRequest | None = None, timestamps: bool = False) -> HttpResponseBase:
@@ -264,7 +275,7 @@ def deliver(job_id: Any, sse_for: HttpRequest | None = None, timestamps: bool = 
 
 def _not_delivered(job: SynthesisJob) -> DomainError:
     if not job.is_finished:
-        lifecycle.abandon_job(job)
+        lifecycle.report_handed(job.id, handing=lifecycle.Handing.LEFT)
         return DomainError(
             ErrorCode.TIMEOUT,
             f"Synthesis did not finish within {settings.TTS_OPENAI_WAIT_SECONDS} s; the job was canceled "
@@ -284,8 +295,8 @@ def _not_delivered(job: SynthesisJob) -> DomainError:
 def answer_after_wait(request: HttpRequest, wait: Wait) -> HttpResponseBase:
     """The OpenAI endpoint's answer once its wait is over: the audio, or the error in OpenAI's shape."""
     try:
-        sse = wait.seen in (SSE, SSE_TIMESTAMPS)
-        response = deliver(wait.job_id, request if sse else None, timestamps=wait.seen == SSE_TIMESTAMPS)
+        answer = wait.answer if isinstance(wait.answer, AnswerForm) else AnswerForm()
+        response = deliver(wait.job_id, request if answer.sse else None, timestamps=answer.timestamps)
     except DomainError as error:
         response = render(request, error)
         if error.code == ErrorCode.TIMEOUT:

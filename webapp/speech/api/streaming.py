@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import math
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -45,8 +44,10 @@ from webapp.speech import lifecycle
 from webapp.speech.api.stream_wakeups import POLL_ROW_CHECK_SECONDS, AsyncWakeups, SyncWakeups
 from webapp.speech.api.views import TenantAPIView
 from webapp.speech.api.waiting import WaitSlot
-from webapp.speech.models import JobTimestamps, SynthesisJob, UsageEvent
+from webapp.speech.models import JobTimestamps, SynthesisJob
+from webapp.speech.services import ledger
 from webapp.speech.services.files import media_path
+from webapp.speech.services.ledger import reports
 from webapp.speech.services.outputs import attempt_path
 
 BLOCK = 64 * 1024
@@ -161,7 +162,7 @@ class JobStream:
         self.backlog = b""  # of those, not yet given to a step (more than BLOCK arrived at once)
         self.unhanded = 0  # of those, not yet taken by the server (in the last chunk, or the encoder)
         self.delivered = 0  # PCM bytes of the attempt the server took from this stream
-        self.recorded: tuple[int, float] = (0, 0.0)  # the delivery last written to the job's row
+        self.recorded: tuple[int, int] = (0, 0)  # (sentences, PCM bytes) handed when last reported
         self.text_chars = 0  # the job's billable characters (its row's, read when the attempt opens)
         self.next_lease_renewal = 0.0
         # The server's wait until what it was handed left the process, where it offers one (the
@@ -253,19 +254,21 @@ class JobStream:
         self.delivered += self.unhanded
         self.unhanded = 0
 
-    def delivery(self) -> tuple[int, float]:
-        """(billable characters, audio seconds) of the sentences handed to the client so far.
+    def handed_so_far(self) -> ledger.Handed | None:
+        """What the server took of the attempt's audio so far, and where its sentences end (the
+        ledger says what that is worth: a sentence counts once all of its audio was taken)."""
+        if self.reader is None:
+            return None
+        reader = self.reader
+        return ledger.Handed(
+            self.delivered, reader.sample_rate, reader.sentences, reader.total_chars, self.text_chars
+        )
 
-        A sentence counts once all of its audio was taken by the server; its
-        characters are the job's billable ones in the sentence's share of the text.
-        """
-        if self.reader is None or not self.reader.total_chars:
-            return 0, 0.0
-        heard = self.reader.characters_heard(self.delivered)
-        text_chars = self.text_chars or self.reader.total_chars
-        chars = min(text_chars, math.ceil(text_chars * heard / self.reader.total_chars))
-        seconds = self.delivered / 2 / self.reader.sample_rate if self.reader.sample_rate else 0.0
-        return chars, seconds
+    def _mark(self) -> tuple[int, int]:
+        """(whole sentences, PCM bytes) handed so far."""
+        if self.reader is None:
+            return 0, 0
+        return sum(1 for end, _ in self.reader.sentences if end <= self.delivered), self.delivered
 
     def _record(self, final: bool = False) -> None:
         """Write what this stream delivered to the job's row once a sentence more was handed out
@@ -274,14 +277,14 @@ class JobStream:
             return
         now = time.monotonic()
         renew = self.abandon_on_close and now >= self.next_lease_renewal
-        delivered = self.delivery()
-        if delivered[0] <= self.recorded[0] and not renew and not final:
+        mark = self._mark()
+        if mark[0] <= self.recorded[0] and not renew and not final:
             return
         if renew:
             self.next_lease_renewal = now + settings.TTS_WAITER_LEASE_SECONDS / 3
-        if delivered != self.recorded or renew:
-            lifecycle.record_delivery(self.job_id, *delivered, hold_waiter=renew)
-            self.recorded = delivered
+        if mark != self.recorded or renew:
+            lifecycle.report_handed(self.job_id, self.handed_so_far(), renew_waiter=renew)
+            self.recorded = mark
 
     def _check_attempt(self) -> bytes:
         """Is the attempt being streamed still the job's? Ends the stream once its file is the job's audio."""
@@ -314,15 +317,14 @@ class JobStream:
             if self.reader is not None:
                 self._record(final=True)
             return
-        job = SynthesisJob.objects.filter(pk=self.job_id).first()
-        if job is not None:
-            lifecycle.abandon_job(job, *self.delivery())  # a no-op for a job settled already
+        # A no-op for a job settled already, or gone.
+        lifecycle.report_handed(self.job_id, self.handed_so_far(), handing=lifecycle.Handing.LEFT)
 
     def handed_to_the_end(self) -> None:
         """The server took the stream's last chunk: on the OpenAI route, the job is settled as a completion."""
         self.close()
         if self.abandon_on_close:
-            lifecycle.answer_handed(self.job_id)
+            lifecycle.report_handed(self.job_id, handing=lifecycle.Handing.WHOLE)
 
     # -- the two ways a server iterates a response ------------------------------------------------
     # Each subscribes before its first step: what is published after that waits in the subscription.
@@ -388,14 +390,6 @@ def sse_event(event: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
 
-def charged_characters(job_id: Any) -> int:
-    """What the job's settlement charged (0 for a release, or while it is not settled)."""
-    charge = UsageEvent.objects.filter(job_key=job_id, kind=UsageEvent.Kind.CHARGE).values_list(
-        "characters", flat=True
-    )
-    return int(charge.first() or 0)
-
-
 class SSEJobStream(JobStream):
     """A ``JobStream`` framed as OpenAI's speech events (``stream_format: "sse"``).
 
@@ -446,7 +440,7 @@ class SSEJobStream(JobStream):
         return whole
 
     def closing(self) -> bytes:
-        chars = charged_characters(self.job_id)
+        chars = reports.job_charge(self.job_id)
         usage = {"input_tokens": chars, "output_tokens": 0, "total_tokens": chars}
         return self._stored_timestamps() + sse_event({"type": "speech.audio.done", "usage": usage})
 

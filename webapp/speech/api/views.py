@@ -37,8 +37,9 @@ from webapp.speech.api.serializers import (
 from webapp.speech.api.voice_fields import may_see_embeddings
 from webapp.speech.api.waiting import SharedAnswer, Wait, WaitingAPIView, WaitSlot, wait_view
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.services import queries, usage_report
-from webapp.speech.services.queries import usage_summary, visible_voices
+from webapp.speech.services import queries
+from webapp.speech.services.ledger import reports
+from webapp.speech.services.queries import visible_voices
 from webapp.speech.voices import delete_voice
 from webapp.tenants.api.base import TenantAPIView as KeyedAPIView
 from webapp.tenants.api.base import not_found, object_id
@@ -293,19 +294,17 @@ class UsageView(TenantAPIView):
         description="With any of group_by, from and to, also `usage`: the charged characters over the "
         "range of UTC days, grouped (docs/api.md, GET /api/v1/usage).",
         parameters=[
-            OpenApiParameter("group_by", OpenApiTypes.STR, enum=list(usage_report.GROUPS)),
+            OpenApiParameter("group_by", OpenApiTypes.STR, enum=list(reports.GROUPS)),
             OpenApiParameter("from", OpenApiTypes.DATE, description="First UTC day (default: this month's)."),
             OpenApiParameter("to", OpenApiTypes.DATE, description="Last UTC day, included (default: today)."),
         ],
     )
     def get(self, request: Request) -> Response:
-        summary = usage_summary(self.organization)
+        summary = reports.summary(self.organization)
         params = request.query_params
         if any(name in params for name in ("group_by", "from", "to")):
-            group, start, end = usage_report.parse(
-                params.get("group_by"), params.get("from"), params.get("to")
-            )
-            summary["usage"] = usage_report.breakdown(self.organization, group, start, end).as_json()
+            group, start, end = reports.parse(params.get("group_by"), params.get("from"), params.get("to"))
+            summary["usage"] = reports.breakdown(self.organization, group, start, end).as_json()
         return Response(summary)
 
 

@@ -105,6 +105,8 @@ class Wait:
     headers: Mapping[str, str] = field(default_factory=dict)
     # What the sync part saw, for an answer that needs it (the dashboard's, for a job deleted meanwhile).
     seen: Any = None
+    # The answer the wait is for, as its route names it (the OpenAI route's: file or events).
+    answer: Any = None
     # The view ran inside a transaction (a test's): the wait reads the row on that connection.
     in_transaction: bool = False
     # The request is the job's waiter (/v1/audio/speech): ``lease.renew`` while it waits, and

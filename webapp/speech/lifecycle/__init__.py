@@ -3,8 +3,9 @@
 A package of four sides and the steps they share, each a module to read in one sitting:
 
 - ``client``: ``submit_job``, ``cancel_job``, ``abandon_job``, ``delete_job``,
-  ``record_delivery`` and ``renew_waiter`` (a stream or a waiting client holding
-  the job), ``answer_handed``, ``fail_jobs_of_deleted_voice``;
+  ``report_handed`` (the one call of a transport: what it handed one client, and
+  whether the answer goes on, was taken whole or was left), ``renew_waiter``,
+  ``fail_jobs_of_deleted_voice``;
 - ``worker``: ``claim_job``/``claim_next`` (the claim takes a fencing token),
   ``report_progress`` (renews the lease), ``complete_job``, ``fail_job``,
   ``requeue_job``, ``finish_canceled``, ``close_unclaimable``;
@@ -27,6 +28,7 @@ Leases, deadlines and progress times come from the database clock (``now()``).
 
 from webapp.speech.lifecycle.beat import fail_queue_timeouts, reap_running, requeue_expired_leases
 from webapp.speech.lifecycle.client import (
+    Handing,
     JobRequest,
     abandon_job,
     abandon_lapsed_waiters,
@@ -37,6 +39,7 @@ from webapp.speech.lifecycle.client import (
     idempotent_replay,
     record_delivery,
     renew_waiter,
+    report_handed,
     request_fingerprint,
     submit_job,
 )
@@ -57,6 +60,7 @@ from webapp.speech.lifecycle.worker import (
 )
 
 __all__ = [
+    "Handing",
     "CLAIM_PROTOCOL",
     "JobRequest",
     "ProtocolMismatch",
@@ -81,6 +85,7 @@ __all__ = [
     "reap_running",
     "record_delivery",
     "renew_waiter",
+    "report_handed",
     "report_progress",
     "request_fingerprint",
     "requeue_expired_leases",

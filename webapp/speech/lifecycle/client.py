@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
@@ -201,6 +202,36 @@ def cancel_job(job: SynthesisJob) -> SynthesisJob:
     return SynthesisJob.objects.get(id=job.id)
 
 
+class Handing(StrEnum):
+    """Where a client's answer stands when its transport reports what it handed."""
+
+    GOING = "going"  # more to come: the marks a later cancel, delete or disconnect charges
+    WHOLE = "whole"  # the waiting client took its whole answer: settled as a completion
+    LEFT = "left"  # the client went away before the end: settled as what it was handed
+
+
+def report_handed(
+    job_id: Any,
+    handed: ledger.Handed | None = None,
+    *,
+    handing: Handing = Handing.GOING,
+    renew_waiter: bool = False,
+) -> None:
+    """The one call a transport makes about what it handed one client of a job: ``handed``
+    (its bytes and sentences; the ledger says what they are worth) and where the answer stands.
+
+    ``renew_waiter``: the client is the job's waiter (/v1/audio/speech), whose lease
+    this renews too.
+    """
+    chars, seconds = ledger.delivered(handed) if handed is not None else (0, 0.0)
+    if handing == Handing.WHOLE:
+        answer_handed(job_id)
+    elif handing == Handing.LEFT:
+        _abandon_job(job_id, chars, seconds)
+    else:
+        record_delivery(job_id, chars, seconds, hold_waiter=renew_waiter)
+
+
 def abandon_job(job: SynthesisJob, delivered_chars: int = 0, delivered_seconds: float = 0.0) -> None:
     """A synchronous caller gave up waiting, or went away: cancel the job and settle it now.
 
@@ -211,9 +242,13 @@ def abandon_job(job: SynthesisJob, delivered_chars: int = 0, delivered_seconds: 
     the worker does later charges nothing more. A job that succeeded while its
     waiter's answer was still being handed is settled the same way (``_leave_answer``).
     """
+    _abandon_job(job.id, delivered_chars, delivered_seconds)
+
+
+def _abandon_job(job_id: Any, delivered_chars: int, delivered_seconds: float) -> None:
     with transaction.atomic(durable=True):
-        _record_delivery(job.id, delivered_chars, delivered_seconds)
-        _abandon(job.id, ACTIVE) or _leave_answer(job.id, AWAITING_ANSWER)
+        _record_delivery(job_id, delivered_chars, delivered_seconds)
+        _abandon(job_id, ACTIVE) or _leave_answer(job_id, AWAITING_ANSWER)
 
 
 def _abandon(job_id: Any, allowed: Q) -> bool:

@@ -1,120 +1,16 @@
-"""Read models for the views and the admin: what a tenant sees of its usage and voices."""
+"""Read models for the views and the admin: what a tenant sees of its voices and jobs (its usage: the ledger's ``usage``)."""
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
-from django.db.models import Count, Q, Sum
-from django.db.models.functions import TruncDate
-from django.utils import timezone
+from django.db.models import Q
 
 from webapp.rawrows import columns, fetch_one
-from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod, Voice
-from webapp.speech.services.ledger import period_end, period_start, storage_used
+from webapp.speech.models import SynthesisJob, Voice
 from webapp.tenants.models import Organization
 
 Status = SynthesisJob.Status
-
-
-def usage_summary(
-    organization: Organization, now: dt.datetime | None = None, days: int = 31
-) -> dict[str, Any]:
-    """What GET /api/v1/usage shows: plan, current period, characters, jobs, storage, daily totals."""
-    now = now or timezone.now()
-    plan = organization.plan
-    period = period_start(now)
-    row = UsagePeriod.objects.filter(organization=organization, period=period).first()
-    used = row.characters_used if row else 0
-    reserved = row.characters_reserved if row else 0
-    counts = {
-        s: n
-        for s, n in SynthesisJob.objects.filter(organization=organization, status__in=SynthesisJob.ACTIVE)
-        .values_list("status")
-        .annotate(n=Count("id"))
-    }
-    plan_fields = (
-        "slug",
-        "name",
-        "monthly_characters",
-        "max_characters_per_request",
-        "max_concurrent_jobs",
-        "max_concurrent_waits",
-        "requests_per_minute",
-        "max_voices",
-        "retention_days",
-        "text_retention_days",
-        "storage_bytes",
-        "sentence_cache_bytes",
-        "cached_character_price",
-    )
-    cached = cached_characters(organization, period)
-    return {
-        "plan": {name: getattr(plan, name) for name in plan_fields},
-        "period": {"start": period_start(now), "end": period_end(now)},
-        "characters": {
-            "used": used,
-            "reserved": reserved,
-            "limit": plan.monthly_characters,
-            "remaining": max(0, plan.monthly_characters - used - reserved),
-        },
-        # Of the characters of the jobs that succeeded this period: served from the sentence cache
-        # (billed at the plan's cached_character_price), and rendered; and the cache's bytes.
-        "sentence_cache": {
-            "cached_characters": cached[0],
-            "fresh_characters": cached[1],
-            "used_bytes": int(organization.sentence_cache_used),
-            "limit_bytes": int(plan.sentence_cache_bytes),
-        },
-        "jobs": {
-            "queued": counts.get(Status.QUEUED, 0),
-            "running": counts.get(Status.RUNNING, 0),
-            "limit": plan.max_concurrent_jobs,
-        },
-        "storage": {"used_bytes": storage_used(organization), "limit_bytes": plan.storage_bytes},
-        "daily": daily_totals(organization, now, days),
-    }
-
-
-def cached_characters(organization: Organization, period: dt.date) -> tuple[int, int]:
-    """(cached, fresh) characters of the tenant's jobs that succeeded in the period starting ``period``."""
-    since = dt.datetime.combine(period, dt.time(0), tzinfo=dt.UTC)
-    row = SynthesisJob.objects.filter(
-        organization=organization,
-        status__in=(Status.SUCCEEDED, Status.EXPIRED),
-        finished_at__gte=since,
-    ).aggregate(cached=Sum("cached_characters"), total=Sum("text_chars"))
-    cached, total = int(row["cached"] or 0), int(row["total"] or 0)
-    return cached, max(0, total - cached)
-
-
-def daily_totals(organization: Organization, now: dt.datetime, days: int) -> list[dict[str, Any]]:
-    """Characters charged, reserved and released, and jobs created, per UTC day (oldest first)."""
-    since = dt.datetime.combine(
-        (now - dt.timedelta(days=days - 1)).astimezone(dt.UTC).date(), dt.time(0), tzinfo=dt.UTC
-    )
-    daily: dict[str, dict[str, int]] = {}
-
-    def day_entry(day: dt.date) -> dict[str, int]:
-        return daily.setdefault(day.isoformat(), {"charged": 0, "reserved": 0, "released": 0, "jobs": 0})
-
-    column = {UsageEvent.Kind.CHARGE: "charged", UsageEvent.Kind.RESERVE: "reserved"}
-    for day, kind, chars in (
-        UsageEvent.objects.filter(organization=organization, created_at__gte=since)
-        .annotate(day=TruncDate("created_at", tzinfo=dt.UTC))
-        .values_list("day", "kind")
-        .annotate(n=Sum("characters"))
-        .order_by("day")
-    ):
-        day_entry(day)[column.get(kind, "released")] += chars
-    for day, n in (
-        SynthesisJob.objects.filter(organization=organization, created_at__gte=since)
-        .annotate(day=TruncDate("created_at", tzinfo=dt.UTC))
-        .values_list("day")
-        .annotate(n=Count("id"))
-    ):
-        day_entry(day)["jobs"] = n
-    return [{"date": day, **values} for day, values in sorted(daily.items())]
 
 
 def visible_voices(organization: Organization) -> Any:

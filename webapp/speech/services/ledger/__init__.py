@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,17 +190,23 @@ def reserve_usage(job: SynthesisJob, period: dt.date) -> None:
         )
 
 
-def key_characters(key_id: Any, period: dt.date) -> int:
-    """Characters the key's jobs took in ``period``: charged when settled, reserved until then."""
-    row = fetch_one(_KEY_CHARACTERS, [key_id, period])
-    return int(row[0]) if row else 0
+def key_characters(organization_id: Any, period: dt.date, key_id: Any = None) -> dict[Any, int]:
+    """Characters each of the tenant's keys (or only ``key_id``) took in the month ``period``
+    starts: charged when settled, reserved until then. A capped key's submit reads its own under
+    the tenant lock; the members page reads them all."""
+    one_key = "AND r.api_key_id = %(key)s" if key_id is not None else "AND r.api_key_id IS NOT NULL"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _KEY_CHARACTERS.format(one_key=one_key), {"org": organization_id, "period": period, "key": key_id}
+        )
+        return {key: int(n) for key, n in cursor.fetchall()}
 
 
 def check_key_cap(key: ApiKey, chars: int, period: dt.date) -> None:
     cap = key.monthly_characters
     if cap is None:
         return
-    taken = key_characters(key.pk, period)
+    taken = key_characters(key.organization_id, period, key.pk).get(key.pk, 0)
     if taken + chars > cap:
         raise DomainError(
             ErrorCode.KEY_QUOTA_EXCEEDED,
@@ -229,10 +236,12 @@ _LIMITS = f"""
         ) AS waiting)
     FROM {_JOBS} WHERE {_LIVE_OF_TENANT}"""
 _KEY_CHARACTERS = f"""
-    SELECT coalesce(sum(CASE WHEN s.kind IS NULL THEN r.characters ELSE s.characters END), 0)
+    SELECT r.api_key_id, sum(CASE WHEN s.kind IS NULL THEN r.characters ELSE s.characters END)
     FROM {UsageEvent._meta.db_table} r
     LEFT JOIN {UsageEvent._meta.db_table} s ON s.job_key = r.job_key AND s.kind <> '{UsageEvent.Kind.RESERVE}'
-    WHERE r.api_key_id = %s AND r.kind = '{UsageEvent.Kind.RESERVE}' AND r.period = %s"""
+    WHERE r.organization_id = %(org)s AND r.kind = '{UsageEvent.Kind.RESERVE}' AND r.period = %(period)s
+      {{one_key}}
+    GROUP BY r.api_key_id"""
 _RESERVE = f"""
     WITH event AS (
         INSERT INTO {UsageEvent._meta.db_table}
@@ -283,6 +292,38 @@ def settle_delivery(job_id: Any, characters: int, seconds: float) -> Settlement 
 def release(job_id: Any) -> Settlement | None:
     """A job that ends charging nothing: its whole reservation back."""
     return _settle(job_id, ())
+
+
+@dataclass(frozen=True)
+class Handed:
+    """What one client was handed of a job's audio, as its transport (an HTTP stream, a socket) counted it.
+
+    ``pcm_bytes``: bytes of the attempt's 16-bit mono PCM the transport handed on, at
+    ``sample_rate``; ``sentences``: (end byte, characters of the text) of each sentence
+    written so far; ``text_chars``: the text's characters the sentences share out;
+    ``billable_chars``: the job's billable characters (0: the text's).
+    """
+
+    pcm_bytes: int
+    sample_rate: int
+    sentences: Sequence[tuple[int, int]]
+    text_chars: int
+    billable_chars: int = 0
+
+
+def delivered(handed: Handed) -> tuple[int, float]:
+    """(billable characters, audio seconds) a client was handed, as a delivery charges them.
+
+    A sentence counts once all of its audio was handed; its characters are the job's
+    billable ones in the sentence's share of the text; the seconds are the PCM handed.
+    """
+    if not handed.text_chars:
+        return 0, 0.0
+    heard = sum(chars for end, chars in handed.sentences if end <= handed.pcm_bytes)
+    billable = handed.billable_chars or handed.text_chars
+    chars = min(billable, math.ceil(billable * heard / handed.text_chars))
+    seconds = handed.pcm_bytes / 2 / handed.sample_rate if handed.sample_rate else 0.0
+    return chars, seconds
 
 
 def highest_level(percent: float) -> int:

@@ -1,5 +1,11 @@
-"""The usage explorer: charged characters over a range of UTC days, grouped by day, key, voice, source
-or member. ``GET /api/v1/usage``, the dashboard's usage page and its CSV all read :func:`breakdown`.
+"""What the ledger says a tenant used: every read of its charges, for whoever shows usage.
+
+``summary`` is ``GET /api/v1/usage`` and the dashboard's overview (the month's
+characters used and reserved, the cache's share, daily totals); ``breakdown`` the
+usage explorer (charged characters over a range of UTC days, grouped by day, key,
+voice, source or member: ``GET /api/v1/usage?group_by=``, the dashboard's usage
+page and its CSV); ``job_charge`` a stream's usage. (What a key took of its monthly cap:
+``ledger.key_characters``, which the submit reads under the tenant lock.)
 
 Read from the ledger alone: a charge carries its key, member, voice and source
 (copied from the job at the reservation), so the report of a month equals the
@@ -16,10 +22,14 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.db.models import Count, Sum
+from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
-from webapp.speech.models import UsageEvent
+from webapp.rawrows import fetch_one
+from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
+from webapp.speech.services.ledger import period_end, period_start, storage_used
 from webapp.tenants.models import ApiKey, Organization
 
 GROUPS = ("day", "key", "voice", "source", "member")
@@ -187,17 +197,110 @@ def _labels(group_by: str, groups: list[str]) -> dict[str, str]:
     return {g: g or "unknown" for g in groups}
 
 
-def key_month_characters(organization: Organization, period: dt.date) -> dict[Any, int]:
-    """Characters each of the tenant's keys took in the month ``period`` starts (as its cap counts them)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT r.api_key_id, sum(CASE WHEN s.kind IS NULL THEN r.characters ELSE s.characters END)
-            FROM {_EVENTS} r
-            LEFT JOIN {_EVENTS} s ON s.job_key = r.job_key AND s.kind <> '{UsageEvent.Kind.RESERVE}'
-            WHERE r.organization_id = %s AND r.kind = '{UsageEvent.Kind.RESERVE}' AND r.period = %s
-              AND r.api_key_id IS NOT NULL
-            GROUP BY r.api_key_id""",
-            [organization.pk, period],
-        )
-        return {key_id: int(n) for key_id, n in cursor.fetchall()}
+def job_charge(job_id: Any) -> int:
+    """What the job's settlement charged (0 for a release, or while it is not settled)."""
+    row = fetch_one(
+        f"SELECT characters FROM {_EVENTS} WHERE job_key = %s AND kind = '{UsageEvent.Kind.CHARGE}'", [job_id]
+    )
+    return int(row[0]) if row else 0
+
+
+Status = SynthesisJob.Status
+
+
+def summary(organization: Organization, now: dt.datetime | None = None, days: int = 31) -> dict[str, Any]:
+    """What GET /api/v1/usage shows: plan, current period, characters, jobs, storage, daily totals."""
+    now = now or timezone.now()
+    plan = organization.plan
+    period = period_start(now)
+    row = UsagePeriod.objects.filter(organization=organization, period=period).first()
+    used = row.characters_used if row else 0
+    reserved = row.characters_reserved if row else 0
+    counts = {
+        s: n
+        for s, n in SynthesisJob.objects.filter(organization=organization, status__in=SynthesisJob.ACTIVE)
+        .values_list("status")
+        .annotate(n=Count("id"))
+    }
+    plan_fields = (
+        "slug",
+        "name",
+        "monthly_characters",
+        "max_characters_per_request",
+        "max_concurrent_jobs",
+        "max_concurrent_waits",
+        "requests_per_minute",
+        "max_voices",
+        "retention_days",
+        "text_retention_days",
+        "storage_bytes",
+        "sentence_cache_bytes",
+        "cached_character_price",
+    )
+    cached = cached_characters(organization, period)
+    return {
+        "plan": {name: getattr(plan, name) for name in plan_fields},
+        "period": {"start": period_start(now), "end": period_end(now)},
+        "characters": {
+            "used": used,
+            "reserved": reserved,
+            "limit": plan.monthly_characters,
+            "remaining": max(0, plan.monthly_characters - used - reserved),
+        },
+        # Of the characters of the jobs that succeeded this period: served from the sentence cache
+        # (billed at the plan's cached_character_price), and rendered; and the cache's bytes.
+        "sentence_cache": {
+            "cached_characters": cached[0],
+            "fresh_characters": cached[1],
+            "used_bytes": int(organization.sentence_cache_used),
+            "limit_bytes": int(plan.sentence_cache_bytes),
+        },
+        "jobs": {
+            "queued": counts.get(Status.QUEUED, 0),
+            "running": counts.get(Status.RUNNING, 0),
+            "limit": plan.max_concurrent_jobs,
+        },
+        "storage": {"used_bytes": storage_used(organization), "limit_bytes": plan.storage_bytes},
+        "daily": daily_totals(organization, now, days),
+    }
+
+
+def cached_characters(organization: Organization, period: dt.date) -> tuple[int, int]:
+    """(cached, fresh) characters of the tenant's jobs that succeeded in the period starting ``period``."""
+    since = dt.datetime.combine(period, dt.time(0), tzinfo=dt.UTC)
+    row = SynthesisJob.objects.filter(
+        organization=organization,
+        status__in=(Status.SUCCEEDED, Status.EXPIRED),
+        finished_at__gte=since,
+    ).aggregate(cached=Sum("cached_characters"), total=Sum("text_chars"))
+    cached, total = int(row["cached"] or 0), int(row["total"] or 0)
+    return cached, max(0, total - cached)
+
+
+def daily_totals(organization: Organization, now: dt.datetime, days: int) -> list[dict[str, Any]]:
+    """Characters charged, reserved and released, and jobs created, per UTC day (oldest first)."""
+    since = dt.datetime.combine(
+        (now - dt.timedelta(days=days - 1)).astimezone(dt.UTC).date(), dt.time(0), tzinfo=dt.UTC
+    )
+    daily: dict[str, dict[str, int]] = {}
+
+    def day_entry(day: dt.date) -> dict[str, int]:
+        return daily.setdefault(day.isoformat(), {"charged": 0, "reserved": 0, "released": 0, "jobs": 0})
+
+    column = {UsageEvent.Kind.CHARGE: "charged", UsageEvent.Kind.RESERVE: "reserved"}
+    for day, kind, chars in (
+        UsageEvent.objects.filter(organization=organization, created_at__gte=since)
+        .annotate(day=TruncDate("created_at", tzinfo=dt.UTC))
+        .values_list("day", "kind")
+        .annotate(n=Sum("characters"))
+        .order_by("day")
+    ):
+        day_entry(day)[column.get(kind, "released")] += chars
+    for day, n in (
+        SynthesisJob.objects.filter(organization=organization, created_at__gte=since)
+        .annotate(day=TruncDate("created_at", tzinfo=dt.UTC))
+        .values_list("day")
+        .annotate(n=Count("id"))
+    ):
+        day_entry(day)["jobs"] = n
+    return [{"date": day, **values} for day, values in sorted(daily.items())]
