@@ -22,13 +22,17 @@ def billed_job(
     from django.utils import timezone
 
     from webapp.speech.models import UsageEvent, UsagePeriod
-    from webapp.speech.services import ledger
+    from webapp.speech.services import events, ledger
 
     when = when or timezone.now()
     job = make_job(org, user, text="x" * chars, api_key=key, voice_name=voice, source=source, created_at=when)
     period = ledger.period_start(when)
     UsagePeriod.objects.get_or_create(organization=org, period=period)
     ledger.reserve_usage(job, period)
-    assert ledger.settle_completion(job.id, 0.0)
+    settlement = ledger.settle_completion(job.id, 0.0)
+    assert settlement is not None
+    # As the lifecycle's completion does: the job's end, with its settlement, to the subscribers
+    # (the owners' quota e-mail, the webhooks).
+    events.publish(events.JobEnded(job.id, "succeeded", settlement))
     UsageEvent.objects.filter(job_key=job.id).update(created_at=when)
     return job
