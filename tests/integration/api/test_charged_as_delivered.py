@@ -305,6 +305,38 @@ def test_stream_then_cancel_charges_the_sentences_delivered(live_tenant: Any, we
     assert row.characters_reserved == 0 and row.characters_used == event.characters
 
 
+def test_stream_then_fail_charges_the_sentences_delivered(live_tenant: Any, web: Any) -> None:
+    """A job whose stream handed out sentences and which then failed pays for those sentences.
+
+    The failure is the reaper's ``timeout``, the real path a job past its hard limit takes; the
+    only thing the test changes is the deadline (moved into the past while the job runs).
+    """
+    from django.db.models.functions import Now
+
+    from webapp.speech import lifecycle
+    from webapp.speech.models import SynthesisJob, UsagePeriod
+
+    t = live_tenant()
+    job_id = _native_job(web, t.raw_key)
+    stream = _open_stream(web, t.raw_key, job_id)
+    _read(stream, PCM_RATE * 2 * 12)  # about three sentences heard, the stream still open
+    _wait_until(
+        lambda: SynthesisJob.objects.get(id=job_id).delivered_chars > 0, 15, "the delivery on the row"
+    )
+    assert SynthesisJob.objects.filter(id=job_id, status="running").update(deadline=Now()) == 1
+    time.sleep(0.1)
+    assert lifecycle.reap_running()["timeout"] == 1
+    stream.close()
+    job = SynthesisJob.objects.get(id=job_id)
+    assert (job.status, job.error_code) == ("failed", "timeout")
+    event = _settlement(job_id)
+    assert event.kind == "charge" and 0 < event.characters < job.text_chars
+    assert event.characters <= job.delivered_chars  # no more than the stream handed out
+    assert event.parts[0] == {"kind": "delivered", "characters": event.characters}
+    row = UsagePeriod.objects.get(organization=t.org)
+    assert row.characters_reserved == 0 and row.characters_used == event.characters
+
+
 def test_disconnect_reconnect_then_delete_charges_the_sentences_once(live_tenant: Any, web: Any) -> None:
     import math
 

@@ -69,8 +69,8 @@ def _settled(job_id: Any, settlement: ledger.Settlement | None) -> None:
 def _end(job_id: Any, allowed: Q, status: JobStatus, **changes: Any) -> SynthesisJob | None:
     """Move an active job to an end state (failed, canceled) and settle it.
 
-    A cancel charges what the job's streams delivered (a stream, then a cancel,
-    is not audio for free); a failure charges nothing.
+    Either charges what the job's streams delivered before it ended (a stream,
+    then a cancel or a failure, is not audio for free), and releases the rest.
     """
     job = _transition(
         job_id,
@@ -82,8 +82,7 @@ def _end(job_id: Any, allowed: Q, status: JobStatus, **changes: Any) -> Synthesi
         **changes,
     )
     if job is not None:
-        settlement = _settle_delivered(job) if status == Status.CANCELED else ledger.release(job.id)
-        _ended(job, settlement)
+        _ended(job, _settle_delivered(job))
     return job
 
 
