@@ -118,3 +118,22 @@ def test_failures_are_not_refused_below_the_budget_from_many_requests_at_once(ed
     """The API zone (keyed) still lets a burst with credentials through Nginx: each reaches Django."""
     statuses = _at_once("127.0.3.5", edge.url("/api/v1/usage"), HEADERS["forged"], 3)
     assert statuses == [401] * 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_valid_key_is_never_refused_because_others_failed_from_its_address(edge: NginxInstance) -> None:
+    from webapp.tenants.services import OPERATOR, create_api_key, create_organization
+
+    org = create_organization("Behind The Same NAT")
+    _key, secret = create_api_key(org, "backend", created_by=OPERATOR)
+    session = client("127.0.3.7")
+    url = edge.url("/api/v1/usage")
+    statuses = [
+        session.get(url, headers=HEADERS["forged"], timeout=30).status_code for _ in range(BUDGET + 1)
+    ]
+    assert statuses == [401] * BUDGET + [429], statuses  # the stranger spent the address's budget
+    valid = session.get(url, headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+    assert valid.status_code == 200, valid.text  # the tenant's key behind the same address still works
+    # Failures from the address are still throttled, the valid key's success does not reset them.
+    assert session.get(url, headers=HEADERS["forged"], timeout=30).status_code == 429
+    assert session.get(url, headers=HEADERS["x"], timeout=30).status_code == 429

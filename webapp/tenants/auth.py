@@ -39,22 +39,24 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         header = request.META.get("HTTP_AUTHORIZATION", "")
         if not header:
             return None
+        address = client_ip(request)
+        parts = header.split()
+        well_formed = len(parts) == 2 and parts[0].lower() == "bearer"
+        key = find_api_key(parts[1]) if well_formed else None
+        if key is not None:
+            # A valid key is never refused for what other credentials did from its address
+            # (every tenant behind one NAT would be locked out by one stranger).
+            touch_api_key(key, address)
+            return ApiKeyUser(key), key
         # Nginx lets credentials past its anonymous zones: an address whose credentials keep
         # failing gets a small budget of failures, then 429 (webapp/tenants/auth_failures.py).
-        address = client_ip(request)
         auth_failures.refuse_if_spent(address)
-        parts = header.split()
-        if len(parts) != 2 or parts[0].lower() != "bearer":
-            auth_failures.record_failure(address)
+        auth_failures.record_failure(address)
+        if not well_formed:
             raise exceptions.AuthenticationFailed(
                 "Malformed Authorization header; expected 'Bearer <api key>'."
             )
-        key = find_api_key(parts[1])
-        if key is None:
-            auth_failures.record_failure(address)
-            raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")
-        touch_api_key(key, address)
-        return ApiKeyUser(key), key
+        raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="api"'

@@ -8,11 +8,15 @@ failures: each request whose credentials do not authenticate adds one to its
 address's counter, which lives ``TTS_AUTH_FAILURE_WINDOW_SECONDS`` from the
 first failure (a fixed window, every web process and node on one counter).
 Once ``TTS_AUTH_FAILURES_PER_IP`` failures are counted, every request from
-that address that carries credentials is answered ``429
-too_many_auth_failures`` with ``Retry-After`` until the window ends, before
-its key is looked at: a valid key from that address too, or the answer would
-tell a guesser which guess was right. Requests without credentials are not
-affected (Nginx's anonymous zones limit those).
+that address whose credentials fail is answered ``429 too_many_auth_failures``
+with ``Retry-After`` until the window ends, instead of 401. A valid key is never
+refused for what others sent from its address (one NAT can hold every tenant,
+and one stranger's junk would lock them all out): the key is looked up first,
+and only a failure meets the budget. What that costs a flood is one indexed
+lookup by the key's prefix per well-formed token (a malformed header costs
+none); telling a guesser that a guess was right tells nothing a 256-bit secret
+lets anyone guess. Requests without credentials are not affected (Nginx's
+anonymous zones limit those).
 
 If Redis cannot count, authentication goes on uncounted: refusing every key
 while Redis restarts would fail every tenant's requests.
