@@ -2,10 +2,12 @@
 
 ``submit_job`` creates a queued job with its reservation under the tenant lock;
 ``cancel_job``, ``delete_job`` and ``abandon_job`` end it early, charged what its
-streams handed; ``record_delivery`` and ``renew_waiter`` are what a stream or a
-waiting client reports while it holds the job; ``answer_handed`` settles a job
-whose answer the waiting client took, ``abandon_lapsed_waiters`` (beat) one whose
-client vanished. Each public function is an outer action.
+streams handed. A transport (an HTTP stream, the OpenAI answer) reports through
+one call, ``report_handed``: what it handed one client (``ledger.Handed``) and
+whether the answer goes on (``record_delivery``), was taken whole
+(``answer_handed``: settled as a completion) or was left (``abandon_job``);
+``renew_waiter`` keeps a waiting client's lease; ``abandon_lapsed_waiters``
+(beat) settles a job whose client vanished. Each public function is an outer action.
 """
 
 from __future__ import annotations
