@@ -1,10 +1,11 @@
 """What the ledger says a tenant used: every read of its charges, for whoever shows usage.
 
-``summary`` is ``GET /api/v1/usage`` and the dashboard's overview (the month's
-characters used and reserved, the cache's share, daily totals); ``breakdown`` the
-usage explorer (charged characters over a range of UTC days, grouped by day, key,
-voice, source or member: ``GET /api/v1/usage?group_by=``, the dashboard's usage
-page and its CSV); ``job_charge`` a stream's usage. (What a key took of its monthly cap:
+``charges`` is the one read of what was charged: the usage explorer
+(``breakdown``: charged characters over a range of UTC days, grouped by day, key,
+voice, source or member; ``GET /api/v1/usage?group_by=``, the dashboard's usage
+page and its CSV) and a stream's usage (``job_charge``) both read it. ``summary``
+is the rest of ``GET /api/v1/usage`` and the dashboard's overview: the month's bill
+(characters used and reserved), the cache's share, daily totals. (What a key took of its monthly cap:
 ``ledger.key_characters``, which the submit reads under the tenant lock.)
 
 Read from the ledger alone: a charge carries its key, member, voice and source
@@ -27,7 +28,6 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
-from webapp.rawrows import fetch_one
 from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
 from webapp.speech.services.ledger import period_end, period_start, storage_used
 from webapp.tenants.models import ApiKey, Organization
@@ -136,13 +136,31 @@ def parse(
     return group, first, last
 
 
-def breakdown(organization: Organization, group_by: str, start: dt.date, end: dt.date) -> Report:
-    """The tenant's charges reserved from ``start`` to ``end`` (UTC days, both included), grouped."""
-    if group_by not in GROUPS:
-        raise _bad(f"group_by must be one of {', '.join(GROUPS)}.", "group_by")
-    since = dt.datetime.combine(start, dt.time(0), tzinfo=dt.UTC)
-    until = dt.datetime.combine(end + dt.timedelta(days=1), dt.time(0), tzinfo=dt.UTC)
-    expr = _GROUP_SQL[group_by]
+def charges(
+    *,
+    organization_id: Any = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    group_by: str | None = None,
+    job_id: Any = None,
+) -> dict[str, tuple[int, int, int]]:
+    """The one read of what was charged: per group, (characters charged, characters served from the
+    sentence cache, jobs), over the charges of a tenant whose reservation (the submit) falls in
+    [``since``, ``until``), or of one job. ``group_by`` one of GROUPS; None: one total, under "".
+
+    A charge carries its key, member, voice and source (copied at the reservation), so this
+    equals the bill even after the jobs are deleted.
+    """
+    where = [f"c.kind = '{UsageEvent.Kind.CHARGE}'"]
+    if organization_id is not None:
+        where += ["c.organization_id = %(org)s", "r.organization_id = %(org)s"]
+    if since is not None:
+        where.append("r.created_at >= %(since)s")
+    if until is not None:
+        where.append("r.created_at < %(until)s")
+    if job_id is not None:
+        where.append("c.job_key = %(job)s")
+    expr = _GROUP_SQL[group_by] if group_by is not None else "NULL"
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
@@ -151,13 +169,21 @@ def breakdown(organization: Organization, group_by: str, start: dt.date, end: dt
             WHERE p->>'kind' = 'cached')), 0)
         FROM {_EVENTS} c
         JOIN {_EVENTS} r ON r.job_key = c.job_key AND r.kind = '{UsageEvent.Kind.RESERVE}'
-        WHERE c.organization_id = %(org)s AND c.kind = '{UsageEvent.Kind.CHARGE}'
-          AND r.organization_id = %(org)s AND r.created_at >= %(since)s AND r.created_at < %(until)s
+        WHERE {" AND ".join(where)}
         GROUP BY grp""",
-            {"org": organization.pk, "since": since, "until": until},
+            {"org": organization_id, "since": since, "until": until, "job": job_id},
         )
         found = cursor.fetchall()
-    totals = {_key(group): (int(chars), int(cached), int(jobs)) for group, chars, jobs, cached in found}
+    return {_key(group): (int(chars), int(cached), int(jobs)) for group, chars, jobs, cached in found}
+
+
+def breakdown(organization: Organization, group_by: str, start: dt.date, end: dt.date) -> Report:
+    """The tenant's charges reserved from ``start`` to ``end`` (UTC days, both included), grouped."""
+    if group_by not in GROUPS:
+        raise _bad(f"group_by must be one of {', '.join(GROUPS)}.", "group_by")
+    since = dt.datetime.combine(start, dt.time(0), tzinfo=dt.UTC)
+    until = dt.datetime.combine(end + dt.timedelta(days=1), dt.time(0), tzinfo=dt.UTC)
+    totals = charges(organization_id=organization.pk, since=since, until=until, group_by=group_by)
     labels = _labels(group_by, list(totals))
     if group_by == "day":
         days = [start + dt.timedelta(days=n) for n in range((end - start).days + 1)]
@@ -198,11 +224,8 @@ def _labels(group_by: str, groups: list[str]) -> dict[str, str]:
 
 
 def job_charge(job_id: Any) -> int:
-    """What the job's settlement charged (0 for a release, or while it is not settled)."""
-    row = fetch_one(
-        f"SELECT characters FROM {_EVENTS} WHERE job_key = %s AND kind = '{UsageEvent.Kind.CHARGE}'", [job_id]
-    )
-    return int(row[0]) if row else 0
+    """What the job's settlement charged (0 for a release, or while it is not settled): a stream's usage."""
+    return charges(job_id=job_id).get("", (0, 0, 0))[0]
 
 
 Status = SynthesisJob.Status
