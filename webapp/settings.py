@@ -419,6 +419,12 @@ TTS_WAITER_LEASE_SECONDS = env_int("TTS_WAITER_LEASE_SECONDS", 15)
 # Audio seconds one billable character pays for; audio longer than characters x this (speed 0.25,
 # long pauses) is charged by its seconds instead (docs/api.md, "What is charged").
 TTS_AUDIO_SECONDS_PER_CHAR = env_float("TTS_AUDIO_SECONDS_PER_CHAR", 0.15)
+# What pronunciation dictionaries may make of a text: at most this many times its characters, or
+# its characters plus the slack when that is more (a short text, an acronym). Past it a submit is
+# refused, and so is a rule whose replacement is past it for its own word: a one-letter word
+# mapped to a long alias would otherwise buy many times the work its characters pay for.
+TTS_DICTIONARY_MAX_EXPANSION = env_float("TTS_DICTIONARY_MAX_EXPANSION", 4.0)
+TTS_DICTIONARY_EXPANSION_SLACK = env_int("TTS_DICTIONARY_EXPANSION_SLACK", 50)
 TTS_OPENAI_VOICE_MAP = env_map(
     "TTS_OPENAI_VOICE_MAP",
     "alloy=en_US-joe-medium,echo=en_US-joe-medium,fable=en_US-joe-medium,onyx=en_US-joe-medium,"

@@ -11,10 +11,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, QuerySet
 
 from synth import lexicon
+from synth.normalize import is_chinese_language
 from webapp.dictionaries import pls
 from webapp.dictionaries.models import Dictionary, DictionaryVersion, Rule
 from webapp.errors import DomainError, ErrorCode
@@ -46,6 +48,7 @@ def rule_of(data: dict[str, Any], n: int) -> lexicon.Rule:
 def check(rule: lexicon.Rule, n: int) -> None:
     try:
         lexicon.check_rule(rule)
+        _check_expansion(rule)
     except lexicon.RuleError as exc:
         raise DomainError(
             ErrorCode.INVALID_DICTIONARY,
@@ -53,6 +56,35 @@ def check(rule: lexicon.Rule, n: int) -> None:
             field=f"rules[{n - 1}]",
             extra={"rule": n},
         ) from None
+
+
+def expansion_limit(chars: int) -> int:
+    """The most characters ``chars`` characters of text may become through pronunciation dictionaries."""
+    ratio = float(settings.TTS_DICTIONARY_MAX_EXPANSION)
+    return max(int(ratio * chars), chars + int(settings.TTS_DICTIONARY_EXPANSION_SLACK))
+
+
+def _check_expansion(rule: lexicon.Rule) -> None:
+    """A rule whose replacement alone is past the expansion limit for its word is knowably too much."""
+    replacement = rule.alias if rule.alias is not None else lexicon.annotation(rule)
+    limit = expansion_limit(len(rule.grapheme))
+    if len(replacement) > limit:
+        raise lexicon.RuleError(
+            f"its replacement is {len(replacement)} characters for a {len(rule.grapheme)}-character word; "
+            f"at most {limit} (TTS_DICTIONARY_MAX_EXPANSION)"
+        )
+
+
+def rewritten_chars(text: str, pins: list[dict[str, Any]], language: str) -> int:
+    """The length of ``text`` after the pinned versions' rules, as the worker will rewrite it for a
+    voice speaking ``language`` (``synth.Synthesizer``: phoneme rules only where the language takes them)."""
+    rewrite = lexicon.apply_lexicons(
+        text,
+        lexicons(pins),
+        english=language.lower().startswith("en"),
+        chinese=is_chinese_language(language.lower()),
+    )
+    return len(rewrite.text)
 
 
 def _check_rules(rules: list[lexicon.Rule], organization: Organization) -> None:

@@ -117,6 +117,9 @@ class SynthesisJob(models.Model):
     engine = models.CharField(max_length=50)
     text = models.TextField()
     text_chars = models.PositiveIntegerField()
+    # Characters the engine is given: the text after its pronunciation dictionaries (NULL: the
+    # text's own). Its time limits are sized on it (dispatch.job_time_limits), not on what is billed.
+    synth_chars = models.PositiveIntegerField(null=True, blank=True)
     format = models.CharField(max_length=10)
     sample_rate = models.PositiveIntegerField(null=True, blank=True)
     params = models.JSONField(default=dict)  # speed, pitch, volume, language, instructions

@@ -78,6 +78,7 @@ def retry_job(job: SynthesisJob) -> SynthesisJob:
         source=job.source,
         # The versions the failed job pinned, those still there (a dictionary deleted since is gone).
         dictionaries=dictionary_pins(dictionary_services.pinned_versions(job.dictionaries or [])),
+        synth_chars=job.synth_chars,
     )
     new_job, _ = lifecycle.submit_job(
         job.organization, request, api_key=job.api_key, user=job.user, retry_of=job

@@ -28,7 +28,7 @@ from webapp.speech.lifecycle import JobRequest
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import dispatch, prompts
 from webapp.speech.services.eta import serving_children
-from webapp.speech.services.pins import dictionary_pins
+from webapp.speech.services.pins import DictionaryPins, dictionary_pins
 from webapp.speech.services.queries import visible_voice
 from webapp.tenants.models import ApiKey, Organization
 
@@ -73,24 +73,44 @@ def job_request(organization: Organization, data: dict[str, Any], source: str = 
         params["instructions"] = data["instructions"]
     if data.get("loudness") is not None:
         params["loudness"] = data["loudness"]
+    billable = billable_characters(text)
+    # Named ones, else the tenant's default (also on /v1/audio/speech, which names none).
+    pins = dictionary_pins(dictionaries.resolve(organization, data.get("pronunciation_dictionaries")))
     return JobRequest(
         text=text,
         voice=voice,
         format=fmt,
         sample_rate=rate,
         params=params,
-        billable_chars=billable_characters(text),
+        billable_chars=billable,
         source=source,
-        # Named ones, else the tenant's default (also on /v1/audio/speech, which names none).
-        dictionaries=dictionary_pins(
-            dictionaries.resolve(organization, data.get("pronunciation_dictionaries"))
-        ),
+        dictionaries=pins,
+        synth_chars=_synth_chars(text, billable, pins, params.get("language") or voice.language or ""),
         # The OpenAI route answers a client that waits on the job (or its stream): it holds the
         # job's waiter lease, and its going away abandons the job.
         waited=source == "openai",
         use_cache=data.get("cache") is not False,
         webhook_url=data.get("webhook_url") or "",
     )
+
+
+def _synth_chars(text: str, billable: int, pins: DictionaryPins, language: str) -> int | None:
+    """The characters the engine will be given once the pinned dictionaries rewrote the text (None:
+    no dictionary), refused past the expansion limit: the charge and the quota count the submitted
+    text, so what dictionaries add must stay a bounded share of it."""
+    if not pins.versions:
+        return None
+    added = max(0, dictionaries.rewritten_chars(text, pins.record, language) - len(text))
+    limit = dictionaries.expansion_limit(billable)
+    if billable + added > limit:
+        raise _bad(
+            "request_too_large",
+            "pronunciation_dictionaries",
+            f"The pronunciation dictionaries make {billable:,} characters into {billable + added:,}; "
+            f"at most {limit:,} (TTS_DICTIONARY_MAX_EXPANSION). Shorten the aliases or leave the "
+            "dictionary out.",
+        )
+    return billable + added
 
 
 def _check_text(text: str) -> None:

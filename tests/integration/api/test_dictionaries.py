@@ -370,3 +370,67 @@ def test_an_operators_retry_pins_the_failed_jobs_versions_again(make_tenant: Any
     again = operator.retry_job(SynthesisJob.objects.get(pk=job_id))
     assert [(p["id"], p["version"]) for p in again.dictionaries] == [(d["id"], 1)]
     assert again.pinned_dictionary_versions.count() == 1
+
+
+# --------------------------------------------------------------------- amplification (issue 48, item 2)
+
+# A 50-character alias for a 4-character word: within the per-rule limit (4 x 4, or 4 + 50).
+ALIAS = "the national aeronautics and space administration."
+AMPLIFIER = {"grapheme": "NASA", "alias": ALIAS, "case_sensitive": True}
+
+
+def test_a_rule_whose_replacement_dwarfs_its_word_is_refused_when_made(make_tenant: Any) -> None:
+    tenant = make_tenant()
+    for rule in ({"grapheme": "a", "alias": "x" * 60}, {"grapheme": "NASA", "alias": "y " * 40}):
+        answer = tenant.client.post("/api/v1/dictionaries", {"name": "amp", "rules": [rule]})
+        assert answer.status_code == 400, answer.content
+        assert problem(answer)["code"] == "invalid_dictionary" and problem(answer)["field"] == "rules[0]"
+        assert "TTS_DICTIONARY_MAX_EXPANSION" in problem(answer)["detail"]
+    assert tenant.client.post("/api/v1/dictionaries", {"name": "ok", "rules": [AMPLIFIER]}).status_code == 201
+
+
+@pytest.mark.usefixtures("queued_only")
+def test_a_submit_whose_dictionaries_multiply_its_text_is_refused_and_writes_nothing(
+    make_tenant: Any,
+) -> None:
+    from webapp.speech.models import SynthesisJob, UsageEvent
+
+    tenant = make_tenant()
+    d = tenant.client.post("/api/v1/dictionaries", {"name": "amp", "rules": [AMPLIFIER]}).json()
+    ref = [{"id": d["id"]}]
+    many = {"text": "NASA " * 200, "voice": "espeak-en-us", "pronunciation_dictionaries": ref}
+    refused = tenant.client.post("/api/v1/speech", many)
+    assert refused.status_code == 413, refused.content
+    assert problem(refused)["code"] == "request_too_large"
+    assert problem(refused)["field"] == "pronunciation_dictionaries"
+    assert not SynthesisJob.objects.filter(organization=tenant.org).exists()
+    assert not UsageEvent.objects.filter(organization=tenant.org).exists()
+    # The OpenAI route pins the tenant's default: refused the same way.
+    tenant.client.patch(f"/api/v1/dictionaries/{d['id']}", {"is_default": True})
+    openai = tenant.client.post(
+        "/v1/audio/speech", {"model": "tts-1", "input": "NASA " * 200, "voice": "alloy"}
+    )
+    assert openai.status_code == 413, openai.content
+
+
+@pytest.mark.usefixtures("queued_only")
+def test_a_job_s_time_limit_is_sized_on_the_text_its_dictionaries_make(make_tenant: Any) -> None:
+    from webapp.speech.models import SynthesisJob
+    from webapp.speech.services.dispatch import job_time_limits
+
+    tenant = make_tenant()
+    d = tenant.client.post("/api/v1/dictionaries", {"name": "amp", "rules": [AMPLIFIER]}).json()
+    text = "NASA and the moon. " * 10
+    plain = tenant.client.post("/api/v1/speech", {"text": text, "voice": "espeak-en-us"}).json()
+    ruled = tenant.client.post(
+        "/api/v1/speech",
+        {"text": text, "voice": "espeak-en-us", "pronunciation_dictionaries": [{"id": d["id"]}]},
+    ).json()
+    plain_job, ruled_job = SynthesisJob.objects.get(pk=plain["id"]), SynthesisJob.objects.get(pk=ruled["id"])
+    assert plain_job.synth_chars is None
+    assert ruled_job.text_chars == plain_job.text_chars  # the same charge ...
+    assert ruled_job.synth_chars == plain_job.text_chars + 10 * (len(ALIAS) - len("NASA"))
+    # ... and a longer time limit, for the longer text the engine gets.
+    assert ruled_job.time_limit is not None and plain_job.time_limit is not None
+    assert ruled_job.time_limit.total_seconds() == job_time_limits(ruled_job.synth_chars)[1]
+    assert ruled_job.time_limit > plain_job.time_limit

@@ -63,6 +63,9 @@ class JobRequest:
     waited: bool = False  # a client waits on the job's answer and holds its waiter lease
     use_cache: bool = True  # the tenant's sentence cache serves and keeps this job's sentences
     webhook_url: str = ""  # this job's job.* events are sent here too (webapp/webhooks)
+    # Characters the engine will be given (the text after its dictionaries; None: the billable
+    # ones): its time limits are sized on them.
+    synth_chars: int | None = None
 
 
 def request_fingerprint(payload: Any) -> str:
@@ -133,6 +136,7 @@ def submit_job(
     queue depth is checked without a lock: a limit, not a count to the job.
     """
     now = timezone.now()
+    work = request.synth_chars or request.billable_chars  # what the engine will synthesise
     with transaction.atomic(durable=True):
         org = ledger.lock_tenant(organization.pk)
         if idempotency_key is not None:
@@ -162,7 +166,8 @@ def submit_job(
             webhook_url=request.webhook_url,
             created_at=now,
             queued_at=now,
-            time_limit=dt.timedelta(seconds=dispatch.job_time_limits(request.billable_chars)[1]),
+            synth_chars=request.synth_chars,
+            time_limit=dt.timedelta(seconds=dispatch.job_time_limits(work)[1]),
             # A job made for a client that waits on it (/v1/audio/speech) starts with the lease
             # that client renews (renew_waiter): if its web process is killed before the first
             # renewal, the reaper still abandons the job.
@@ -180,7 +185,7 @@ def submit_job(
         ledger.reserve_usage(job, period)
         if idempotency_key is not None:
             IdempotencyKey.objects.filter(organization=org, key=idempotency_key).update(job=job)
-        job_id, engine, chars = job.id, job.engine, job.text_chars
+        job_id, engine, chars = job.id, job.engine, work
         # Robust: the submit is committed; a failing dispatch is logged, beat sends it again,
         # and the client gets its job (not a 500 for a job that exists).
         transaction.on_commit(lambda: dispatch.dispatch_job(job_id, engine, chars), robust=True)

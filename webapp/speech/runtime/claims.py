@@ -159,7 +159,9 @@ def limits_of(job: SynthesisJob, sent: list[float] | None = None) -> tuple[float
     length here. The hard limit is the row's, which the claim's deadline counts from.
     """
     soft, hard = (
-        (float(sent[0]), float(sent[1])) if sent and len(sent) == 2 else job_time_limits(job.text_chars)
+        (float(sent[0]), float(sent[1]))
+        if sent and len(sent) == 2
+        else job_time_limits(job.synth_chars or job.text_chars)
     )
     if job.time_limit is not None:
         hard = job.time_limit.total_seconds()

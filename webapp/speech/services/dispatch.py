@@ -20,6 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import Count
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from webapp.celery import app
@@ -80,7 +81,11 @@ def _send(job_id: Any, engine: str | None = None, text_chars: int | None = None)
     # would leave that job with none until the lost-delivery sweep (minutes). A
     # message that finds nothing to claim costs the worker one query.
     if engine is None or text_chars is None:
-        row = SynthesisJob.objects.filter(id=job_id).values_list("engine", "text_chars").first()
+        row = (
+            SynthesisJob.objects.filter(id=job_id)
+            .values_list("engine", Coalesce("synth_chars", "text_chars"))
+            .first()
+        )
         if row is None:
             return False
         engine, text_chars = row
