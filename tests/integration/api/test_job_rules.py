@@ -103,3 +103,25 @@ def test_every_ending_settles_once_with_its_parts(make_tenant: Any) -> None:
     assert settlement(completed) == ("charge", 10, [{"kind": "fresh", "characters": 10}])
     assert settlement(streamed) == ("charge", 8, [{"kind": "delivered", "characters": 8}])
     assert settlement(failed) == ("release", 0, [])
+
+
+@pytest.mark.usefixtures("builtin_voices", "no_dispatch")
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_stream_of_the_job_its_request_made_leaves_the_new_lease_alone_at_first(
+    make_tenant: Any, fresh: bool
+) -> None:
+    """A renewal at the stream's first step locked the queued row as a worker went to claim it
+    (SKIP LOCKED passed over it, and the job waited for the lost-message sweep): a stream of a
+    job its own request made starts with the submit's whole lease and renews a period later;
+    one of a job made before (an Idempotency-Key replay) renews at once."""
+    from webapp.speech.api.streaming import JobStream
+    from webapp.speech.models import SynthesisJob
+
+    t = make_tenant()
+    job = submit_espeak(t.org)
+    past = SynthesisJob.objects.filter(id=job.id)
+    past.update(waiter_until=dt.datetime(2030, 1, 1, tzinfo=dt.UTC))  # held, at a value we can see move
+    stream = JobStream(job.id, "wav", abandon_on_close=True, start_within=5, fresh_lease=fresh)
+    assert stream.step() == b""  # queued: nothing to send yet
+    moved = past.values_list("waiter_until", flat=True).get() != dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    assert moved is not fresh

@@ -158,6 +158,7 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
                     abandon_on_close=True,
                     start_within=wait,
                     wait_sent=server_wait_sent(request),
+                    fresh_lease=created,
                     **({"timestamps": True} if timestamps else {}),
                 )
                 return slot.given_back_on_close(JobStreamResponse(stream))

@@ -148,6 +148,7 @@ class JobStream:
         abandon_on_close: bool = False,
         start_within: float | None = None,
         wait_sent: WaitSent | None = None,
+        fresh_lease: bool = False,
     ):
         self.job_id = job_id
         self.format = fmt
@@ -164,7 +165,12 @@ class JobStream:
         self.delivered = 0  # PCM bytes of the attempt the server took from this stream
         self.recorded: tuple[int, int] = (0, 0)  # (sentences, PCM bytes) handed when last reported
         self.text_chars = 0  # the job's billable characters (its row's, read when the attempt opens)
-        self.next_lease_renewal = 0.0
+        # A job this request made starts with a whole waiter lease (lifecycle.submit_job): its first
+        # renewal waits a period. Renewing at the first step locked the row just as a worker went to
+        # claim it, the claim's SKIP LOCKED passed over it, and the job waited for the lost-message sweep.
+        self.next_lease_renewal = (
+            time.monotonic() + settings.TTS_WAITER_LEASE_SECONDS / 3 if fresh_lease else 0.0
+        )
         # The server's wait until what it was handed left the process, where it offers one (the
         # ASGI extension of deploy/asgi_worker.py): a chunk counts as handed after it.
         self.wait_sent = wait_sent
