@@ -396,7 +396,8 @@ def test_a_submit_whose_dictionaries_multiply_its_text_is_refused_and_writes_not
     from webapp.speech.models import SynthesisJob, UsageEvent
 
     tenant = make_tenant()
-    d = tenant.client.post("/api/v1/dictionaries", {"name": "amp", "rules": [AMPLIFIER]}).json()
+    made = {"name": "amp", "rules": [AMPLIFIER], "is_default": True}
+    d = tenant.client.post("/api/v1/dictionaries", made).json()
     ref = [{"id": d["id"]}]
     many = {"text": "NASA " * 200, "voice": "espeak-en-us", "pronunciation_dictionaries": ref}
     refused = tenant.client.post("/api/v1/speech", many)
@@ -406,7 +407,6 @@ def test_a_submit_whose_dictionaries_multiply_its_text_is_refused_and_writes_not
     assert not SynthesisJob.objects.filter(organization=tenant.org).exists()
     assert not UsageEvent.objects.filter(organization=tenant.org).exists()
     # The OpenAI route pins the tenant's default: refused the same way.
-    tenant.client.patch(f"/api/v1/dictionaries/{d['id']}", {"is_default": True})
     openai = tenant.client.post(
         "/v1/audio/speech", {"model": "tts-1", "input": "NASA " * 200, "voice": "alloy"}
     )
