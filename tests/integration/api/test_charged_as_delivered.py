@@ -281,27 +281,42 @@ def _api(web: Any, key: str, method: str, path: str) -> requests.Response:
 
 
 def test_stream_then_cancel_charges_the_sentences_delivered(live_tenant: Any, web: Any) -> None:
-    from webapp.speech.models import SynthesisJob, UsagePeriod
+    from webapp.speech.models import SynthesisJob
 
     t = live_tenant()
-    job_id = _native_job(web, t.raw_key)
-    stream = _open_stream(web, t.raw_key, job_id)
-    _read(stream, PCM_RATE * 2 * 12)  # about three sentences heard, the stream still open
-    # The stream writes what it handed to the row once a sentence more left the web process.
-    _wait_until(
-        lambda: SynthesisJob.objects.get(id=job_id).delivered_chars > 0, 15, "the delivery on the row"
-    )
+    job_id, stream = _three_sentences_streamed(web, t.raw_key)
     assert _api(web, t.raw_key, "POST", f"{job_id}/cancel").status_code in (200, 202)
     time.sleep(1)  # the worker stops at its next sentence; the stream still open meanwhile
     stream.close()
     job = SynthesisJob.objects.get(id=job_id)
     _wait_until(lambda: _finished(job), 60, "the job to end")
     assert job.status == "canceled"
-    event = _settlement(job_id)
+    _assert_charged_what_was_delivered(job, t.org)
+
+
+def _three_sentences_streamed(web: Any, key: str) -> tuple[Any, Any]:
+    """A running native job, about three of its sentences read from /stream, the stream left open."""
+    from webapp.speech.models import SynthesisJob
+
+    job_id = _native_job(web, key)
+    stream = _open_stream(web, key, job_id)
+    _read(stream, PCM_RATE * 2 * 12)
+    # The stream writes what it handed to the row once a sentence more left the web process.
+    _wait_until(
+        lambda: SynthesisJob.objects.get(id=job_id).delivered_chars > 0, 15, "the delivery on the row"
+    )
+    return job_id, stream
+
+
+def _assert_charged_what_was_delivered(job: Any, org: Any) -> None:
+    """The job's one settlement charged the sentences its stream handed out, and released the rest."""
+    from webapp.speech.models import UsagePeriod
+
+    event = _settlement(job.id)
     assert event.kind == "charge" and 0 < event.characters < job.text_chars
     assert event.characters <= job.delivered_chars  # no more than the stream handed out
     assert event.parts[0] == {"kind": "delivered", "characters": event.characters}
-    row = UsagePeriod.objects.get(organization=t.org)
+    row = UsagePeriod.objects.get(organization=org)
     assert row.characters_reserved == 0 and row.characters_used == event.characters
 
 
@@ -314,27 +329,17 @@ def test_stream_then_fail_charges_the_sentences_delivered(live_tenant: Any, web:
     from django.db.models.functions import Now
 
     from webapp.speech import lifecycle
-    from webapp.speech.models import SynthesisJob, UsagePeriod
+    from webapp.speech.models import SynthesisJob
 
     t = live_tenant()
-    job_id = _native_job(web, t.raw_key)
-    stream = _open_stream(web, t.raw_key, job_id)
-    _read(stream, PCM_RATE * 2 * 12)  # about three sentences heard, the stream still open
-    _wait_until(
-        lambda: SynthesisJob.objects.get(id=job_id).delivered_chars > 0, 15, "the delivery on the row"
-    )
+    job_id, stream = _three_sentences_streamed(web, t.raw_key)
     assert SynthesisJob.objects.filter(id=job_id, status="running").update(deadline=Now()) == 1
     time.sleep(0.1)
     assert lifecycle.reap_running()["timeout"] == 1
     stream.close()
     job = SynthesisJob.objects.get(id=job_id)
     assert (job.status, job.error_code) == ("failed", "timeout")
-    event = _settlement(job_id)
-    assert event.kind == "charge" and 0 < event.characters < job.text_chars
-    assert event.characters <= job.delivered_chars  # no more than the stream handed out
-    assert event.parts[0] == {"kind": "delivered", "characters": event.characters}
-    row = UsagePeriod.objects.get(organization=t.org)
-    assert row.characters_reserved == 0 and row.characters_used == event.characters
+    _assert_charged_what_was_delivered(job, t.org)
 
 
 def test_disconnect_reconnect_then_delete_charges_the_sentences_once(live_tenant: Any, web: Any) -> None:
