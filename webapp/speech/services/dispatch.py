@@ -7,7 +7,7 @@ has the task registered under that name.
 The job row is the outbox: a job is created ``queued`` with ``dispatched_at``
 null, its message is sent once the creating transaction commits, and beat
 re-sends what was never sent (``redispatch_undispatched``) or was lost after
-sending (``lifecycle.resend_lost_deliveries``). A message is a wake-up: the
+sending (:func:`resend_lost`, run by beat). A message is a wake-up: the
 worker that takes it claims the fairest queued job of its engines, which may
 be another one (``lifecycle.claim_next``); the row stays the truth.
 """
@@ -114,7 +114,7 @@ def messages_waiting(engine: str) -> int | None:
 
     Each waiting message will wake a worker that claims one queued job of the
     engine (any one, the fairest), so the lost-delivery sweep sends only what
-    the queue lacks (``lifecycle.resend_lost_deliveries``). Celery sends no
+    the queue lacks (:func:`resend_lost`). Celery sends no
     priority, so the queue is the one Redis list of that name.
     """
     try:
