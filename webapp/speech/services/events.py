@@ -80,8 +80,3 @@ def publish(event: Event) -> None:
         handler(event)
     for handler in _after_commit[type(event)]:
         transaction.on_commit(functools.partial(handler, event), robust=True)
-
-
-def settlement_of(event: Event) -> Settlement | None:
-    """The settlement an event carries, if any: where quota levels are read."""
-    return None if isinstance(event, VoiceDecided) else event.settlement
