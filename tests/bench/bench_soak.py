@@ -76,6 +76,8 @@ class SoakResult:
     lost: int = 0
     charged_twice: int = 0
     not_succeeded: dict[str, int] = field(default_factory=dict)
+    # "status error_code: error_message" of each job that did not succeed, at most 10.
+    failures: list[str] = field(default_factory=list)
     bad_files: list[str] = field(default_factory=list)
     rss_after_100_mb: float = 0.0
     rss_after_all_mb: float = 0.0
@@ -97,7 +99,7 @@ class SoakResult:
             f"soak: {self.jobs} eSpeak jobs in {self.seconds:.0f} s, {self.child_kills} worker children "
             "SIGKILLed, Redis and PostgreSQL SIGKILLed once each",
             f"soak: lost {self.lost}, charged twice {self.charged_twice}, not succeeded {self.not_succeeded}, "
-            f"files missing or wrong {len(self.bad_files)}",
+            f"files missing or wrong {len(self.bad_files)}; why: {self.failures}",
             f"soak: worker RSS after 100 jobs {self.rss_after_100_mb:.0f} MB, after {self.jobs} "
             f"{self.rss_after_all_mb:.0f} MB ({growth:+.1f} %); per process: {' / '.join(self.rss_breakdown)}",
             f"soak: longest gap between two finished jobs {self.longest_gap_s:.1f} s; "
@@ -451,20 +453,21 @@ def _wait_all_finished(books: Books, ids: list[str], timeout: float) -> None:
 
 def _check_books(var: Path, books: Books, ids: list[str], result: SoakResult) -> None:
     rows = books.query(
-        "SELECT id::text, status, audio_path, duration_seconds, finished_at FROM speech_synthesisjob "
-        "WHERE id::text = ANY(%s)",
+        "SELECT id::text, status, audio_path, duration_seconds, finished_at, error_code, error_message "
+        "FROM speech_synthesisjob WHERE id::text = ANY(%s)",
         ids,
     )
     result.lost = len(set(ids)) - len(rows)
     statuses = [r[1] for r in rows]
     result.not_succeeded = {s: statuses.count(s) for s in set(statuses) if s != "succeeded"}
+    result.failures = [f"{r[0]} {r[1]} {r[5]}: {r[6]}" for r in rows if r[1] != "succeeded"][:10]
     charges = books.query(
         "SELECT count(*) FROM (SELECT job_key FROM speech_usageevent WHERE job_key::text = ANY(%s) "
         "AND kind = 'charge' GROUP BY job_key HAVING count(*) > 1) AS twice",
         ids,
     )
     result.charged_twice = int(charges[0][0])
-    for job_id, status, audio_path, duration, _ in rows:
+    for job_id, status, audio_path, duration, *_ in rows:
         if status != "succeeded":
             continue
         path = var / "media" / audio_path

@@ -11,6 +11,7 @@ from tests.bench.bench_soak import ROOT, run_soak
 @pytest.mark.slow
 def test_500_jobs_survive_killed_children_redis_and_postgres() -> None:
     result = run_soak(500, kill_every=100, var=ROOT / "var" / "test-soak")
+    print("\n".join(result.lines()))  # whole, where an assertion's message is cut short
     assert result.child_kills >= 3, result.lines()
     assert result.lost == 0, result.lines()
     assert result.charged_twice == 0, result.lines()
@@ -25,4 +26,3 @@ def test_500_jobs_survive_killed_children_redis_and_postgres() -> None:
     # run few jobs and is smaller than the one it replaced, which is no leak.
     assert result.rss_after_100_mb > 0, result.lines()
     assert result.rss_after_all_mb / result.rss_after_100_mb - 1 <= 0.10, result.lines()
-    print("\n".join(result.lines()))
