@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from django.conf import settings
+from django.db import OperationalError
 
 from synth.errors import SynthError
 from webapp.speech.models import SynthesisJob
@@ -29,7 +30,12 @@ log = logging.getLogger(__name__)
 
 
 def before_synthesis(job: SynthesisJob) -> None:
-    """Before synthesis, on every attempt: kill the child, run out of memory, or hang."""
+    """Before synthesis: lose the database (first attempt only); on every attempt, run out of
+    memory or hang."""
+    gone = os.environ.get("TTS_FAULT_DB_GONE_MARKER", "")
+    if gone and gone in job.text and job.attempts == 1:
+        # What a read with no retry of its own raises when PostgreSQL restarts under it.
+        raise OperationalError("fault injection: server closed the connection unexpectedly")
     oom = os.environ.get("TTS_FAULT_OOM_MARKER", "")
     if oom and oom in job.text:
         raise MemoryError("fault injection: simulated out-of-memory")

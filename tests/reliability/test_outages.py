@@ -239,3 +239,25 @@ def test_postgres_stopped_worker_retries_and_nothing_is_lost(
         assert first.attempts == 1 and first.metrics["claim_token"] == first.claim_token
     finally:
         stack.stop_service(worker)
+
+
+def test_a_read_cut_off_by_a_database_restart_requeues_the_job_not_fails_it(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    """A read of the run with no retry of its own (the plan's cache bound) met the restart: the
+    job was failed ``synthesis_failed``, once in a CI soak. It is re-queued, then succeeds."""
+    from webapp.speech.models import SynthesisJob
+
+    flush_queues(stack, "synth.espeak")
+    marker = "#db-gone#"
+    worker = start_worker(stack, "w-db-gone", TTS_FAULT_DB_GONE_MARKER=marker)
+    try:
+        org = make_org("db-gone")
+        hit = submit(org, f"This text {marker} meets a database restart.")
+        (row,) = wait_status([hit.id], timeout=60)
+        assert row.status == "succeeded", (row.error_code, row.error_message)
+        assert row.attempts == 2  # the first met the fault (first attempts only)
+        assert usage_events(row.id) == ["charge", "reserve"]
+        assert SynthesisJob.objects.filter(organization=org, status="failed").count() == 0
+    finally:
+        stack.stop_service(worker)

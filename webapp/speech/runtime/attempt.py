@@ -387,6 +387,13 @@ def _settle_failure(attempt: Attempt, exc: Exception) -> Outcome:
         return _failed(attempt, code, f"{detail} Try again later.")
     if is_out_of_memory(exc):
         return Outcome(_out_of_memory(attempt, exc), out_of_memory=True)
+    if isinstance(exc, DB_ERRORS):
+        # PostgreSQL went away in a read no retry covers (the plan's cache bound, a voice's
+        # prompt): not the job's fault. It waits for another attempt, as after a lost worker.
+        log.warning("job %s: the database went away mid-run (%s); re-queued", job.id, exc)
+        _drop_connections()
+        requeued = db_retry(lifecycle.requeue_job, job.id, attempt.token, reason="database unreachable")
+        return Outcome("requeued:database" if requeued else "lost")
     log.exception("job %s failed unexpectedly", job.id)
     return _failed(
         attempt, JobFailureCode.SYNTHESIS_FAILED, "Synthesis failed unexpectedly; try again later."
