@@ -10,8 +10,10 @@ charged by its seconds.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -444,6 +446,69 @@ def test_a_waiter_gone_after_its_job_succeeded_but_before_its_answer_pays_nothin
     replay = t.client.post("/v1/audio/speech", WHOLE_FILE, **key)
     assert replay.status_code >= 400
     assert _settlement(job.id).kind == "release"
+
+
+def _slow_client(web: Any, key: str, body: dict[str, Any]) -> tuple[socket.socket, int, bytes]:
+    """A client of /v1/audio/speech on the web tier's own socket with a tiny receive buffer: the
+    socket, the answer's Content-Length and the body bytes read with its headers (it reads no more).
+
+    Straight to gunicorn, as Nginx reaches it: through Nginx, its proxy buffers and two kernels'
+    socket buffers absorb more than the first MiB, which hides the web tier's stall this is about.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: little in flight
+    sock.settimeout(60)
+    sock.connect(str(web.cfg.gunicorn_socket))
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1:{web.cfg.https_port}\r\n"
+        "X-Forwarded-Proto: https\r\nX-Real-IP: 127.0.0.1\r\nX-Forwarded-For: 127.0.0.1\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    )
+    sock.sendall(head.encode() + payload)
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(1024)
+        assert chunk, f"closed before the answer's headers: {got!r}"
+        got += chunk
+    headers, body_start = got.split(b"\r\n\r\n", 1)
+    assert headers.startswith(b"HTTP/1.1 200"), headers
+    length = next(
+        int(line.split(b":")[1])
+        for line in headers.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return sock, length, body_start
+
+
+def test_a_slow_reader_keeps_its_lease_and_pays_for_the_file_it_gets(live_tenant: Any, web: Any) -> None:
+    """A client that stops reading its answer holds the server's send of the first block. The lease
+    used to stop with the wait: the reaper released the job as the client's, and the file still
+    went out whole, free. The answer keeps the lease until the first block settles the job."""
+    from django.conf import settings
+
+    from webapp.speech import lifecycle
+
+    t = live_tenant()
+    # About 100 s of 24 kHz PCM (4.8 MB): far more than the path from the web process buffers.
+    body = {"model": "tts-1", "voice": "alloy", "input": LONG_TEXT, "response_format": "pcm"}
+    sock, length, received = _slow_client(web, t.raw_key, body)
+    with sock:
+        job = _job_of(t.org)
+        assert job.status == "succeeded" and length > 2 * 1024 * 1024
+        time.sleep(settings.TTS_WAITER_LEASE_SECONDS + 2)  # reads nothing, well past a lease
+        assert lifecycle.abandon_lapsed_waiters() == 0, "the reaper released a job whose answer is being sent"
+        assert _settlement(job.id) is None  # its first block is still in the web process
+        while len(received) < length:
+            chunk = sock.recv(256 * 1024)
+            assert chunk, f"closed after {len(received)} of {length} bytes"
+            received += chunk
+    with open(_media(job), "rb") as stored:
+        assert received == stored.read()
+    _wait_until(lambda: _settlement(job.id) is not None, 10, "the answer's settlement")
+    settled = _settlement(job.id)
+    assert (settled.kind, settled.characters) == ("charge", job.text_chars)
 
 
 def _media(job: Any) -> str:

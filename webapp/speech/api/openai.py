@@ -52,7 +52,7 @@ from webapp.speech.api.streaming import (
     wants_stream,
 )
 from webapp.speech.api.views import TenantAPIView, submit
-from webapp.speech.api.waiting import Wait, WaiterLease, WaitingAPIView, WaitSlot, wait_view
+from webapp.speech.api.waiting import Wait, WaiterLease, WaitingAPIView, WaitSlot, keep_lease, wait_view
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services.files import media_path
 from webapp.tenants.models import Organization
@@ -214,11 +214,13 @@ class AnswerResponse(StreamingHttpResponse):
 
     Under ASGI each block is read in a pool thread (Django would read a sync iterator whole
     before sending any of it: a ten-minute WAV is 26 MB); under WSGI and in Django's test client
-    the sync iterator is read.
+    the sync iterator is read. Under ASGI the answer also keeps the wait's ``lease`` until that
+    first block was taken: a client that stops reading holds the send for as long as it likes,
+    and a lease lapsed meanwhile had the reaper release the job while the file went out whole.
     """
 
-    def __init__(self, path: str, media_type: str, job_id: Any) -> None:
-        self.path, self.job_id = path, job_id
+    def __init__(self, path: str, media_type: str, job_id: Any, lease: WaiterLease | None = None) -> None:
+        self.path, self.job_id, self.lease = path, job_id, lease
         super().__init__(self._blocks(), content_type=media_type)
         self["Content-Length"] = str(os.path.getsize(path))
 
@@ -234,6 +236,9 @@ class AnswerResponse(StreamingHttpResponse):
     async def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
         handle = await sync_to_async(_open_binary, thread_sensitive=False)(self.path)
         read = sync_to_async(handle.read, thread_sensitive=False)
+        # The wait renewed the lease at most one period ago: the next renewal is a period away.
+        lease = self.lease
+        keeping = keep_lease(lease.renew, self.job_id, lease.every, lease.every) if lease else None
         try:
             taken = 0
             while block := await read(READ_BLOCK):
@@ -241,7 +246,11 @@ class AnswerResponse(StreamingHttpResponse):
                 taken += 1
                 if taken == 1:
                     await sync_to_async(_answer_handed, thread_sensitive=False)(self.job_id)
+                    if keeping is not None:
+                        keeping.cancel()  # settled: the job holds no waiter now
         finally:
+            if keeping is not None:
+                keeping.cancel()
             handle.close()
 
 
@@ -249,12 +258,18 @@ def _answer_handed(job_id: Any) -> None:
     lifecycle.report_handed(job_id, handing=lifecycle.Handing.WHOLE)
 
 
-def deliver(job_id: Any, sse_for: HttpRequest | None = None, timestamps: bool = False) -> HttpResponseBase:
+def deliver(
+    job_id: Any,
+    sse_for: HttpRequest | None = None,
+    timestamps: bool = False,
+    lease: WaiterLease | None = None,
+) -> HttpResponseBase:
     """The audio of a finished job, or the error that says why there is none (cancels a job still going).
 
     ``sse_for``: the request asked for server-sent events; the stored file is then sent by an
     ``SSEJobStream`` (one event for a compressed file), settled once it was all handed; with
-    ``timestamps``, its timestamps events follow the audio.
+    ``timestamps``, its timestamps events follow the audio. ``lease``: the wait's waiter lease,
+    which the file's answer keeps until it settled the job (a stream keeps its own).
     """
     # Only what the audio needs: every request answers here; the whole row only when there is none.
     status, audio_path, audio_format = SynthesisJob.objects.values_list("status", "audio_path", "format").get(
@@ -270,7 +285,7 @@ def deliver(job_id: Any, sse_for: HttpRequest | None = None, timestamps: bool = 
         )
         return JobStreamResponse(stream)
     if status == SynthesisJob.Status.SUCCEEDED and audio_path:
-        return AnswerResponse(media_path(audio_path), content_type(audio_format), job_id)
+        return AnswerResponse(media_path(audio_path), content_type(audio_format), job_id, lease)
     raise _not_delivered(SynthesisJob.objects.get(pk=job_id))
 
 
@@ -297,7 +312,9 @@ def answer_after_wait(request: HttpRequest, wait: Wait) -> HttpResponseBase:
     """The OpenAI endpoint's answer once its wait is over: the audio, or the error in OpenAI's shape."""
     try:
         answer = wait.answer if isinstance(wait.answer, AnswerForm) else AnswerForm()
-        response = deliver(wait.job_id, request if answer.sse else None, timestamps=answer.timestamps)
+        response = deliver(
+            wait.job_id, request if answer.sse else None, timestamps=answer.timestamps, lease=wait.lease
+        )
     except DomainError as error:
         response = render(request, error)
         if error.code == ErrorCode.TIMEOUT:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -43,7 +44,7 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.speech import lifecycle
 from webapp.speech.api.stream_wakeups import POLL_ROW_CHECK_SECONDS, AsyncWakeups, SyncWakeups
 from webapp.speech.api.views import TenantAPIView
-from webapp.speech.api.waiting import WaitSlot
+from webapp.speech.api.waiting import WaitSlot, keep_lease
 from webapp.speech.models import JobTimestamps, SynthesisJob
 from webapp.speech.services import ledger
 from webapp.speech.services.files import media_path
@@ -278,7 +279,8 @@ class JobStream:
 
     def _record(self, final: bool = False) -> None:
         """Write what this stream delivered to the job's row once a sentence more was handed out
-        (a cancel, delete or disconnect charges it), and renew the waiter's lease when due."""
+        (a cancel, delete or disconnect charges it), and renew the waiter's lease when due (stepped
+        by a sync server: under ASGI a task keeps it, ``_keep_lease``)."""
         if self.reader is None and not self.abandon_on_close:
             return
         now = time.monotonic()
@@ -332,6 +334,18 @@ class JobStream:
         if self.abandon_on_close:
             lifecycle.report_handed(self.job_id, handing=lifecycle.Handing.WHOLE)
 
+    def _keep_lease(self) -> asyncio.Task[None] | None:
+        """Under ASGI the waiter's lease is renewed by the clock, not by the steps (None: it holds
+        none): a client that stops reading stops the steps, and a lease lapsed meanwhile had the
+        reaper settle the job while the rest went out."""
+        if not self.abandon_on_close:
+            return None
+        first_in = max(0.0, self.next_lease_renewal - time.monotonic())
+        self.next_lease_renewal = math.inf  # the steps no longer renew it
+        return keep_lease(
+            lifecycle.renew_waiter, self.job_id, settings.TTS_WAITER_LEASE_SECONDS / 3, first_in
+        )
+
     # -- the two ways a server iterates a response ------------------------------------------------
     # Each subscribes before its first step: what is published after that waits in the subscription.
     def __iter__(self) -> Iterator[bytes]:
@@ -359,6 +373,7 @@ class JobStream:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         wakeups = await AsyncWakeups(self.job_id).open()
         to_the_end = False
+        keeping = self._keep_lease()
         try:
             while not self.done:
                 self.row_check_seconds = wakeups.row_check_seconds
@@ -375,6 +390,8 @@ class JobStream:
             else:
                 to_the_end = True
         finally:
+            if keeping is not None:
+                keeping.cancel()
             # One shielded step: the server cancels this response once it sees the client gone,
             # which may be while the wake-ups close; what the stream handed must be settled anyway.
             ending = self.handed_to_the_end if to_the_end else self.give_up

@@ -303,19 +303,27 @@ def _renewing(wait: Wait) -> asyncio.Task[None] | None:
     lease = wait.lease
     if lease is None:
         return None
+    return keep_lease(lease.renew, wait.job_id, lease.every, first_in=lease.every if lease.fresh else 0.0)
 
-    async def renew() -> None:
-        if lease.fresh:
-            await asyncio.sleep(lease.every)
+
+def keep_lease(
+    renew: Callable[[Any], Any], job_id: Any, every: float, first_in: float = 0.0
+) -> asyncio.Task[None]:
+    """A task that calls ``renew(job_id)`` every ``every`` seconds, the first after ``first_in``, until
+    canceled: a waiter's lease is kept by the clock while its request lives, never by the pace of
+    its client (one that stops reading would otherwise let it lapse with its answer half sent)."""
+
+    async def renewing() -> None:
+        await asyncio.sleep(first_in)
         while True:
             try:
-                await _in_pool_thread(lease.renew, wait.job_id)
+                await _in_pool_thread(renew, job_id)
             except (InterfaceError, OperationalError) as exc:
                 # The next renewal tries again; a lease that lapses meanwhile ends the job.
-                log.warning("could not renew the waiter lease of job %s: %s", wait.job_id, exc)
-            await asyncio.sleep(lease.every)
+                log.warning("could not renew the waiter lease of job %s: %s", job_id, exc)
+            await asyncio.sleep(every)
 
-    return asyncio.ensure_future(renew())
+    return asyncio.ensure_future(renewing())
 
 
 def _call_then_release_connection(call: Callable[[Any], Any], job_id: Any) -> None:
