@@ -513,10 +513,15 @@ TTS_WEBHOOK_RETRY_BASE_SECONDS = env_float("TTS_WEBHOOK_RETRY_BASE_SECONDS", 5.0
 TTS_WEBHOOK_RETRY_MAX_SECONDS = env_float("TTS_WEBHOOK_RETRY_MAX_SECONDS", 3600.0)
 TTS_WEBHOOK_RETRY_WINDOW_SECONDS = env_int("TTS_WEBHOOK_RETRY_WINDOW_SECONDS", 24 * 3600)
 TTS_WEBHOOK_DISABLE_AFTER_SECONDS = env_int("TTS_WEBHOOK_DISABLE_AFTER_SECONDS", 24 * 3600)
-# The beat sweep runs this often and sends again every due message not sent within RESEND seconds
-# (a Celery message lost with Redis or with its worker).
+# The beat sweep runs this often and tops the queue's wake-ups up to what could be sent now (a wake-up
+# lost with Redis or with its worker).
 TTS_WEBHOOK_SWEEP_SECONDS = env_int("TTS_WEBHOOK_SWEEP_SECONDS", 15)
-TTS_WEBHOOK_RESEND_SECONDS = env_int("TTS_WEBHOOK_RESEND_SECONDS", 60)
+# Attempts in flight at once, over every webhooks worker: per endpoint, and per tenant (below the
+# workers' children, so one tenant's slow receivers never hold all of them).
+TTS_WEBHOOK_ENDPOINT_CONCURRENCY = max(1, env_int("TTS_WEBHOOK_ENDPOINT_CONCURRENCY", 2))
+TTS_WEBHOOK_TENANT_CONCURRENCY = max(1, env_int("TTS_WEBHOOK_TENANT_CONCURRENCY", 2))
+# Pings and redeliveries a tenant may ask for in an hour (the API and the dashboard together).
+TTS_WEBHOOK_MANUAL_SENDS_PER_HOUR = env_int("TTS_WEBHOOK_MANUAL_SENDS_PER_HOUR", 60)
 # How long an old secret keeps signing after a rotation.
 TTS_WEBHOOK_SECRET_OVERLAP_SECONDS = env_int("TTS_WEBHOOK_SECRET_OVERLAP_SECONDS", 24 * 3600)
 TTS_WEBHOOK_CONCURRENCY = env_int("TTS_WEBHOOK_CONCURRENCY", 4)

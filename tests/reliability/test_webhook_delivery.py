@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from deploy import stack as deploy_stack
 from deploy.stack import Service
@@ -38,7 +39,6 @@ WORKER_ENV = {
 def _fast_sweep(settings: Any, stack: TestStack) -> None:
     import ipaddress
 
-    settings.TTS_WEBHOOK_RESEND_SECONDS = 2
     settings.TTS_WEBHOOK_ALLOW_PRIVATE = [ipaddress.ip_network("127.0.0.0/8")]
     flush_queues(stack, "webhooks")  # messages of in-process tests, whose rows are gone
 
@@ -124,3 +124,57 @@ def test_every_event_arrives_once_when_the_worker_sending_it_is_killed(
     assert set(receiver.events("k")) == made and len(receiver.unique) == len(made)
     # The two cut off were received (the receiver answered a dead socket) and sent again: duplicates, dropped.
     assert sorted(receiver.seen.values())[-2:] == [2, 2] and not receiver.rejected
+
+
+@pytest.fixture
+def black_hole() -> Iterator[str]:
+    """A receiver that takes connections and never answers (nothing accepts them): its URL."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(256)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/hole"
+
+
+def test_a_receiver_that_never_answers_delays_no_other_tenants_events(
+    stack: TestStack, builtin_voices: list[str], receiver: Receiver, black_hole: str
+) -> None:
+    """The greedy tenant's 45 messages to three endpoints that never answer would hold all four children
+    of the worker for 20 s; its share is two, and another tenant's events go at once beside them."""
+    from django.db import transaction
+
+    from webapp.webhooks import delivery, outbox
+    from webapp.webhooks.models import EventType, WebhookEndpoint, WebhookMessage
+
+    greedy, other = make_org("webhooks-greedy"), make_org("webhooks-other")
+    for _ in range(3):
+        WebhookEndpoint.objects.create(
+            organization=greedy, url=black_hole, events=[], secret=delivery.new_secret()
+        )
+    _endpoint(other, receiver, "other")
+    worker = stack.start_worker(
+        "webhooks-shared", queues="webhooks", concurrency="4", env=WORKER_ENV, wait_ready=False
+    )
+    with running(stack, worker):
+        with transaction.atomic():
+            for n in range(15):
+                outbox.record(greedy.id, EventType.PING, {"n": n}, subject=f"flood-{n}")
+        in_flight = WebhookMessage.objects.filter(
+            organization=greedy, status="pending", lease_until__isnull=False
+        )
+        wait_until(lambda: in_flight.count() >= 2, 60, "the greedy tenant's attempts in flight")
+        latencies, shares = [], []
+        for n in range(3):
+            time.sleep(0.5)
+            started = time.monotonic()
+            with transaction.atomic():
+                outbox.record(other.id, EventType.PING, {"n": n}, subject=f"other-{n}")
+            wait_until(lambda n=n: len(receiver.unique) > n, 30, f"the other tenant's event {n}")
+            latencies.append(time.monotonic() - started)
+            shares.append(in_flight.filter(lease_until__gte=timezone.now()).count())
+        assert max(latencies) < 1.5, latencies
+        # Its events went while the greedy tenant held its whole share, never more.
+        assert shares == [2, 2, 2]
+        assert WebhookMessage.objects.filter(organization=greedy, attempts__gt=0).count() < 45
+        assert WebhookMessage.objects.filter(organization=greedy, status="delivered").count() == 0

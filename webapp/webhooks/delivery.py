@@ -1,18 +1,28 @@
-"""Sending outbox messages: one attempt at a time, retried with backoff, swept when lost.
+"""Sending outbox messages: fairly shared, one attempt at a time, retried with backoff, swept when lost.
 
-An attempt takes the message's lease (one conditional UPDATE: pending, due, no
-live lease), sends outside any transaction (a slow receiver holds no row lock),
-and records the outcome: delivered on a 2xx; otherwise the next attempt after
-``BASE * 2^(n-1)`` seconds (at most ``MAX``), jittered down to half of that, the last
-one at the end of the retry window (24 h), after which it is failed. An endpoint with no
-delivered attempt since its first failure ``DISABLE_AFTER`` ago is disabled and
-its tenant's owners are mailed. ``now`` is injectable everywhere, so the tests
-run a day of retries in seconds.
+A Celery message is a wake-up: it takes one due message (its own if it names one
+that may go now, else the fairest) and makes one attempt. Taking is serialized by
+one PostgreSQL advisory lock, so the caps are exact over every webhooks worker: at
+most ``TTS_WEBHOOK_ENDPOINT_CONCURRENCY`` attempts in flight per endpoint and
+``TTS_WEBHOOK_TENANT_CONCURRENCY`` per tenant, the tenant with the fewest in flight
+first. A receiver that never answers holds its own tenant's share, never every
+worker. Each finished attempt sends one wake-up for whatever waited behind a cap.
 
-At least once: the Celery message is acknowledged late (a worker killed mid-send
-gets it redelivered by the broker), and :func:`sweep` re-enqueues every due row
-not enqueued within ``TTS_WEBHOOK_RESEND_SECONDS``, so a message lost with Redis
-or with its worker is sent again. The ``webhook-id`` stays the same.
+An attempt takes the message's lease (pending, due, no live lease), sends outside
+any transaction (a slow receiver holds no row lock), and records the outcome:
+delivered on a 2xx; otherwise the next attempt after ``BASE * 2^(n-1)`` seconds (at
+most ``MAX``), jittered down to half of that, the last one at the end of the retry
+window (24 h), after which it is failed. The backoff is set when the attempt is
+taken: one cut off (its child killed at the time limit) waits it out too, and the
+next take records it as a failed attempt. An endpoint with no delivered attempt
+since its first failure ``DISABLE_AFTER`` ago is disabled and its tenant's owners
+are mailed. ``now`` is injectable everywhere, so the tests run a day of retries in
+seconds.
+
+At least once: the wake-up is acknowledged late (a worker killed mid-send gets it
+redelivered by the broker), and :func:`sweep` tops the queue up to what could be sent
+now, so a wake-up lost with Redis or with its worker is replaced. The ``webhook-id``
+stays the same.
 """
 
 from __future__ import annotations
@@ -23,14 +33,14 @@ import json
 import logging
 import random
 import secrets as secrets_module
-import uuid
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 from django.core.mail import send_mail
-from django.db import transaction
-from django.db.models import F, Q
+from django.db import connection, transaction
+from django.db.models import Case, Count, IntegerField, Q, QuerySet, Value, When
 from django.utils import timezone
 from standardwebhooks import Webhook
 
@@ -96,29 +106,101 @@ def lease_seconds() -> float:
     return settings.TTS_WEBHOOK_CONNECT_TIMEOUT_SECONDS + 2 * settings.TTS_WEBHOOK_READ_TIMEOUT_SECONDS + 5
 
 
+# The advisory lock key of taking a message (any fixed number no other lock of the database uses).
+TAKE_LOCK = 0x7777_6862  # "wwhb"
+CUT_OFF = "cut off: no answer before the attempt's time limit (or its worker stopped)"
+
+
+def _in_flight(now: dt.datetime) -> tuple[Counter[Any], Counter[Any]]:
+    """Attempts holding a live lease, per endpoint and per tenant."""
+    leased = WebhookMessage.objects.filter(status=MessageStatus.PENDING, lease_until__gte=now)
+    by_endpoint: Counter[Any] = Counter()
+    by_tenant: Counter[Any] = Counter()
+    for endpoint_id, organization_id in leased.values_list("endpoint_id", "organization_id"):
+        if endpoint_id is not None:
+            by_endpoint[endpoint_id] += 1
+        by_tenant[organization_id] += 1
+    return by_endpoint, by_tenant
+
+
+def _sendable(
+    now: dt.datetime, by_endpoint: Counter[Any], by_tenant: Counter[Any]
+) -> QuerySet[WebhookMessage]:
+    """Due messages no attempt holds, whose endpoint and tenant are under their caps."""
+    full_endpoints = [e for e, n in by_endpoint.items() if n >= settings.TTS_WEBHOOK_ENDPOINT_CONCURRENCY]
+    full_tenants = [t for t, n in by_tenant.items() if n >= settings.TTS_WEBHOOK_TENANT_CONCURRENCY]
+    return (
+        WebhookMessage.objects.filter(
+            Q(lease_until__isnull=True) | Q(lease_until__lt=now),
+            status=MessageStatus.PENDING,
+            next_attempt_at__lte=now,
+        )
+        .exclude(endpoint_id__in=full_endpoints)
+        .exclude(organization_id__in=full_tenants)
+    )
+
+
 def _take(message_id: Any, now: dt.datetime) -> WebhookMessage | None:
-    """The message, with its lease taken and the attempt counted, if it is due and no other attempt holds it.
+    """A message with its lease taken, its attempt counted and its backoff set; None when none may go now.
 
-    Counted here, not when the answer comes: an attempt cut off (its child killed at the time
-    limit by a receiver that drips its answer) still counts, and still ends with the window.
+    ``message_id`` first, when it may go; else the due message of the tenant with the
+    fewest attempts in flight, the longest due first. Counted here, not when the answer
+    comes: an attempt cut off still counts, backs off, and ends with the window.
     """
-    lease = now + dt.timedelta(seconds=lease_seconds())
-    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     with transaction.atomic():
-        taken = WebhookMessage.objects.filter(
-            free, id=message_id, status=MessageStatus.PENDING, next_attempt_at__lte=now
-        ).update(lease_until=lease, attempts=F("attempts") + 1)
-        if not taken:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [TAKE_LOCK])
+        by_endpoint, by_tenant = _in_flight(now)
+        sendable = _sendable(now, by_endpoint, by_tenant)
+        fields = ("id", "attempts", "lease_until")
+        chosen = (
+            sendable.filter(id=message_id).values_list(*fields).first() if message_id is not None else None
+        )
+        if chosen is None:
+            fairest = sendable.order_by("next_attempt_at")
+            if by_tenant:
+                busy = Case(
+                    *(When(organization_id=t, then=Value(n)) for t, n in by_tenant.items()),
+                    default=Value(0),
+                    output_field=IntegerField(),
+                )
+                fairest = sendable.annotate(busy=busy).order_by("busy", "next_attempt_at")
+            chosen = fairest.values_list(*fields).first()
+        if chosen is None:
             return None
-        return WebhookMessage.objects.select_related("endpoint").get(id=message_id)
+        taken_id, attempts, lapsed = chosen
+        lease = dt.timedelta(seconds=lease_seconds())
+        WebhookMessage.objects.filter(id=taken_id).update(
+            lease_until=now + lease,
+            attempts=attempts + 1,
+            next_attempt_at=now + lease + dt.timedelta(seconds=backoff_seconds(attempts + 1)),
+        )
+        message = WebhookMessage.objects.select_related("endpoint").get(id=taken_id)
+        if lapsed is not None:
+            # The last attempt never recorded an outcome: its lease ran out.
+            WebhookAttempt.objects.create(message_id=taken_id, started_at=lapsed - lease, error=CUT_OFF)
+            if message.endpoint is not None:
+                _endpoint_outcome(message.endpoint.id, False, now)
+                message.endpoint.refresh_from_db()
+        return message
 
 
-def deliver(message_id: Any, now: dt.datetime | None = None, post: Poster | None = None) -> str:
-    """One attempt at a due message; what became of it ("delivered", "retry", "failed", "skipped")."""
+def deliver(message_id: Any = None, now: dt.datetime | None = None, post: Poster | None = None) -> str:
+    """One attempt at a due message; what became of it ("delivered", "retry", "failed", "skipped").
+
+    Any outcome but "skipped" sends a wake-up for what waited behind this attempt's caps.
+    """
     now = now or timezone.now()
     message = _take(message_id, now)
     if message is None:
         return "skipped"
+    try:
+        return _attempt(message, now, post)
+    finally:
+        outbox.wake(1)
+
+
+def _attempt(message: WebhookMessage, now: dt.datetime, post: Poster | None) -> str:
     endpoint = message.endpoint
     if endpoint is not None and not endpoint.enabled:
         _finish(message, MessageStatus.FAILED, error="the endpoint is disabled")
@@ -178,7 +260,7 @@ def _record(message: WebhookMessage, now: dt.datetime, answer: outbound.Answer) 
                 # The last attempt is made at the window's end: a day of failures is a day.
                 next_at = min(now + dt.timedelta(seconds=backoff_seconds(message.attempts)), window_end)
                 outcome = "retry"
-                changes.update(next_attempt_at=next_at, enqueued_at=now)
+                changes.update(next_attempt_at=next_at)
         WebhookMessage.objects.filter(id=message.id).update(**changes)
         if message.endpoint_id is not None:
             _endpoint_outcome(message.endpoint_id, answer.ok, now)
@@ -240,7 +322,7 @@ def redeliver(message: WebhookMessage, now: dt.datetime | None = None) -> Webhoo
     """Send a message again now, whatever became of it; same webhook-id, a fresh retry window."""
     now = now or timezone.now()
     WebhookMessage.objects.filter(id=message.id).update(
-        status=MessageStatus.PENDING, next_attempt_at=now, window_start=now, enqueued_at=now, lease_until=None
+        status=MessageStatus.PENDING, next_attempt_at=now, window_start=now, lease_until=None
     )
     message_id = message.id
     transaction.on_commit(lambda: outbox.send_soon([message_id]), robust=True)
@@ -248,17 +330,18 @@ def redeliver(message: WebhookMessage, now: dt.datetime | None = None) -> Webhoo
 
 
 def sweep(now: dt.datetime | None = None, limit: int = 1000) -> int:
-    """Re-enqueue due messages whose Celery message may be lost (not enqueued lately); how many."""
+    """Top the queue's wake-ups up to what could be sent now (those lost with Redis or a worker); how many.
+
+    What could be sent now: the due messages no attempt holds, at most each tenant's free
+    share. Wake-ups already queued count against it, so a receiver that never answers
+    adds none: its tenant's share stays full.
+    """
     now = now or timezone.now()
-    stale = now - dt.timedelta(seconds=settings.TTS_WEBHOOK_RESEND_SECONDS)
-    due = WebhookMessage.objects.filter(
-        Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale),
-        Q(lease_until__isnull=True) | Q(lease_until__lt=now),
-        status=MessageStatus.PENDING,
-        next_attempt_at__lte=now,
-    )
-    ids: list[uuid.UUID] = list(due.order_by("next_attempt_at").values_list("id", flat=True)[:limit])
-    if ids:
-        WebhookMessage.objects.filter(id__in=ids).update(enqueued_at=now)
-        outbox.send_soon(ids)
-    return len(ids)
+    by_endpoint, by_tenant = _in_flight(now)
+    per_tenant = _sendable(now, by_endpoint, by_tenant).values("organization_id").annotate(n=Count("id"))
+    cap = settings.TTS_WEBHOOK_TENANT_CONCURRENCY
+    wanted = sum(min(row["n"], cap - by_tenant[row["organization_id"]]) for row in per_tenant)
+    missing = min(wanted, limit) - (outbox.waiting() or 0)
+    if missing > 0:
+        outbox.wake(missing)
+    return max(0, missing)

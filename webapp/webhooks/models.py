@@ -118,7 +118,8 @@ class WebhookMessage(models.Model):
     # Retries go on until TTS_WEBHOOK_RETRY_WINDOW_SECONDS after this (a redelivery starts it again).
     window_start = models.DateTimeField(default=timezone.now)
     next_attempt_at = models.DateTimeField(default=timezone.now)
-    # When a Celery message for it was last sent: the sweep sends again what is due and was not sent lately.
+    # Read by the previous release's sweep only: kept while it may still run during a rolling update
+    # (docs/scaling.md, "Upgrades"); drop it in the next release.
     enqueued_at = models.DateTimeField(null=True, blank=True)
     # Held by the attempt in progress (a worker killed mid-attempt lets it lapse).
     lease_until = models.DateTimeField(null=True, blank=True)
@@ -134,6 +135,12 @@ class WebhookMessage(models.Model):
                 condition=models.Q(status="pending"),
             ),
             models.Index(fields=["endpoint", "-created_at"], name="webhooks_message_endpoint_idx"),
+            # The attempts in flight (a handful), counted at every claim.
+            models.Index(
+                fields=["lease_until"],
+                name="webhooks_message_leased_idx",
+                condition=models.Q(status="pending", lease_until__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -25,7 +26,6 @@ log = logging.getLogger(__name__)
 
 QUEUE = "webhooks"
 DELIVER_TASK = "webhooks.deliver"
-# The share of the month's characters at which usage.threshold is sent, once each per month.
 
 
 def envelope(event: str, data: dict[str, Any], when: dt.datetime | None = None) -> dict[str, Any]:
@@ -66,7 +66,6 @@ def record(
             created_at=now,
             window_start=now,
             next_attempt_at=now,
-            enqueued_at=now,
         )
 
     rows = [
@@ -80,7 +79,10 @@ def record(
         return []
     ids = _insert_new(rows)
     if ids:
-        transaction.on_commit(lambda: send_soon(ids), robust=True)
+        # Wake-ups are anyone's (each takes the fairest due message): more than the tenant may have in
+        # flight would only wait; each finished attempt sends the next.
+        first = ids[: settings.TTS_WEBHOOK_TENANT_CONCURRENCY]
+        transaction.on_commit(lambda: send_soon(first), robust=True)
     return ids
 
 
@@ -97,7 +99,6 @@ _COLUMNS = (
     "created_at",
     "window_start",
     "next_attempt_at",
-    "enqueued_at",
     "last_error",
 )
 
@@ -124,7 +125,6 @@ def _insert_new(rows: list[WebhookMessage]) -> list[uuid.UUID]:
             row.created_at,
             row.window_start,
             row.next_attempt_at,
-            row.enqueued_at,
             "",
         ]
     sql = (
@@ -153,10 +153,33 @@ def endpoints_from(value: Any) -> list[WebhookEndpoint]:
     ]
 
 
-def send_soon(ids: Iterable[uuid.UUID], countdown: float | None = None) -> None:
-    """A Celery message per outbox row; a broker that is down loses nothing (the sweep sends them)."""
+def send_soon(ids: Iterable[uuid.UUID | None], countdown: float | None = None) -> None:
+    """A wake-up per id (None: for whatever is due); a broker that is down loses nothing (the sweep sends).
+
+    A wake-up takes its own message if that may be sent now, else the fairest due one
+    (webapp/webhooks/delivery.py): the id only saves a message just written a wait.
+    """
     for message_id in ids:
+        args = () if message_id is None else (str(message_id),)
         try:
-            app.send_task(DELIVER_TASK, args=(str(message_id),), queue=QUEUE, countdown=countdown)
+            app.send_task(DELIVER_TASK, args=args, queue=QUEUE, countdown=countdown)
         except Exception:
-            log.warning("webhook message %s not sent to the broker; the sweep will send it", message_id)
+            log.warning("webhook wake-up %s not sent to the broker; the sweep will send one", message_id)
+
+
+def wake(count: int) -> None:
+    """``count`` wake-ups for whatever is due."""
+    send_soon([None] * count)
+
+
+def waiting() -> int | None:
+    """Wake-ups waiting in the broker's queue; None when it cannot be asked.
+
+    Celery sends no priority here, so the queue is the one Redis list of its name.
+    """
+    try:
+        with app.connection_or_acquire() as connection:
+            return int(connection.default_channel.client.llen(QUEUE))
+    except Exception as exc:  # kombu/redis errors have no common base worth naming
+        log.warning("could not count the wake-ups in queue %s: %s", QUEUE, exc)
+        return None

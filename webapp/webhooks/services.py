@@ -3,18 +3,21 @@
 Inputs arrive checked (the API's serializers, the dashboard's forms, both with
 ``net.check_literal`` for the URL); these functions keep the rules that hold
 whoever asks: the endpoint count, the secret shown once, pings and redeliveries
-through the outbox.
+through the outbox and within the tenant's hourly budget of them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
+from webapp.tenants import hourly
 from webapp.tenants.models import Organization
 from webapp.webhooks import delivery, outbox
 from webapp.webhooks.models import EventType, WebhookEndpoint, WebhookMessage
@@ -82,8 +85,26 @@ def rotate_secret(endpoint: WebhookEndpoint, overlap_seconds: int | None = None)
     return locked
 
 
+def _spend_manual_send(organization_id: Any) -> None:
+    """Count a ping or redelivery against the tenant's hour; ``429 rate_limited`` past it.
+
+    They are the sends a tenant makes at will: unbounded, they would fill the webhooks
+    queue for everyone (each still waits within the tenant's share of the workers).
+    """
+    limit = settings.TTS_WEBHOOK_MANUAL_SENDS_PER_HOUR
+    if not hourly.spend([(f"webhook-manual:{organization_id}", limit)]):
+        wait = hourly.WINDOW_SECONDS - int(time.time()) % hourly.WINDOW_SECONDS
+        raise DomainError(
+            ErrorCode.RATE_LIMITED,
+            f"More than {limit} pings and redeliveries in this hour for this tenant; try again in {wait} s.",
+            retry_after=wait,
+            extra={"limit": "webhook_manual_sends_per_hour", "webhook_manual_sends_per_hour": limit},
+        )
+
+
 def ping(endpoint: WebhookEndpoint, note: str = "A test event sent from the API.") -> WebhookMessage:
     """A ping message to the endpoint, sent through the outbox like any event."""
+    _spend_manual_send(endpoint.organization_id)
     now = timezone.now()
     data = {"endpoint": str(endpoint.pk), "message": note}
     with transaction.atomic():
@@ -99,5 +120,6 @@ def redeliver(message: WebhookMessage) -> WebhookMessage:
         raise DomainError(
             ErrorCode.INVALID_REQUEST, "The endpoint is disabled; enable it first (PATCH enabled: true)."
         )
+    _spend_manual_send(message.organization_id)
     with transaction.atomic():
         return delivery.redeliver(message)

@@ -3,7 +3,8 @@
 ``webhooks.deliver`` is acknowledged late and rejected back to the queue when its
 worker child dies (the settings' defaults), and its hard time limit is the
 message's lease, so a stuck attempt ends before another may take the message.
-``webhooks.sweep`` (beat, every TTS_WEBHOOK_SWEEP_SECONDS) sends again what is due.
+A message is a wake-up (its id, when it names one, is tried first; webapp/webhooks/delivery.py).
+``webhooks.sweep`` (beat, every TTS_WEBHOOK_SWEEP_SECONDS) replaces the wake-ups that were lost.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from webapp.webhooks.outbox import DELIVER_TASK, QUEUE
     ignore_result=True,
     time_limit=max(1, int(delivery.lease_seconds()) - 1),
 )
-def deliver(message_id: str) -> str:
+def deliver(message_id: str | None = None) -> str:
     return delivery.deliver(message_id)
 
 

@@ -241,7 +241,15 @@ def test_a_replay_older_than_the_tolerance_is_rejected_by_the_receiver_library(
     assert any("too old" in why.lower() for why in receiver.rejected), receiver.rejected
 
 
-def test_the_sweep_sends_again_a_due_message_whose_celery_message_was_lost(
+def _lose_wake_ups() -> None:
+    """The webhooks queue's wake-ups gone, as with a Redis restarted without its data."""
+    from webapp.celery import app
+
+    with app.connection_or_acquire() as connection:
+        connection.default_channel.client.delete("webhooks")
+
+
+def test_the_sweep_replaces_lost_wake_ups_and_adds_none_past_a_tenants_share(
     tenant: Any, receiver: Receiver
 ) -> None:
     from webapp.webhooks import delivery
@@ -250,12 +258,74 @@ def test_the_sweep_sends_again_a_due_message_whose_celery_message_was_lost(
     _endpoint(tenant, receiver, "swept")
     webhook_events.cancel(tenant.org)
     message = WebhookMessage.objects.get(event="job.canceled")
+    _lose_wake_ups()
     now = timezone.now()
-    assert delivery.sweep(now) == 0  # just enqueued: its message may still be on the way
-    later = now + dt.timedelta(seconds=120)
-    assert delivery.sweep(later) == 1
+    assert delivery.sweep(now) == 1  # due, and nothing in the queue would wake it
+    assert delivery.sweep(now) == 0  # the wake-up just sent is waiting
+    _lose_wake_ups()
     WebhookMessage.objects.filter(id=message.id).update(status="delivered")
-    assert delivery.sweep(later + dt.timedelta(seconds=120)) == 0
+    assert delivery.sweep(now) == 0
+    # Six due messages of a tenant with two in flight (its share): nothing could go now.
+    for _ in range(8):
+        webhook_events.cancel(tenant.org)
+    due = list(
+        WebhookMessage.objects.filter(organization=tenant.org, status="pending").order_by("created_at")
+    )
+    assert len(due) == 8
+    leased = [m.id for m in due[:2]]
+    now = timezone.now()
+    WebhookMessage.objects.filter(id__in=leased).update(lease_until=now + dt.timedelta(seconds=30))
+    _lose_wake_ups()
+    assert delivery.sweep(now) == 0
+    assert delivery.deliver(now=now) == "skipped"  # a wake-up takes none of them either
+    WebhookMessage.objects.filter(id=leased[0]).update(lease_until=None, status="delivered")
+    assert delivery.sweep(now) == 1
+    assert delivery.deliver(now=now) == "delivered"  # a wake-up naming none takes the longest due
+    assert WebhookMessage.objects.get(id=due[2].id).status == "delivered"
+
+
+def test_an_attempt_cut_off_backs_off_and_counts_as_a_failure(
+    tenant: Any, receiver: Receiver, settings: Any
+) -> None:
+    from webapp.webhooks import delivery
+    from webapp.webhooks.models import WebhookAttempt, WebhookEndpoint, WebhookMessage
+
+    body = _endpoint(tenant, receiver, "cut")
+    webhook_events.cancel(tenant.org)
+    message = WebhookMessage.objects.get(event="job.canceled")
+    now = timezone.now()
+    # The attempt is taken, then its child is killed at the time limit: nothing is recorded.
+    taken = delivery._take(message.id, now)
+    assert taken is not None and taken.attempts == 1
+    lapsed = now + dt.timedelta(seconds=delivery.lease_seconds() + 1)
+    assert delivery.deliver(message.id, now=lapsed) == "skipped"  # it waits out a backoff
+    taken.refresh_from_db()
+    later = taken.next_attempt_at
+    assert later >= lapsed + dt.timedelta(seconds=settings.TTS_WEBHOOK_RETRY_BASE_SECONDS / 2 - 1)
+    assert delivery.deliver(message.id, now=later) == "delivered"
+    log = list(WebhookAttempt.objects.filter(message=message).order_by("started_at"))
+    assert [(a.status_code, a.error.startswith("cut off")) for a in log] == [(None, True), (200, False)]
+    assert log[0].started_at == now
+    endpoint = WebhookEndpoint.objects.get(id=body["id"])
+    assert endpoint.failing_since is None  # marked failing by the cut-off, cleared by the delivery
+
+
+def test_pings_and_redeliveries_have_an_hourly_budget(tenant: Any, receiver: Receiver, settings: Any) -> None:
+    from django.core.cache import cache
+
+    from webapp.webhooks.models import WebhookMessage
+
+    settings.TTS_WEBHOOK_MANUAL_SENDS_PER_HOUR = 2
+    cache.clear()
+    endpoint = _endpoint(tenant, receiver, "budget")
+    first = tenant.client.post(f"/api/v1/webhooks/{endpoint['id']}/ping")
+    assert first.status_code == 202
+    assert tenant.client.post(f"/api/v1/webhooks/{endpoint['id']}/ping").status_code == 202
+    refused = tenant.client.post(f"/api/v1/webhooks/deliveries/{first.json()['id']}/redeliver")
+    assert refused.status_code == 429 and problem(refused)["code"] == "rate_limited"
+    assert 0 < int(refused["Retry-After"]) <= 3600
+    assert tenant.client.post(f"/api/v1/webhooks/{endpoint['id']}/ping").status_code == 429
+    assert WebhookMessage.objects.filter(organization=tenant.org).count() == 2
 
 
 def test_the_schema_describes_the_webhooks_api(db: None) -> None:

@@ -158,8 +158,12 @@ def webhook_rotate(request: HttpRequest, tenant: Tenant, pk: uuid.UUID) -> HttpR
 @require_POST
 def webhook_ping(request: HttpRequest, tenant: Tenant, pk: uuid.UUID) -> HttpResponse:
     endpoint = _endpoint(tenant, pk)
-    services.ping(endpoint, "A test event sent from the dashboard.")
-    messages.success(request, "A ping is on its way; its delivery is at the top of the log below.")
+    try:
+        services.ping(endpoint, "A test event sent from the dashboard.")
+    except SERVICE_ERRORS as exc:
+        messages.error(request, error_text(exc))
+    else:
+        messages.success(request, "A ping is on its way; its delivery is at the top of the log below.")
     return redirect("dashboard:webhook", pk=endpoint.pk)
 
 
