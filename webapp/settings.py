@@ -210,6 +210,10 @@ MEDIA_ROOT = TTS_VAR_LAYOUT.media_root
 # The sentence cache (issue 33): one folder per tenant of rendered sentences. Not media rows
 # name: the backup leaves it out, the orphan sweep leaves it alone, eviction bounds it.
 TTS_SENTENCE_CACHE_DIR = env_str("TTS_SENTENCE_CACHE_DIR", str(MEDIA_ROOT / "sentence-cache"))
+# The whole cache's bytes over every tenant (0: only the plans' bounds); eviction removes the oldest past it.
+TTS_SENTENCE_CACHE_MAX_BYTES = env_int("TTS_SENTENCE_CACHE_MAX_BYTES", 10 * 1024**3)
+# Below this much free space on the cache's disk no entry is written: the room is the jobs' audio.
+TTS_SENTENCE_CACHE_MIN_FREE_BYTES = env_int("TTS_SENTENCE_CACHE_MIN_FREE_BYTES", 1024**3)
 # Nginx serves audio from this internal location after Django checked ownership.
 TTS_ACCEL_REDIRECT_PREFIX = env_str("TTS_ACCEL_REDIRECT_PREFIX", "/_protected/media/")
 LOG_DIR = TTS_VAR_LAYOUT.log_dir

@@ -243,3 +243,68 @@ def test_deleting_a_voice_or_a_tenant_empties_its_cache(
     with django_capture_on_commit_callbacks(execute=True):
         delete_tenant(t.org)
     assert not sentence_cache.tenant_folder(t.org.pk).exists()
+
+
+def test_eviction_takes_tenants_in_turn_when_its_runs_run_out_of_time(make_tenant: Any) -> None:
+    """A run whose budget lasts one tenant used to start from the first tenant every time: the
+    later tenants were never evicted. Each run now starts where the last one stopped."""
+    import datetime as dt
+
+    from webapp.housekeeping.jobs import Context
+    from webapp.housekeeping.sentence_cache import evict_sentence_cache
+    from webapp.speech.services import sentence_cache
+
+    class OneTenantABudget(Context):
+        def out_of_time(self) -> bool:
+            self.partial = self.partial or self.counts.get("bytes_kept", -1) >= 0
+            return self.partial
+
+    tenants = sorted((make_tenant() for _ in range(3)), key=lambda t: str(t.org.pk))
+    for t in tenants:
+        paths = _fill(t.org, "v1", 4)
+        t.org.plan.sentence_cache_bytes = 2 * paths[0].stat().st_size
+        t.org.plan.save()
+    over = lambda t: len(_entries(t.org)) > 2  # noqa: E731
+    for _ in range(len(sentence_cache.tenants_with_entries())):
+        evict_sentence_cache(OneTenantABudget(dt.datetime.now(dt.UTC), 100, float("inf")))
+    assert [over(t) for t in tenants] == [False, False, False]
+
+
+def test_the_whole_cache_stays_under_the_global_cap_oldest_first_over_tenants(
+    make_tenant: Any, settings: Any
+) -> None:
+    from webapp.housekeeping.catalog import run_job
+    from webapp.tenants.models import Organization
+
+    first, second = make_tenant(), make_tenant()
+    older = _fill(first.org, "v1", 3)  # mtimes 1_000_000..2
+    newer = _fill(second.org, "v1", 3)
+    for i, path in enumerate(newer):
+        os.utime(path, (2_000_000 + i, 2_000_000 + i))
+    entry = older[0].stat().st_size
+    settings.TTS_SENTENCE_CACHE_MAX_BYTES = 4 * entry  # each tenant within its plan's bound, both over it
+    result = run_job("evict_sentence_cache")
+    assert result.counts.get("removed_over_cap") == 2
+    assert [p.exists() for p in older + newer] == [False, False, True, True, True, True]
+    used = Organization.objects.filter(pk__in=[first.org.pk, second.org.pk]).values_list(
+        "sentence_cache_used", flat=True
+    )
+    assert sorted(used) == [entry, 3 * entry]
+
+
+def test_the_cache_writes_nothing_below_the_free_space_watermark(make_tenant: Any, settings: Any) -> None:
+    """What is left of a nearly full disk is the jobs' audio: the cache writes no entry there."""
+    import shutil
+
+    from synth.cache import SentenceEntry
+    from webapp.speech.services import sentence_cache
+
+    t = make_tenant()
+    store = sentence_cache.DiskStore(sentence_cache.voice_folder(t.org.pk, "v1"))
+    entry = SentenceEntry(np.zeros(4000, np.float32), 22050)
+    store.put("aa" * 20, entry)
+    assert store.written > 0 and len(_entries(t.org)) == 1
+    free = shutil.disk_usage(sentence_cache.root()).free
+    settings.TTS_SENTENCE_CACHE_MIN_FREE_BYTES = free + 1  # as if the disk were that close to full
+    store.put("bb" * 20, entry)
+    assert len(_entries(t.org)) == 1 and store.get("bb" * 20) is None

@@ -6,10 +6,13 @@ deleting a voice or a tenant empties its folder. Entries are written atomically
 (a temp file in the same folder, fsync, ``os.replace``): a reader sees a whole
 entry or none. Reads that find a broken entry (truncated by a crash, bad checksum)
 answer a miss and remove it. Any OSError writing (a full disk) is raised to
-synth.cache, which leaves the job uncached and goes on. A hit touches the entry's
+synth.cache, which leaves the job uncached and goes on; below
+``TTS_SENTENCE_CACHE_MIN_FREE_BYTES`` free on its disk nothing is written, so the
+cache never takes the room a job's audio needs. A hit touches the entry's
 mtime: housekeeping's eviction (``evict_sentence_cache``) removes the least
 recently used first, down to the plan's ``sentence_cache_bytes``, and writes the
-exact bytes on the tenant row, which the storage limit counts. The folder sits
+exact bytes on the tenant row, which the storage limit counts; then the oldest of
+any tenant past the operator's ``TTS_SENTENCE_CACHE_MAX_BYTES``. The folder sits
 beside the media the backup archives, not in what it archives (deploy/backup.py
 takes only files rows name), and the orphan sweep leaves it alone.
 """
@@ -28,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db.models import F
+from django.core.exceptions import ValidationError
+from django.db.models import F, Sum
+from django.db.models.functions import Greatest
 
 from synth.cache import SentenceEntry, decode_entry, encode_entry
 from webapp.speech.models import SynthesisJob
@@ -87,6 +92,10 @@ class DiskStore:
         path = self._path(key)
         data = encode_entry(entry)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if shutil.disk_usage(path.parent).free - len(data) < settings.TTS_SENTENCE_CACHE_MIN_FREE_BYTES:
+            # The disk is nearly full: what is left is the jobs' audio, not the cache's.
+            log.info("sentence cache: not written, the disk is below TTS_SENTENCE_CACHE_MIN_FREE_BYTES")
+            return
         tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.{uuid.uuid4().hex}")
         try:
             with open(tmp, "wb") as fh:
@@ -199,6 +208,37 @@ def evict(organization_id: Any, bound: int, now: float | None = None) -> Evictio
         removed, freed = removed + 1, freed + f.size
     Organization.objects.filter(pk=organization_id).update(sentence_cache_used=kept)
     return Eviction(removed, freed, kept)
+
+
+def bytes_recorded() -> int:
+    """The whole cache's bytes, as the tenant rows hold them (exact after each tenant's eviction)."""
+    total = Organization.objects.aggregate(total=Sum("sentence_cache_used"))["total"]
+    return int(total or 0)
+
+
+def evict_oldest(cap: int) -> Eviction:
+    """Remove the least recently used entries of any tenant until the whole cache holds at most ``cap``
+    bytes; each tenant's row loses what went of it."""
+    entries: list[tuple[str, _File]] = []
+    for name in tenants_with_entries():
+        entries += [(name, f) for f in _files(tenant_folder(name)) if not f.path.name.startswith(TEMP_PREFIX)]
+    kept = sum(f.size for _, f in entries)
+    freed_by: dict[str, int] = {}
+    removed = 0
+    for name, f in sorted(entries, key=lambda item: item[1].mtime):
+        if kept <= cap:
+            break
+        with contextlib.suppress(FileNotFoundError):
+            f.path.unlink()
+        kept -= f.size
+        removed += 1
+        freed_by[name] = freed_by.get(name, 0) + f.size
+    for name, freed in freed_by.items():
+        with contextlib.suppress(ValueError, ValidationError):  # a folder that names no tenant
+            Organization.objects.filter(pk=name).update(
+                sentence_cache_used=Greatest(F("sentence_cache_used") - freed, 0)
+            )
+    return Eviction(removed, sum(freed_by.values()), kept)
 
 
 def tenants_with_entries() -> list[str]:
