@@ -242,6 +242,22 @@ def test_other_rules(rendered: dict[str, Docs]) -> None:
         assert any(expected in p for p in problems), (change.__name__, problems)
 
 
+def test_an_edge_that_would_hide_client_addresses_is_caught(rendered: dict[str, Docs]) -> None:
+    def source_rewritten(docs: Docs) -> None:
+        find(docs, "Service", "tts-edge")["spec"]["externalTrafficPolicy"] = "Cluster"
+
+    def balancer_trusted(docs: Docs) -> None:
+        source_rewritten(docs)
+        next(
+            d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("tts-settings")
+        )["data"]["TTS_NGINX_REAL_IP_FROM"] = "10.30.0.0/16"
+
+    assert find(rendered["gpu"], "Service", "tts-edge")["spec"]["externalTrafficPolicy"] == "Local"
+    hidden = problems_after(rendered, "gpu", source_rewritten)
+    assert any("tts-edge: exposed with externalTrafficPolicy Cluster" in p for p in hidden), hidden
+    assert not problems_after(rendered, "gpu", balancer_trusted)
+
+
 def test_custom_resources_are_checked_against_their_schemas(rendered: dict[str, Docs]) -> None:
     docs = copy.deepcopy(rendered["gpu"])
     find(docs, "ScaledObject", "tts-worker-gpu")["spec"]["minReplicas"] = 0  # KEDA's is minReplicaCount

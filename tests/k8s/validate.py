@@ -415,6 +415,23 @@ def project_problems(
                 or workload["spec"].get("strategy", {}).get("type") != "Recreate"
             ):
                 report.fail(where, f"{wname}: beat runs as 1 replica with the Recreate strategy")
+    # The edge must see each client's own address: the per-address limits, the failed-key count and the
+    # log-in slow-down key on it (X-Real-IP). A balancer that rewrites the source (externalTrafficPolicy
+    # Cluster) makes every client one address, unless Nginx trusts that balancer's forwarded header.
+    for doc in docs:
+        spec = doc.get("spec", {})
+        if (
+            doc.get("kind") == "Service"
+            and spec.get("selector", {}).get("app.kubernetes.io/component") == "edge"
+            and spec.get("type") in ("LoadBalancer", "NodePort")
+            and spec.get("externalTrafficPolicy") != "Local"
+            and not settings.get("TTS_NGINX_REAL_IP_FROM")
+        ):
+            report.fail(
+                where,
+                f"{name_of(doc)}: exposed with externalTrafficPolicy {spec.get('externalTrafficPolicy', 'Cluster')}"
+                " hides the client's address; set it to Local, or name the balancer in TTS_NGINX_REAL_IP_FROM",
+            )
     expected = DATA_CLIENTS | {c for c in data_clients if c.startswith("worker-")}
     workers = {
         name_of(w)
