@@ -59,7 +59,13 @@ def hang_in_native_code(job: SynthesisJob) -> None:
 
 
 def after_progress(job: SynthesisJob, done: int, total: int) -> None:
-    """The child dies with a sentence in its partial and stream files (first claim and every retry)."""
+    """The child burns CPU after each sentence (an engine far slower than the limit allows), or dies
+    with a sentence in its partial and stream files (first claim and every retry)."""
+    burn = os.environ.get("TTS_FAULT_BURN_CPU_MARKER", "")
+    if burn and burn in job.text and 0 < done < total:
+        until = time.process_time() + float(os.environ.get("TTS_FAULT_BURN_CPU_SECONDS", "1"))
+        while time.process_time() < until:
+            pass
     crash = os.environ.get("TTS_FAULT_CRASH_MARKER", "")
     if crash and crash in job.text and done >= 1:
         record = os.environ.get("TTS_FAULT_CRASH_RECORD", "")

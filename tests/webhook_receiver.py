@@ -27,6 +27,7 @@ class Received:
     webhook_id: str
     payload: dict[str, Any]
     headers: dict[str, str]
+    at: float = 0.0  # time.time() of its arrival
 
 
 @dataclass
@@ -73,7 +74,7 @@ class Receiver:
             if count <= self.fail_first:
                 return 500
             if all(r.webhook_id != webhook_id for r in self.unique):  # a duplicate is dropped
-                self.unique.append(Received(name, webhook_id, payload, headers))
+                self.unique.append(Received(name, webhook_id, payload, headers, time.time()))
         return 200
 
 

@@ -6,7 +6,9 @@ through Nginx and the API, and meanwhile SIGKILLs a random worker child every
 two thirds); the stack's supervisor brings them back. Meanwhile OpenAI clients
 (``/v1/audio/speech``, one per ``LEAVER_EVERY`` jobs, streamed or whole-file)
 disconnect at a random moment, each counting the sentences its connection
-received. Then it checks the books: no job lost, none charged twice, none left
+received. Beside it, two more tenants (tests/bench/soak_tenants.py): one whose webhook
+events must arrive on time while the soak tenant's receiver never answers, and
+one whose streams fail partway by the CPU limit. Then it checks the books: no job lost, none charged twice, none left
 queued or running, every succeeded job's file present with the duration its
 row records, no OpenAI job charged more than the sentences its client
 received; worker RSS after all jobs against after 100; the longest gap
@@ -39,6 +41,8 @@ import psycopg
 import requests
 import soundfile
 
+from tests.bench.soak_tenants import ENV as SIDE_TENANTS_ENV
+from tests.bench.soak_tenants import SideResult, SideTenants
 from tests.e2e.local_stack import (
     FAST_RECOVERY_ENV,
     StackProcess,
@@ -62,6 +66,7 @@ SOAK_ENV = {
     "TTS_NGINX_BURST_WRITE": "1000",
     "TTS_NGINX_RATE_GENERAL": "500r/s",
     "TTS_NGINX_BURST_GENERAL": "1000",
+    **SIDE_TENANTS_ENV,
 }
 # A loaded eSpeak child is about 110 MB; one below this is still starting.
 SETTLED_CHILD_MB = 50
@@ -92,6 +97,7 @@ class SoakResult:
     leavers_charged_beyond_transit: list[str] = field(default_factory=list)
     leavers_charged_chars: int = 0
     leavers_received_chars: int = 0
+    side: SideResult = field(default_factory=SideResult)  # the tenants beside the soak's (soak_tenants.py)
 
     def lines(self) -> list[str]:
         growth = (self.rss_after_all_mb / self.rss_after_100_mb - 1) * 100 if self.rss_after_100_mb else 0.0
@@ -109,6 +115,7 @@ class SoakResult:
             f"charged more than received {len(self.leavers_charged_more)} (sentences whose last "
             f"{IN_TRANSIT_BYTES // 1024} KiB or less were still in transit), "
             f"beyond that {len(self.leavers_charged_beyond_transit)}",
+            *self.side.lines(),
         ]
 
 
@@ -212,10 +219,11 @@ LEAVER_SENTENCE = "A soak sentence that the client may not hear."
 LEAVER_SENTENCES = 6
 LEAVER_TEXT = " ".join([LEAVER_SENTENCE] * LEAVER_SENTENCES)
 # What may be past the web process, not yet at the client, as it leaves: the server counts a chunk
-# handed once Nginx took it (deploy/asgi_worker.py); Nginx's buffer, its TLS record and the
-# loopback's queues hold the rest (up to 34 KB seen under the soak's load). 64 KiB is 1.4 s of the
-# streamed 24 kHz PCM, less than one of the leavers' sentences.
-IN_TRANSIT_BYTES = 64 * 1024
+# handed once Nginx took it (deploy/asgi_worker.py); Nginx's send buffer to the client (twice
+# TTS_NGINX_SNDBUF, 64k: 128 KiB), its own buffer and a TLS record hold the rest (docs/api.md; a
+# client that reads slower than the audio comes fills them: tests/integration/api/test_in_transit.py
+# measured up to 156 KB).
+IN_TRANSIT_BYTES = 192 * 1024
 SENTENCE_SLACK = 0.01
 
 
@@ -251,7 +259,7 @@ def _sentence_bytes(stack: StackProcess, session: requests.Session) -> float:
     raise RuntimeError("no reference stream of the leavers' text")
 
 
-def _dechunk(body: bytes) -> tuple[int, bool]:
+def dechunk(body: bytes) -> tuple[int, bool]:
     """Bytes of payload in a chunked body, however much of it arrived (a partial last chunk counts),
     and whether its closing chunk arrived (the whole answer)."""
     payload, at = 0, 0
@@ -319,7 +327,7 @@ def _stream_then_leave(
                 if not chunk:
                     break
                 answer += chunk
-    return _dechunk(bytes(answer))
+    return dechunk(bytes(answer))
 
 
 def _leave_at_random(stack: StackProcess, session: requests.Session, api_key: str) -> Leaver:
@@ -403,7 +411,12 @@ def _check_leavers(books: Books, leavers: Leavers, done: list[Leaver], result: S
 
 
 def _drive(
-    stack: StackProcess, key: str, result: SoakResult, every: int, leavers: Leavers | None = None
+    stack: StackProcess,
+    key: str,
+    result: SoakResult,
+    every: int,
+    leavers: Leavers | None = None,
+    side: SideTenants | None = None,
 ) -> list[str]:
     """Submit every job (at most IN_FLIGHT unfinished), killing things on the way; the job ids."""
     books, chaos = Books(stack.var), Chaos(stack.var, result.jobs, every)
@@ -431,6 +444,8 @@ def _drive(
             pending.add(pool.submit(_submit, stack, session, n, counts))
             if leavers is not None:
                 leavers.on_submitted(n)
+            if side is not None:
+                side.on_submitted(n)
         ids.extend(f.result() for f in concurrent.futures.as_completed(pending))
     result.child_kills, result.refusals = chaos.kills, counts["refusals"]
     return ids
@@ -487,11 +502,13 @@ def run_soak(jobs: int, kill_every: int = 200, var: Path | None = None) -> SoakR
         found = re.search(r"API key\s+(tts_[A-Za-z0-9]{8}_\S+)", stack.output)
         assert found, stack.output[-2000:]
         books = Books(var)
-        books.lift_limits()
+        side = SideTenants(stack, found.group(1))
+        books.lift_limits()  # the side tenants' plans too
         leavers = Leavers(stack, found.group(1))
         started = time.monotonic()
-        ids = _drive(stack, found.group(1), result, kill_every, leavers)
+        ids = _drive(stack, found.group(1), result, kill_every, leavers, side)
         left = leavers.finish()
+        result.side = side.finish(books)
         _wait_all_finished(books, ids, timeout=120 + jobs * 0.05)
         result.seconds = time.monotonic() - started
         result.rss_after_all_mb = _idle_rss_mb(var, books, ids, result)
