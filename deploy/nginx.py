@@ -75,6 +75,11 @@ DEFAULTS: dict[str, str] = {
     "CLIENT_HEADER_TIMEOUT": "10s",
     "CLIENT_BODY_TIMEOUT": "30s",
     "SEND_TIMEOUT": "30s",
+    # The send buffer of each client connection (SO_SNDBUF; the kernel doubles it), fixed instead of
+    # autotuned: audio counts as delivered once Nginx took it, so what a client that stops reading
+    # is charged and never hears is bounded by this (autotuned on loopback: megabytes). "0": the
+    # kernel's autotuning. Throughput per connection is at most about twice this per round trip.
+    "SNDBUF": "64k",
 }
 # Beyond the file itself a multipart upload carries boundaries, part headers and
 # the other form fields. Django enforces the exact file limit with a clear
@@ -240,6 +245,7 @@ def _checked_settings(env: Mapping[str, str]) -> dict[str, str]:
     _check("REAL_IP_HEADER", raw["REAL_IP_HEADER"], _HEADER_RE, "a header name")
     for key in ("CLIENT_HEADER_TIMEOUT", "CLIENT_BODY_TIMEOUT", "SEND_TIMEOUT"):
         _check(key, raw[key], _TIME_RE, "a duration like 10s")
+    _check("SNDBUF", raw["SNDBUF"], _SIZE_RE, "a size like 131072 or 128k (0: autotuned)")
     for key in ("CSP", "DOCS_CSP"):
         # It lands inside "..." of a map value, where $ would be read as a variable.
         if re.search(r'["\\$\n{}]', raw[key]) or not raw[key].strip():
@@ -329,6 +335,7 @@ def nginx_values(
         "HTTPS_PORT": str(cfg.https_port),
         "HTTPS_PORT_SUFFIX": "" if cfg.https_port == 443 else f":{cfg.https_port}",
         "LISTEN_ADDR": listen,
+        "SNDBUF_OPTION": "" if raw["SNDBUF"] in ("0", "0k", "0m") else f" sndbuf={raw['SNDBUF']}",
         "NGINX_DIR": str(out_dir),
         # Both go to the supervisor, which writes var/log/<name>.log rotated by size
         # like every other process (Nginx cannot rotate its own files by size).
