@@ -50,6 +50,14 @@ def django_env(process: str, **overrides: str) -> dict[str, str]:
     return env
 
 
+def side_gunicorn_env(process: str, **overrides: str) -> dict[str, str]:
+    """For a gunicorn started beside the stack's own: a metrics folder of its own. Every gunicorn
+    empties its folder when it starts (webapp/metrics/multiproc.py), so sharing the stack's would
+    wipe the counters the stack's workers keep writing (to files no longer in the folder)."""
+    folder = CFG.path("run", f"prometheus-{process}")
+    return django_env(process, PROMETHEUS_MULTIPROC_DIR=str(folder), **overrides)
+
+
 class TestStack:
     __test__ = False  # not a test class, despite its name
 

@@ -23,7 +23,7 @@ from deploy import stack as deploy_stack
 from deploy.stack import Service
 from tests.e2e.dashboard_browser import CSP_WATCH, check_page
 from tests.e2e.nginx_helpers import NginxInstance, start_nginx
-from tests.stack import CFG, django_env
+from tests.stack import CFG, side_gunicorn_env
 from tests.stack import TestStack as Stack
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -47,7 +47,7 @@ def edge(web: Stack) -> Iterator[NginxInstance]:
     command[command.index("--bind") + 1] = f"unix:{sock}"
     command[command.index("--control-socket") + 1] = str(CFG.path("run", "gunicorn-console.ctl"))
     gunicorn = web.start_service(
-        Service("gunicorn-console", command, env=django_env("gunicorn", **CONSOLE_ENV))
+        Service("gunicorn-console", command, env=side_gunicorn_env("gunicorn-console", **CONSOLE_ENV))
     )
     try:
         deadline = time.monotonic() + 30

@@ -20,7 +20,7 @@ import pytest
 from deploy import stack as deploy_stack
 from deploy.stack import Service
 from tests.e2e.nginx_helpers import PROBLEM_JSON, NginxInstance, client, start_nginx
-from tests.stack import CFG, django_env
+from tests.stack import CFG, side_gunicorn_env
 from tests.stack import TestStack as Stack
 
 BUDGET = 4
@@ -34,7 +34,7 @@ HEADERS = {"x": {"Authorization": "x"}, "forged": {"Authorization": FORGED}}
 def edge(stack: Stack, django_db_setup: None) -> Iterator[NginxInstance]:
     PAIR_CFG.path("run").mkdir(parents=True, exist_ok=True)
     PAIR_CFG.gunicorn_socket.unlink(missing_ok=True)
-    env = django_env(
+    env = side_gunicorn_env(
         "gunicorn-credentials", TTS_AUTH_FAILURES_PER_IP=str(BUDGET), TTS_AUTH_FAILURE_WINDOW_SECONDS="60"
     )
     command = deploy_stack.gunicorn_command(PAIR_CFG, workers=1)

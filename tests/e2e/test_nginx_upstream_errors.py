@@ -20,7 +20,7 @@ import requests
 from deploy import stack as deploy_stack
 from deploy.stack import Service
 from tests.e2e.nginx_helpers import HSTS, PROBLEM_JSON, NginxInstance, client, start_nginx
-from tests.stack import CFG, django_env
+from tests.stack import CFG, side_gunicorn_env
 from tests.stack import TestStack as Stack
 
 FAULT_CFG = dataclasses.replace(CFG, var_dir=CFG.path("gunicorn-faults"))
@@ -31,7 +31,9 @@ def pair(stack: Stack, django_db_setup: None) -> Iterator[tuple[Service, NginxIn
     FAULT_CFG.path("run").mkdir(parents=True, exist_ok=True)
     FAULT_CFG.gunicorn_socket.unlink(missing_ok=True)
     command = deploy_stack.gunicorn_command(FAULT_CFG, workers=1)
-    gunicorn = stack.start_service(Service("gunicorn-faults", command, env=django_env("gunicorn-faults")))
+    gunicorn = stack.start_service(
+        Service("gunicorn-faults", command, env=side_gunicorn_env("gunicorn-faults"))
+    )
     deadline = time.monotonic() + 30
     while not FAULT_CFG.gunicorn_socket.exists():
         assert time.monotonic() < deadline, "gunicorn did not create its socket"

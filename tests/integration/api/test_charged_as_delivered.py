@@ -136,7 +136,9 @@ def test_a_waiter_killed_outright_leaves_a_lapsing_lease_the_reaper_ends(live_te
     event = _settlement(job.id)
     assert (event.kind, event.characters) == ("release", 0)
     job.refresh_from_db()
-    assert job.cancel_requested or job.status == "canceled"
+    # Still running at the lapse: told to stop. Finished in between (a loaded machine): its
+    # answer left undelivered, the audio expired at once. Either way nothing was charged.
+    assert job.cancel_requested or job.status in ("canceled", "expired"), job.status
     # gunicorn's master has started new web processes: the site serves again.
     _wait_until(lambda: _healthy(web), 30, "the web tier to be back")
 

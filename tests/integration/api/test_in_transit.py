@@ -32,7 +32,7 @@ from deploy.stack import Service
 from tests.bench.bench_soak import IN_TRANSIT_BYTES, dechunk
 from tests.e2e.nginx_helpers import NginxInstance, start_nginx
 from tests.integration.api.test_charged_as_delivered import LONG_TEXT, _job_of, _settlement, _wait_until
-from tests.stack import CFG, TestStack, django_env, spare_port
+from tests.stack import CFG, TestStack, side_gunicorn_env, spare_port
 
 PCM_BYTES_PER_SECOND = 24000 * 2  # /v1/audio/speech's pcm: 24 kHz, 16-bit mono
 READ_SECONDS = 4.0
@@ -50,7 +50,7 @@ def tcp_edge(stack: TestStack, web: Any) -> Iterator[NginxInstance]:
     command = deploy_stack.gunicorn_command(cfg, workers=1)
     command[command.index("--bind") + 1] = f"127.0.0.1:{port}"
     gunicorn = stack.start_service(
-        Service("gunicorn-tcp", command, env=django_env("gunicorn-tcp"), ready_port=port), timeout=30
+        Service("gunicorn-tcp", command, env=side_gunicorn_env("gunicorn-tcp"), ready_port=port), timeout=30
     )
     nginx = start_nginx(stack, "nginx-tcp", overrides={"UPSTREAM": f"127.0.0.1:{port}"})
     try:
