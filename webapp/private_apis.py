@@ -82,6 +82,19 @@ POOL_EVENT_PROCESS_EXIT = PrivateName(
     used_by="webapp/celery_pool.py (AsynPool looks again after a child's exit)",
     without="the worker runs Celery's own prefork pool (a replacement child may wait for its 5 s check)",
 )
+POOL_RUNNING_JOB_CHILD = PrivateName(
+    "billiard",
+    "billiard.pool:ApplyResult",
+    "_write_to",
+    used_by=(
+        "webapp/celery_pool.py (AsynPool.flush keeps a child that still runs a task marked busy "
+        "when a lost broker connection flushes the pool; with Celery's _busy_workers and _cache)"
+    ),
+    without=(
+        "after a lost broker connection, new tasks may be written to children still running one "
+        "and wait behind it while other children idle"
+    ),
+)
 CELERY_GET_BACKEND = PrivateName(
     "celery",
     "celery.app.base:Celery",
@@ -126,6 +139,7 @@ SOUNDFILE_FFI = PrivateName(
 
 ALL: tuple[PrivateName, ...] = (
     POOL_EVENT_PROCESS_EXIT,
+    POOL_RUNNING_JOB_CHILD,
     CELERY_GET_BACKEND,
     BILLIARD_MEM_RSS,
     DJANGO_RESOURCE_CLOSERS,

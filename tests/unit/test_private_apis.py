@@ -99,6 +99,29 @@ def test_the_pool_falls_back_when_celery_renames_event_process_exit(
     assert "Celery's own prefork pool" in error
 
 
+def test_the_pools_flush_keeps_no_busy_marks_when_billiard_renames_write_to(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without ``ApplyResult._write_to`` the flush is Celery's own: no child is marked busy again."""
+    import types
+
+    from billiard import pool
+
+    from webapp import celery_pool
+
+    running = types.SimpleNamespace(
+        _write_to=types.SimpleNamespace(inqW_fd=7), _accepted=True, ready=lambda: False
+    )
+    holder: Any = types.SimpleNamespace(_cache={1: running})
+    assert celery_pool.AsynPool._children_running_a_task(holder) == {7}
+    monkeypatch.delattr(pool.ApplyResult, "_write_to")
+    assert celery_pool.AsynPool._children_running_a_task(holder) == set()
+    with caplog.at_level(logging.ERROR):
+        assert private_apis.check_all() == [private_apis.POOL_RUNNING_JOB_CHILD]
+    [error] = errors(caplog)
+    assert "billiard.pool.ApplyResult._write_to" in error and "wait behind it" in error
+
+
 # ----------------------------------------------------------------------------- webapp/celery.py
 
 

@@ -232,7 +232,7 @@ def report_handed(
     """
     chars, seconds = ledger.delivered(handed) if handed is not None else (0, 0.0)
     if handing == Handing.WHOLE:
-        answer_handed(job_id)
+        answer_handed(job_id, chars, seconds)
     elif handing == Handing.LEFT:
         _abandon_job(job_id, chars, seconds)
     else:
@@ -360,10 +360,12 @@ def fail_jobs_of_deleted_voice(voice: Voice) -> int:
     return failed
 
 
-def answer_handed(job_id: Any) -> bool:
+def answer_handed(job_id: Any, chars: int = 0, seconds: float = 0.0) -> bool:
     """The waiting client's answer was handed to its connection (a whole file's first block, or a
-    stream's last): the job is settled as a completion. False when it was settled already."""
+    stream's last, which hands ``chars`` and ``seconds`` in all): the job is settled as a completion.
+    False when it was settled already."""
     with transaction.atomic(durable=True):
+        _record_delivery(job_id, chars, seconds)  # the stream's marks reach its end, as its client did
         job = _transition(job_id, AWAITING_ANSWER, waiter_until=None)
         if job is None:
             return False
