@@ -5,12 +5,13 @@ answers, and a stream that fails partway pays for what it handed.
   never answers; the **hooks** tenant runs one job per ``HOOK_EVERY`` soak jobs, and its
   ``job.succeeded`` events go to a receiver that answers at once. Each of those must arrive, at the
   latency of an idle service, whatever the other tenant's backlog.
-- The **failing** tenant streams ``FAILING_TEXT`` from ``/v1/audio/speech`` once per
+- The **failing** tenant streams ``failing_text(k)`` from ``/v1/audio/speech`` once per
   ``FAILING_EVERY`` soak jobs; the worker burns CPU after each sentence of it
   (``TTS_FAULT_BURN_CPU_MARKER``, tests/faults.py) past the soak's lowered CPU limit
   (``TTS_JOB_BASE_SECONDS``), so the job fails partway through its stream, by the real limit. Each
   must be charged the characters of the sentences its stream handed, more than none and less than
-  its text.
+  its text. One whose worker child the soak kills midway ends canceled instead (its stream broke,
+  the client left), charged the same way; at least one must fail by the limit.
 """
 
 from __future__ import annotations
@@ -36,12 +37,20 @@ from tests.webhook_receiver import Receiver, receiving
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOK_EVERY = 25
-FAILING_EVERY = 200
+FAILING_EVERY = 100
 BURN_MARKER = "Burnmarker"
 # Ten sentences; the fault burns a second of CPU after each, the limit allows a few seconds.
-FAILING_TEXT = " ".join(
-    f"Sentence {n} of a {BURN_MARKER} text that the lowered CPU limit cuts short." for n in range(1, 11)
-)
+
+
+def failing_text(k: int) -> str:
+    """Ten sentences, their own to stream ``k``: none is in the sentence cache from an earlier stream
+    (a cached sentence costs no CPU, and a stream made of them would not fail)."""
+    return " ".join(
+        f"Sentence {n} of {BURN_MARKER} text {k:03d} that the lowered CPU limit cuts short."
+        for n in range(1, 11)
+    )
+
+
 ENV = {
     "TTS_WEBHOOK_ALLOW_PRIVATE": "127.0.0.0/8",
     "TTS_WORKER_HOOKS": "tests.faults",
@@ -86,7 +95,7 @@ class SideResult:
             f"latency p50 {p50:.2f} s, max {max(lat, default=float('nan')):.2f} s, while the soak tenant's "
             f"receiver never answered ({self.black_hole_attempts} attempts, {self.black_hole_delivered} "
             "delivered)",
-            f"soak: {self.failing_jobs} streams failed partway by the CPU limit: "
+            f"soak: {self.failing_jobs} streams cut partway ({self.failed_by_the_limit()} by the CPU limit): "
             + ", ".join(f"{s} charged {c} of {t} for {h} handed" for s, c, h, t in self.failing.values()),
         ]
 
@@ -94,8 +103,13 @@ class SideResult:
         return [
             f"{job}: {status}, charged {charged}, handed {handed}, text {text}"
             for job, (status, charged, handed, text) in self.failing.items()
-            if status != "failed" or charged != handed or not 0 < handed < text
+            if status not in ("failed", "canceled") or charged != handed or not 0 < handed < text
         ]
+
+    def failed_by_the_limit(self) -> int:
+        """Streams that ended failed. The others were canceled: a child killed by the soak under them
+        broke the stream (a new attempt cannot continue it) and the client left, paying as handed."""
+        return sum(1 for status, *_ in self.failing.values() if status == "failed")
 
 
 def _django_env(stack: StackProcess) -> dict[str, str]:
@@ -130,8 +144,8 @@ def _endpoint(stack: StackProcess, session: requests.Session, url: str) -> str:
     return str(created.json()["secret"])
 
 
-def _stream_to_its_end(stack: StackProcess, key: str, idempotency_key: str) -> None:
-    body = {"model": "tts-1", "voice": "espeak-en-us", "input": FAILING_TEXT, "response_format": "pcm"}
+def _stream_to_its_end(stack: StackProcess, key: str, idempotency_key: str, text: str) -> None:
+    body = {"model": "tts-1", "voice": "espeak-en-us", "input": text, "response_format": "pcm"}
     headers = {"Idempotency-Key": idempotency_key, "X-Stainless-Raw-Response": "stream"}
     for _ in range(30):  # through an outage, if one is under way
         with contextlib.suppress(requests.RequestException):
@@ -175,7 +189,8 @@ class SideTenants:
         if n % FAILING_EVERY == FAILING_EVERY // 2:
             key = f"failing-{n}-{time.time_ns()}"
             self.failing_keys.append(key)
-            self.streams.append(self.pool.submit(_stream_to_its_end, self.stack, self.failing_key, key))
+            text = failing_text(n)
+            self.streams.append(self.pool.submit(_stream_to_its_end, self.stack, self.failing_key, key, text))
 
     def finish(self, books: Any, timeout: float = 120) -> SideResult:
         """Wait for the side tenants' work, then read what became of it."""

@@ -99,6 +99,7 @@ def test_sse_pcm_deltas_are_the_stored_audio_and_done_says_the_charge(live_tenan
     assert job.status == "succeeded" and job.format == "pcm"
     assert audio == _stored(job) and len(audio) > 20000
     _check_usage(usage, job)
+    assert job.delivered_chars == job.text_chars  # the stream's marks reach its end, last sentence too
 
 
 def test_sse_wav_starts_with_its_header_and_holds_the_stored_samples(live_tenant: Any, web: Any) -> None:
