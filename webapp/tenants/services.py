@@ -17,6 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
@@ -179,8 +180,7 @@ def rotate_api_key(key: ApiKey, *, by: Any, overlap: dt.timedelta) -> str:
     Returns the full new key, shown once.
     """
     _require_key_manager(by, key.organization)
-    if isinstance(by, ApiKey) and by.pk != key.pk and not _descends_from(key, by):
-        raise DomainError(ErrorCode.PERMISSION_DENIED, "A key rotates only itself and the keys it created.")
+    _require_rotator(by, key)
     if overlap < dt.timedelta(0) or overlap > MAX_ROTATION_OVERLAP:
         raise DomainError(
             ErrorCode.INVALID_REQUEST,
@@ -201,9 +201,50 @@ def rotate_api_key(key: ApiKey, *, by: Any, overlap: dt.timedelta) -> str:
     ApiKey.objects.filter(pk=key.pk).update(**changes)
     for name, value in changes.items():
         setattr(key, name, value)
-    details = {"overlap_seconds": int(overlap.total_seconds())}
+    details: dict[str, Any] = {"overlap_seconds": int(overlap.total_seconds())}
+    if _is_user(by) and key.user_id is not None and key.user_id != by.pk:
+        details["holder"] = key.user_id  # an owner rotated a member's key: the holder is told
+        rotated_by, key_id = str(by), key.pk
+        transaction.on_commit(lambda: _tell_holder(key_id, rotated_by), robust=True)
     audit.record("key.rotated", target=key, organization=key.organization, actor=by, details=details)
     return f"tts_{key.prefix}_{secret}"
+
+
+def _require_rotator(by: Any, key: ApiKey) -> None:
+    """Who rotates a key sees its new secret, so: its holder, or an owner (audited, the holder told);
+    a key rotates itself and the keys it created. An admin never sees another member's secret."""
+    if by is OPERATOR:
+        return
+    if isinstance(by, ApiKey):
+        if by.pk != key.pk and not _descends_from(key, by):
+            raise DomainError(
+                ErrorCode.PERMISSION_DENIED, "A key rotates only itself and the keys it created."
+            )
+        return
+    if key.user_id is not None and key.user_id == by.pk:
+        return
+    if roles.role_of(by, key.organization) != roles.Role.OWNER:
+        raise DomainError(
+            ErrorCode.PERMISSION_DENIED,
+            "Only the key's holder or an owner may rotate it: the new secret is shown to whoever rotates it.",
+        )
+
+
+def _tell_holder(key_id: Any, rotated_by: str) -> None:
+    key = ApiKey.objects.select_related("user", "organization").filter(pk=key_id).first()
+    if key is None or key.user is None or not key.user.email:
+        return
+    until = (
+        f"The old secret keeps working until {key.previous_valid_until:%Y-%m-%d %H:%M} UTC."
+        if key.previous_valid_until
+        else "The old secret no longer works."
+    )
+    body = (
+        f"{rotated_by}, an owner of {key.organization.name}, rotated your API key {key.name} "
+        f"(tts_{key.prefix}_...). {until}\n\nThey were shown the new secret; you were not. "
+        "Rotate the key yourself in the dashboard (Keys) to get a secret only you know.\n"
+    )
+    send_mail(f"Your API key {key.name} was rotated", body, settings.DEFAULT_FROM_EMAIL, [key.user.email])
 
 
 def _descends_from(key: ApiKey, ancestor: ApiKey) -> bool:
@@ -215,8 +256,9 @@ def _descends_from(key: ApiKey, ancestor: ApiKey) -> bool:
     return False
 
 
-def _secret_matches(key: ApiKey | None, secret: str) -> bool:
-    """The current secret, or the one before a rotation while its overlap lasts; constant time."""
+def _secret_matches(key: ApiKey | None, secret: str) -> str | None:
+    """ "current", or "previous" (the secret before a rotation, while its overlap lasts), or None;
+    constant time."""
     presented = hash_secret(secret)
     current = key.secret_hash if key is not None else hash_secret("no-such-key")
     valid = hmac.compare_digest(current, presented)
@@ -225,7 +267,9 @@ def _secret_matches(key: ApiKey | None, secret: str) -> bool:
     still = bool(previous) and until is not None and until > timezone.now()
     # Compared whether or not it still counts, so the time taken tells nothing either way.
     matches_previous = hmac.compare_digest(previous or current, presented)
-    return valid or (still and matches_previous)
+    if valid:
+        return "current"
+    return "previous" if still and matches_previous else None
 
 
 def find_api_key(raw: str) -> ApiKey | None:
@@ -241,11 +285,14 @@ def find_api_key(raw: str) -> ApiKey | None:
         return None
     prefix, secret = match.groups()
     key = _key_by_prefix(prefix)
-    valid = _secret_matches(key, secret)
-    if key is None or not valid or not key.is_usable() or not key.organization.is_active:
+    matched = _secret_matches(key, secret)
+    if key is None or matched is None or not key.is_usable() or not key.organization.is_active:
         return None
     if key.user_id is not None and (key.holder_role is None or not key.holder_active):  # type: ignore[attr-defined]
         return None
+    # A secret rotated out authenticates until its overlap ends, but manages no key (_require_key_manager):
+    # one leaked during the overlap cannot rotate the key again and keep it.
+    key.by_previous_secret = matched == "previous"  # type: ignore[attr-defined]
     return key
 
 
@@ -319,6 +366,12 @@ def _require_key_manager(actor: Any, organization: Organization) -> None:
     if isinstance(actor, ApiKey):
         if actor.organization_id != organization.pk:
             raise DomainError(ErrorCode.NOT_FOUND, "No such organization.")
+        if getattr(actor, "by_previous_secret", False):
+            raise DomainError(
+                ErrorCode.PERMISSION_DENIED,
+                "This key's secret was rotated out: it still authenticates until its overlap ends, "
+                "but manages no key. Use the current secret.",
+            )
         if ApiKey.Scope.KEYS_MANAGE not in (actor.scopes or []):
             raise DomainError(ErrorCode.PERMISSION_DENIED, "This API key lacks the 'keys:manage' scope.")
         role = key_role(actor)

@@ -150,3 +150,65 @@ def test_the_keys_page_shows_cap_use_and_expiry_and_rotates(make_tenant: Any) ->
     assert ApiClient(secret.group(1)).get("/api/v1/voices").status_code == 200
     created = page.post("/app/keys/", {"name": "new", "scopes": ["speech:read"], "monthly_characters": "500"})
     assert created.status_code == 200 and ApiKey.objects.get(name="new").monthly_characters == 500
+
+
+def test_only_a_keys_holder_or_an_owner_rotates_it_and_the_holder_is_told(
+    make_tenant: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    """An admin shown another admin's new secret would keep a working key after being removed."""
+    from django.core import mail
+    from django.test import Client
+
+    from webapp.audit.models import AuditEvent
+    from webapp.tenants.models import ApiKey
+    from webapp.tenants.services import create_api_key
+
+    t = make_tenant(scopes=MANAGE)
+    owner = member_of(t.org, "owner@example.com", "owner")
+    admin = member_of(t.org, "admin@example.com", "admin")
+    holder = member_of(t.org, "holder@example.com", "admin")
+    key, raw = create_api_key(t.org, "holder's", created_by=holder)
+    as_admin, as_owner, as_holder = Client(), Client(), Client()
+    as_admin.force_login(admin)
+    as_owner.force_login(owner)
+    as_holder.force_login(holder)
+    rotate_form = f'action="/app/keys/{key.pk}/rotate/"'
+    assert rotate_form not in as_admin.get("/app/keys/").content.decode()  # no button to press
+    refused = as_admin.post(f"/app/keys/{key.pk}/rotate/", {"overlap": "0"}, follow=True)
+    assert "Only the key&#x27;s holder or an owner" in refused.content.decode()
+    assert 'id="new-key"' not in refused.content.decode()
+    assert ApiClient(raw).get("/api/v1/voices").status_code == 200  # its secret is the same
+    assert rotate_form in as_owner.get("/app/keys/").content.decode()
+    mail.outbox.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        with_secret = as_owner.post(f"/app/keys/{key.pk}/rotate/", {"overlap": "3600"})
+    assert with_secret.status_code == 200 and 'id="new-key"' in with_secret.content.decode()
+    [told] = mail.outbox
+    assert told.to == ["holder@example.com"] and "holder's" in told.subject and "owner" in told.body
+    event = AuditEvent.objects.filter(action="key.rotated", target_id=str(key.pk)).latest("at")
+    assert event.details["holder"] == holder.pk
+    mail.outbox.clear()
+    assert rotate_form in as_holder.get("/app/keys/").content.decode()
+    with django_capture_on_commit_callbacks(execute=True):
+        mine = as_holder.post(f"/app/keys/{key.pk}/rotate/", {"overlap": "0"})  # its holder: nobody to tell
+    assert 'id="new-key"' in mine.content.decode() and mail.outbox == []
+    assert ApiKey.objects.get(pk=key.pk).previous_valid_until is None
+
+
+def test_a_rotated_out_secret_authenticates_but_manages_no_key(make_tenant: Any) -> None:
+    """A secret leaked during a rotation's overlap cannot rotate the key again and keep it."""
+    t = make_tenant(scopes=MANAGE)
+    made = t.client.post("/api/v1/keys", {"name": "svc", "scopes": MANAGE}).json()
+    new = t.client.post(f"/api/v1/keys/{made['id']}/rotate", {"overlap_seconds": 3600}).json()
+    old = ApiClient(made["secret"])
+    assert old.get("/api/v1/voices").status_code == 200  # still in its overlap
+    for answer in (
+        old.post(f"/api/v1/keys/{made['id']}/rotate", {"overlap_seconds": 0}),
+        old.post("/api/v1/keys", {"name": "kept"}),
+        old.delete(f"/api/v1/keys/{made['id']}"),
+    ):
+        assert answer.status_code == 403, answer.content
+        assert "rotated out" in problem(answer)["detail"]
+    current = ApiClient(new["secret"])
+    assert current.get("/api/v1/voices").status_code == 200
+    assert current.post(f"/api/v1/keys/{made['id']}/rotate", {}).status_code == 200

@@ -26,7 +26,7 @@ from webapp.tenants.services import create_api_key, revoke_api_key, rotate_api_k
 SERVICE_ERRORS = (DomainError, Problem)
 
 
-def _keys_context(tenant: Tenant, form: KeyForm) -> dict[str, object]:
+def _keys_context(request: HttpRequest, tenant: Tenant, form: KeyForm) -> dict[str, object]:
     keys = list(ApiKey.objects.filter(organization=tenant.organization).order_by("revoked_at", "-created_at"))
     now = timezone.now()
     used = ledger.key_characters(tenant.organization.pk, ledger.period_start(now))
@@ -37,6 +37,8 @@ def _keys_context(tenant: Tenant, form: KeyForm) -> dict[str, object]:
             "used": used.get(key.pk, 0),
             "expires_soon": key.is_usable(now) and key.expires_at is not None and key.expires_at <= soon,
             "overlap_open": key.previous_valid_until is not None and key.previous_valid_until > now,
+            # Who rotates sees the new secret: the key's holder, or an owner (services.rotate_api_key).
+            "can_rotate": key.user_id == request.user.pk or tenant.role == Membership.Role.OWNER,
         }
         for key in keys
     ]
@@ -70,12 +72,17 @@ def keys(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             form.add_error(None, error_text(exc))
         else:
             base = request.build_absolute_uri("/").rstrip("/")
-            context = {**_keys_context(tenant, KeyForm()), "new_key": key, "raw_key": raw, "base": base}
+            context = {
+                **_keys_context(request, tenant, KeyForm()),
+                "new_key": key,
+                "raw_key": raw,
+                "base": base,
+            }
             context["default_voice"] = settings.TTS_DEFAULT_VOICE
             response = render(request, "dashboard/keys.html", context)
             response["Cache-Control"] = "no-store"
             return response
-    return render(request, "dashboard/keys.html", _keys_context(tenant, form))
+    return render(request, "dashboard/keys.html", _keys_context(request, tenant, form))
 
 
 @tenant_page(roles=MANAGERS, verified=True)
@@ -115,7 +122,7 @@ def rotate_key(request: HttpRequest, tenant: Tenant, key_id: str) -> HttpRespons
         return redirect("dashboard:keys")
     base = request.build_absolute_uri("/").rstrip("/")
     context = {
-        **_keys_context(tenant, KeyForm()),
+        **_keys_context(request, tenant, KeyForm()),
         "new_key": key,
         "raw_key": raw,
         "base": base,
