@@ -73,6 +73,8 @@ def address_class(address: IPAddress) -> str | None:
         ("unspecified", address.is_unspecified),
         ("loopback", address.is_loopback),
         ("link-local", address.is_link_local),
+        # fec0::/10: deprecated, but routed inside the networks that still use it (is_global says yes).
+        ("site-local", isinstance(address, ipaddress.IPv6Address) and address.is_site_local),
         ("multicast", address.is_multicast),
         ("shared", isinstance(address, ipaddress.IPv4Address) and address in _SHARED),
         ("reserved", address.is_reserved),
@@ -183,12 +185,19 @@ def target(url: str, resolver: Resolver = resolve) -> Target:
     return Target(scheme, host, port, path, tuple(addresses))
 
 
+# What a tenant reads about a failed attempt. Never the addresses a name resolved to, their class or a
+# port's state: a tenant's admin must not map the service's network through its own webhook URLs.
+REFUSED_BY_RULES = "refused by the address rules: webhooks go to public addresses that the name resolves to"
+NO_ANSWER = "no answer"
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int | None
     latency_ms: int
     excerpt: str
-    error: str = ""
+    error: str = ""  # for the tenant (the attempt log): REFUSED_BY_RULES, NO_ANSWER, "timed out", ...
+    detail: str = ""  # for the operator's log: the addresses and the system's own words
 
     @property
     def ok(self) -> bool:
@@ -240,13 +249,14 @@ def post(
     """POST ``body`` to ``url`` under the rules above; never raises for the receiver's faults."""
     started = time.monotonic()
 
-    def answer(status: int | None, excerpt: str = "", error: str = "") -> Answer:
-        return Answer(status, int((time.monotonic() - started) * 1000), excerpt, error[:500])
+    def answer(status: int | None, excerpt: str = "", error: str = "", detail: str = "") -> Answer:
+        latency = int((time.monotonic() - started) * 1000)
+        return Answer(status, latency, excerpt, error[:500], (detail or error)[:500])
 
     try:
         where = target(url, resolver)
     except Refused as exc:
-        return answer(None, error=f"refused: {exc}")
+        return answer(None, error=REFUSED_BY_RULES, detail=f"refused: {exc}")
     connect_timeout = float(settings.TTS_WEBHOOK_CONNECT_TIMEOUT_SECONDS)
     read_timeout = float(settings.TTS_WEBHOOK_READ_TIMEOUT_SECONDS)
     last_error = ""
@@ -262,7 +272,11 @@ def post(
         try:
             try:
                 conn.connect()
+            except ssl.SSLError as exc:
+                # Connected, and the receiver's TLS failed (its certificate, its protocol): its to know.
+                return answer(None, error=f"TLS: {exc}")
             except OSError as exc:
+                # Refused, unreachable or silent alike: the tenant is not told which (a port's state).
                 last_error = f"connect to {address}: {exc}"
                 continue
             conn.request("POST", where.path, body=body, headers={**headers, "Connection": "close"})
@@ -270,8 +284,9 @@ def post(
             raw = response.read(MAX_BODY_BYTES)
             return answer(response.status, raw.decode("utf-8", "replace")[:EXCERPT_CHARS])
         except (OSError, http.client.HTTPException) as exc:
+            # Connected: the receiver's own failure (its TLS, a timeout, a broken answer) is its to know.
             kind = "timed out" if isinstance(exc, TimeoutError | socket.timeout) else type(exc).__name__
             return answer(None, error=f"{kind}: {exc}")
         finally:
             conn.close()
-    return answer(None, error=last_error or "no address could be connected to")
+    return answer(None, error=NO_ANSWER, detail=last_error or "no address could be connected to")

@@ -34,6 +34,7 @@ LOOPBACK = [ipaddress.ip_network("127.0.0.0/8")]
         ("fd12:3456::1", "private"),
         ("169.254.1.1", "link-local"),
         ("fe80::1", "link-local"),
+        ("fec0::1", "site-local"),  # deprecated, still routed inside some networks; Python calls it global
         ("169.254.169.254", "metadata"),
         ("fd00:ec2::254", "metadata"),
         ("224.0.0.1", "multicast"),
@@ -193,7 +194,25 @@ def test_a_name_that_resolves_inside_is_refused_before_any_connection(
     answer = net.post(
         f"https://rebind.example:{port}/", b"{}", {}, resolver=_names({"rebind.example": ["127.0.0.1"]}, [])
     )
-    assert answer.status is None and "loopback" in answer.error and state.requests == []
+    assert answer.status is None and state.requests == []
+    # The tenant reads the rule, never what the name resolved to; the operator's log has both.
+    assert answer.error == net.REFUSED_BY_RULES and "127.0.0.1" not in answer.error
+    assert "loopback" in answer.detail and "127.0.0.1" in answer.detail
+
+
+def test_a_name_that_does_not_resolve_reads_as_one_that_resolves_inside(settings: Any) -> None:
+    """Else a tenant could tell which internal names exist."""
+    settings.TTS_WEBHOOK_ALLOW_PRIVATE = []
+    import socket
+
+    def names(host: str, port: int) -> list[str]:
+        if host == "db.internal":
+            return ["10.0.0.5"]
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    inside = net.post("https://db.internal/", b"{}", {}, resolver=names)
+    nowhere = net.post("https://nothing.internal/", b"{}", {}, resolver=names)
+    assert inside.error == nowhere.error == net.REFUSED_BY_RULES
 
 
 def test_it_follows_no_redirect(local: tuple[_Server, int]) -> None:
@@ -224,7 +243,9 @@ def test_a_port_nobody_listens_on_is_a_connect_error(local: tuple[_Server, int])
     from tests.stack import spare_port
 
     answer = net.post(f"http://127.0.0.1:{spare_port()}/", b"{}", {})
-    assert answer.status is None and answer.error.startswith("connect to 127.0.0.1")
+    # "no answer", as for an address that drops the connection: a port's state is not the tenant's to map.
+    assert answer.status is None and answer.error == net.NO_ANSWER
+    assert answer.detail.startswith("connect to 127.0.0.1")
 
 
 def test_https_checks_the_certificate_against_the_name_not_the_address(settings: Any, tmp_path: Any) -> None:

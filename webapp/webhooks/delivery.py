@@ -267,7 +267,8 @@ def _record(message: WebhookMessage, now: dt.datetime, answer: outbound.Answer) 
         if outcome == "retry":
             retry_in = (changes["next_attempt_at"] - now).total_seconds()
             transaction.on_commit(lambda: outbox.send_soon([message.id], countdown=retry_in), robust=True)
-    log.info("webhook %s to %s: %s (%s)", message.webhook_id, message.url, outcome, error or answer.status)
+    said = answer.detail or error or answer.status  # the operator's log has what the tenant is not shown
+    log.info("webhook %s to %s: %s (%s)", message.webhook_id, message.url, outcome, said)
     return outcome
 
 

@@ -37,6 +37,8 @@ def create_endpoint(
 ) -> WebhookEndpoint:
     """A new endpoint with its first signing secret (``endpoint.secret``: show it this once)."""
     with transaction.atomic():
+        # The tenant's row locked first: two creates at once count one after the other.
+        Organization.objects.select_for_update().filter(pk=organization.pk).first()
         if WebhookEndpoint.objects.filter(organization=organization).count() >= MAX_ENDPOINTS:
             raise DomainError(
                 ErrorCode.INVALID_REQUEST, f"A tenant has at most {MAX_ENDPOINTS} webhook endpoints."
@@ -50,17 +52,27 @@ def create_endpoint(
 
 
 def update_endpoint(endpoint: WebhookEndpoint, changes: dict[str, Any]) -> WebhookEndpoint:
-    """Set the given fields; enabling clears what the service's own disabling left."""
-    for name, value in changes.items():
+    """Set the given fields, and only those, on the row as it is now; enabling clears what the
+    service's own disabling left.
+
+    Locked and written field by field: an edit of the description made while the worker disables
+    the endpoint (webapp/webhooks/delivery.py) must not write back the ``enabled`` it read before.
+    """
+    for name in changes:
         if name not in CHANGEABLE:
             raise ValueError(f"not a changeable endpoint field: {name}")
-        setattr(endpoint, name, value)
-    if changes.get("enabled"):
-        endpoint.disabled_reason = ""
-        endpoint.failing_since = None
-    endpoint.updated_at = timezone.now()
-    endpoint.save()
-    return endpoint
+    with transaction.atomic():
+        locked = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+        fields = list(changes)
+        for name, value in changes.items():
+            setattr(locked, name, value)
+        if changes.get("enabled"):
+            locked.disabled_reason = ""
+            locked.failing_since = None
+            fields += ["disabled_reason", "failing_since"]
+        locked.updated_at = timezone.now()
+        locked.save(update_fields=[*fields, "updated_at"])
+    return locked
 
 
 def delete_endpoint(endpoint: WebhookEndpoint) -> None:

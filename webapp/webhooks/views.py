@@ -51,7 +51,8 @@ def _body(request: Request) -> dict[str, Any]:
 
 def _limit(request: Request) -> int:
     raw = request.query_params.get("limit", str(DEFAULT_LIMIT))
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+    # ASCII digits only: "²".isdigit() is true and int("²") raises (a 500 before).
+    if not (0 < len(raw) <= 9 and raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_LIMIT:
         raise DomainError(ErrorCode.INVALID_LIMIT, f"limit must be 1 - {MAX_LIMIT}.", field="limit")
     return int(raw)
 

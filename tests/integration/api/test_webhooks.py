@@ -365,3 +365,75 @@ def test_webhooks_have_their_own_worker_queue_and_beat_sweep() -> None:
     webhooks = services["webhooks"]
     assert webhooks.env["TTS_WORKER_ROLE"] == "webhooks" and not webhooks.required
     assert webhooks.command[webhooks.command.index("-Q") + 1] == "webhooks"
+
+
+@pytest.mark.parametrize("limit", ["²", "0", "101", "-1", "1e3", "9" * 30, ""])
+def test_a_deliveries_limit_that_is_not_a_plain_number_in_range_is_a_400(tenant: Any, limit: str) -> None:
+    endpoint = tenant.client.post(
+        "/api/v1/webhooks", {"url": "http://127.0.0.1:9/x", "events": ["job.succeeded"]}
+    ).json()
+    answer = tenant.client.get(f"/api/v1/webhooks/{endpoint['id']}/deliveries", {"limit": limit})
+    assert answer.status_code == 400, answer.content
+    assert problem(answer)["code"] == "invalid_limit"
+
+
+def test_an_edit_made_while_the_service_disables_the_endpoint_keeps_it_disabled(tenant: Any) -> None:
+    from webapp.webhooks import services
+    from webapp.webhooks.models import WebhookEndpoint
+
+    made = tenant.client.post(
+        "/api/v1/webhooks", {"url": "https://hooks.example.com/x", "events": ["job.succeeded"]}
+    ).json()
+    seen = WebhookEndpoint.objects.get(pk=made["id"])  # what the edit's request loaded
+    WebhookEndpoint.objects.filter(pk=seen.pk).update(enabled=False, disabled_reason="Every delivery failed.")
+    services.update_endpoint(seen, {"description": "renamed"})
+    now = WebhookEndpoint.objects.get(pk=seen.pk)
+    assert (now.description, now.enabled, now.disabled_reason) == ("renamed", False, "Every delivery failed.")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_creates_at_once_never_pass_the_endpoint_limit(make_tenant: Any, monkeypatch: Any) -> None:
+    """The first create pauses between its count and its insert; the second must wait for it."""
+    import threading
+
+    from django.db import connection
+
+    from webapp.errors import DomainError
+    from webapp.webhooks import delivery, services
+    from webapp.webhooks.models import WebhookEndpoint
+
+    t = make_tenant(scopes=["speech:read", "speech:write", "keys:manage"])
+    for n in range(services.MAX_ENDPOINTS - 1):
+        services.create_endpoint(t.org, f"https://hooks.example.com/{n}", [])
+    inside, second_done = threading.Event(), threading.Event()
+    stock = delivery.rotate
+
+    def paused(holder: Any, now: Any = None) -> str:
+        if threading.current_thread().name == "first":
+            inside.set()
+            second_done.wait(3)  # without the lock, the second create ends meanwhile
+        return stock(holder, now)
+
+    monkeypatch.setattr(delivery, "rotate", paused)
+    outcomes: dict[str, str] = {}
+
+    def create(name: str) -> None:
+        try:
+            services.create_endpoint(t.org, f"https://hooks.example.com/{name}", [])
+            outcomes[name] = "created"
+        except DomainError:
+            outcomes[name] = "refused"
+        finally:
+            if name == "second":
+                second_done.set()
+            connection.close()
+
+    first = threading.Thread(target=create, args=("first",), name="first")
+    first.start()
+    assert inside.wait(10)
+    second = threading.Thread(target=create, args=("second",), name="second")
+    second.start()
+    first.join(15)
+    second.join(15)
+    assert outcomes == {"first": "created", "second": "refused"}
+    assert WebhookEndpoint.objects.filter(organization=t.org).count() == services.MAX_ENDPOINTS

@@ -48,7 +48,7 @@ class PlsParser(BaseParser):
         view = parser_context["view"]
         organization = view.organization
         declared = parser_context["request"].META.get("CONTENT_LENGTH") or ""
-        if declared.isdigit():
+        if declared.isascii() and declared.isdigit():
             services.check_import_size(organization, int(declared))
         limit = organization.plan.max_dictionary_import_bytes
         raw: bytes = stream.read(limit + 1) if stream is not None else b""

@@ -78,6 +78,6 @@ class StrictJSONParser(JSONParser):
         limit = max_body_bytes()
         if request is not None:
             declared = request.META.get("CONTENT_LENGTH") or "0"
-            if declared.isdigit() and int(declared) > limit:
+            if declared.isascii() and declared.isdigit() and int(declared) > limit:
                 raise too_large()
         return loads_strict(read_limited(stream, limit))
