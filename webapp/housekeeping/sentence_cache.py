@@ -22,14 +22,19 @@ CURSOR_KEY = "tts:housekeeping:cursor:evict_sentence_cache"
 
 @job(
     "evict_sentence_cache",
-    "Remove each tenant's least recently used sentence cache entries past its plan's sentence_cache_bytes, "
+    "Remove each tenant's least recently used sentence cache entries past its plan's sentence_cache_bytes "
+    "and those unused for its text retention, "
     "then the oldest entries of all past TTS_SENTENCE_CACHE_MAX_BYTES, and the folders of tenants that are "
     "gone; record the bytes kept (counted in the tenant's storage).",
 )
 def evict_sentence_cache(ctx: Context) -> None:
     ids = [name for name in sentence_cache.tenants_with_entries() if _is_uuid(name)]
-    rows = Organization.objects.filter(pk__in=ids).values_list("pk", "plan__sentence_cache_bytes")
-    bounds = {str(pk): int(bound) for pk, bound in rows}
+    rows = Organization.objects.filter(pk__in=ids).values_list(
+        "pk", "plan__sentence_cache_bytes", "plan__text_retention_days"
+    )
+    bounds = {str(pk): int(bound) for pk, bound, _days in rows}
+    # A cached sentence is the tenant's text, spoken: none outlives the plan's text retention.
+    max_ages = {str(pk): None if days is None else days * 86400.0 for pk, _bound, days in rows}
     client = redis_clients.locks()
     for name in _from_cursor(ids, _load_cursor(client)):
         if ctx.out_of_time():
@@ -38,7 +43,7 @@ def evict_sentence_cache(ctx: Context) -> None:
             ctx.add("bytes_freed", sentence_cache.purge_tenant(name))
             ctx.add("tenants_gone")
         else:
-            outcome = sentence_cache.evict(name, bounds[name])
+            outcome = sentence_cache.evict(name, bounds[name], max_age=max_ages[name])
             ctx.add("removed", outcome.removed)
             ctx.add("bytes_freed", outcome.freed)
             ctx.add("bytes_kept", outcome.kept_bytes)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -187,12 +188,14 @@ def _fill(org: Any, voice_pk: Any, n: int, size: int = 4000) -> list[Path]:
     from webapp.speech.services import sentence_cache
 
     store = sentence_cache.DiskStore(sentence_cache.voice_folder(org.pk, voice_pk))
+    start = int(time.time()) - 3600
     paths = []
     for i in range(n):
         key = f"{i:02d}" + "ab" * 31
         store.put(key, SentenceEntry(np.full(size, i / 100, np.float32), 22050))
         path = store._path(key)
-        os.utime(path, (1_000_000 + i, 1_000_000 + i))
+        # An hour ago and on: older than any bound's tie, younger than any plan's text retention.
+        os.utime(path, (start + i, start + i))
         paths.append(path)
     return paths
 
@@ -277,10 +280,11 @@ def test_the_whole_cache_stays_under_the_global_cap_oldest_first_over_tenants(
     from webapp.tenants.models import Organization
 
     first, second = make_tenant(), make_tenant()
-    older = _fill(first.org, "v1", 3)  # mtimes 1_000_000..2
+    older = _fill(first.org, "v1", 3)  # an hour ago and on
     newer = _fill(second.org, "v1", 3)
     for i, path in enumerate(newer):
-        os.utime(path, (2_000_000 + i, 2_000_000 + i))
+        later = time.time() - 60 + i
+        os.utime(path, (later, later))
     entry = older[0].stat().st_size
     settings.TTS_SENTENCE_CACHE_MAX_BYTES = 4 * entry  # each tenant within its plan's bound, both over it
     result = run_job("evict_sentence_cache")
@@ -308,3 +312,24 @@ def test_the_cache_writes_nothing_below_the_free_space_watermark(make_tenant: An
     settings.TTS_SENTENCE_CACHE_MIN_FREE_BYTES = free + 1  # as if the disk were that close to full
     store.put("bb" * 20, entry)
     assert len(_entries(t.org)) == 1 and store.get("bb" * 20) is None
+
+
+def test_no_cached_sentence_outlives_the_plans_text_retention(make_tenant: Any) -> None:
+    """A cached sentence is the tenant's text, spoken: it goes when the texts it came from go."""
+    from webapp.housekeeping.catalog import run_job
+    from webapp.tenants.models import Organization
+
+    t = make_tenant()
+    t.org.plan.text_retention_days = 30
+    t.org.plan.sentence_cache_bytes = 10**9  # far from the bound: only the age removes
+    t.org.plan.save()
+    paths = _fill(t.org, "v1", 3)
+    day = 86400
+    for path, age in zip(paths, (31 * day, 29 * day, 0), strict=True):
+        os.utime(path, (time.time() - age, time.time() - age))
+    result = run_job("evict_sentence_cache")
+    assert result.counts.get("removed", 0) == 1
+    assert [p.exists() for p in paths] == [False, True, True]
+    assert Organization.objects.get(pk=t.org.pk).sentence_cache_used == sum(
+        p.stat().st_size for p in paths[1:]
+    )

@@ -98,6 +98,18 @@ def test_it_equals_the_ledger_through_the_api_the_table_and_the_csv(tenant: dict
     assert "'=HYPERLINK" in "".join(",".join(r) for r in _csv(page, "key"))
 
 
+def test_a_member_who_left_is_a_former_member_not_their_address_today(tenant: dict[str, Any]) -> None:
+    """They keep their account and may change its address: the tenant is not told the new one."""
+    from django.contrib.auth import get_user_model
+
+    from webapp.tenants.models import Membership
+
+    Membership.objects.filter(organization=tenant["org"], user__email="member@example.com").delete()
+    get_user_model().objects.filter(email="member@example.com").update(email="moved-on@elsewhere.example")
+    by_member = {r["label"]: r["characters"] for r in _api_rows(tenant["api"], "member")["rows"]}
+    assert by_member == {"owner@example.com": 120 + 45 + 64, "former member": 307}
+
+
 def test_it_keeps_the_breakdown_after_the_jobs_are_deleted(tenant: dict[str, Any]) -> None:
     from webapp.speech.models import SynthesisJob
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import connection
 
 from webapp.housekeeping.catalog import run_job
-from webapp.speech.models import SynthesisJob, UsageEvent
+from webapp.speech.models import JobTimestamps, SynthesisJob, UsageEvent
 from webapp.speech.services import ledger
 
 DAY = dt.timedelta(days=1)
@@ -62,6 +62,10 @@ def test_old_texts_are_blanked_and_the_rest_of_the_row_stays(
     keep_all = Plan.objects.create(slug=f"keep-{uuid.uuid4().hex[:6]}", name="Keep", text_retention_days=None)
     other = Organization.objects.create(name="Keeper", slug=f"keeper-{uuid.uuid4().hex[:6]}", plan=keep_all)
     kept = _job(other, voice, "succeeded", 400 * DAY)
+    # Word timestamps spell the text out: they go with it, the recent job's stay.
+    spelled = [{"text": "Private", "start": 0.0, "end": 0.4, "char_start": 0, "char_end": 7}]
+    for job in (old[0], recent):
+        JobTimestamps.objects.create(job=job, words=spelled, sentences=[])
     usage_before = ledger.storage_used(org)
     events_before = UsageEvent.objects.count()
 
@@ -84,6 +88,7 @@ def test_old_texts_are_blanked_and_the_rest_of_the_row_stays(
         assert row.finished_at == job.finished_at
     for job in (recent, running, kept):
         assert SynthesisJob.objects.get(pk=job.pk).text == job.text
+    assert list(JobTimestamps.objects.values_list("job_id", flat=True)) == [recent.pk]
     assert ledger.storage_used(org) == usage_before
     assert UsageEvent.objects.count() == events_before
     # Idempotent: nothing left to do.

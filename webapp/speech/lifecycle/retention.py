@@ -1,4 +1,5 @@
-"""Retention: a finished job's audio expires, and its text is blanked past the plan's text retention.
+"""Retention: a finished job's audio expires, and its text (with its word timestamps) is blanked past
+the plan's text retention.
 
 Run by beat (webapp/housekeeping), and at once for an answer its client left
 (``client._leave_answer``). Each public function is an outer action.
@@ -75,4 +76,7 @@ def blank_old_texts(limit: int = 500) -> int:
         for job in worded:
             job.params = {name: value for name, value in job.params.items() if name != "instructions"}
         SynthesisJob.objects.bulk_update(worded, ["params"])
-        return rows.update(text="", applied_instructions={})
+        blanked = list(rows.values_list("id", flat=True))
+        # The timestamps spell the text out word by word: they go with it (the audio may stay).
+        JobTimestamps.objects.filter(job_id__in=blanked).delete()
+        return SynthesisJob.objects.filter(id__in=blanked).update(text="", applied_instructions={})

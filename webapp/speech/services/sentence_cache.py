@@ -182,8 +182,12 @@ class Eviction:
     kept_bytes: int
 
 
-def evict(organization_id: Any, bound: int, now: float | None = None) -> Eviction:
-    """Remove the tenant's least recently used entries until it holds at most ``bound`` bytes.
+def evict(
+    organization_id: Any, bound: int, now: float | None = None, max_age: float | None = None
+) -> Eviction:
+    """Remove the tenant's least recently used entries until it holds at most ``bound`` bytes, and
+    those unused for ``max_age`` seconds (the plan's text retention: a cached sentence is the tenant's
+    text spoken, and outlives no text it came from).
 
     Temp files of writers that died go too. The bytes kept are written on the tenant row.
     """
@@ -191,11 +195,13 @@ def evict(organization_id: Any, bound: int, now: float | None = None) -> Evictio
     entries: list[_File] = []
     removed = freed = 0
     for f in _files(tenant_folder(organization_id)):
-        if f.path.name.startswith(TEMP_PREFIX):
-            if f.mtime < now - TEMP_MAX_AGE_SECONDS:
-                with contextlib.suppress(OSError):
-                    f.path.unlink()
-                    removed, freed = removed + 1, freed + f.size
+        temp = f.path.name.startswith(TEMP_PREFIX)
+        if temp and f.mtime >= now - TEMP_MAX_AGE_SECONDS:
+            continue  # its writer may still be at it
+        if temp or (max_age is not None and f.mtime < now - max_age):
+            with contextlib.suppress(OSError):
+                f.path.unlink()
+                removed, freed = removed + 1, freed + f.size
             continue
         entries.append(f)
     kept = sum(f.size for f in entries)

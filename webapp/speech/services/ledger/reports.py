@@ -21,7 +21,6 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Count, Sum
 from django.db.models.functions import TruncDate
@@ -30,7 +29,7 @@ from django.utils import timezone
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
 from webapp.speech.services.ledger import period_end, period_start, storage_used
-from webapp.tenants.models import ApiKey, Organization
+from webapp.tenants.models import ApiKey, Membership, Organization
 
 GROUPS = ("day", "key", "voice", "source", "member")
 # The longest range one report covers, in days (from and to both counted).
@@ -184,7 +183,7 @@ def breakdown(organization: Organization, group_by: str, start: dt.date, end: dt
     since = dt.datetime.combine(start, dt.time(0), tzinfo=dt.UTC)
     until = dt.datetime.combine(end + dt.timedelta(days=1), dt.time(0), tzinfo=dt.UTC)
     totals = charges(organization_id=organization.pk, since=since, until=until, group_by=group_by)
-    labels = _labels(group_by, list(totals))
+    labels = _labels(organization, group_by, list(totals))
     if group_by == "day":
         days = [start + dt.timedelta(days=n) for n in range((end - start).days + 1)]
         rows = [_row(day.isoformat(), day.isoformat(), totals.get(day.isoformat())) for day in days]
@@ -205,7 +204,7 @@ def _row(group: str, label: str, values: tuple[int, int, int] | None) -> Row:
     return Row(group, label, chars, cached, jobs)
 
 
-def _labels(group_by: str, groups: list[str]) -> dict[str, str]:
+def _labels(organization: Organization, group_by: str, groups: list[str]) -> dict[str, str]:
     if group_by == "key":
         keys = {
             str(pk): f"{name} (tts_{prefix}_…)"
@@ -215,8 +214,12 @@ def _labels(group_by: str, groups: list[str]) -> dict[str, str]:
         }
         return {g: keys.get(g, "deleted key") if g else "no key (dashboard)" for g in groups}
     if group_by == "member":
-        users = get_user_model().objects.filter(pk__in=[int(g) for g in groups if g])
-        emails = {str(pk): email for pk, email in users.values_list("pk", "email")}
+        # Members now only: a user who left keeps an account, and the address they use today is
+        # not the tenant's to read.
+        members = Membership.objects.filter(
+            organization=organization, user_id__in=[int(g) for g in groups if g]
+        )
+        emails = {str(pk): email for pk, email in members.values_list("user_id", "user__email")}
         return {g: emails.get(g, "former member") if g else "no member" for g in groups}
     if group_by == "source":
         return {g: SOURCE_LABELS.get(g, g or "unknown") for g in groups}
