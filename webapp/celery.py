@@ -9,7 +9,13 @@ from celery import Celery, signals
 from celery.app import backends
 
 from webapp.private_apis import CELERY_GET_BACKEND
-from webapp.provisioning import UnwritableFolderError, check_worker_can_write, warn_if_no_log_folder
+from webapp.provisioning import (
+    PlaceholderSecretError,
+    UnwritableFolderError,
+    check_worker_can_write,
+    refuse_placeholder_secrets,
+    warn_if_no_log_folder,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
@@ -80,6 +86,17 @@ def _refuse_folders_it_cannot_write(**_: Any) -> None:
         check_worker_can_write(settings.TTS_VAR_LAYOUT)
     except UnwritableFolderError as exc:
         raise SystemExit(f"worker: not starting: {exc}") from None
+
+
+@signals.worker_init.connect
+@signals.beat_init.connect
+def _refuse_placeholder_secrets(**_: Any) -> None:
+    """A node started from an example file's ``CHANGE-ME`` exits at start, naming the secret. A worker
+    needs no secret to run, but one it was given must not be a value anyone can read in this repository."""
+    try:
+        refuse_placeholder_secrets()
+    except PlaceholderSecretError as exc:
+        raise SystemExit(f"not starting: {exc}") from None
 
 
 @signals.worker_init.connect

@@ -59,6 +59,21 @@ class MissingSecretError(RuntimeError):
     """A secret a serving process needs is neither in its variable nor in its file."""
 
 
+class PlaceholderSecretError(RuntimeError):
+    """A secret is set to a value from an example file (``CHANGE-ME``): anyone could sign with it."""
+
+
+# Values the example files ship with, and the ones people type instead of a secret.
+PLACEHOLDERS = frozenset(
+    {"change-me", "changeme", "change_me", "replace-me", "secret", "password", "placeholder"}
+)
+
+
+def is_placeholder(value: str) -> bool:
+    text = value.strip().lower()
+    return text in PLACEHOLDERS or "change-me" in text or text.startswith("django-insecure")
+
+
 class UnwritableFolderError(RuntimeError):
     """A folder a worker's tasks write is one its user cannot write."""
 
@@ -311,7 +326,24 @@ def check_ready_to_serve() -> None:
     missing = [s.missing_message() for s in layout.secrets if not _has_setting(settings, s.setting)]
     if missing:
         raise MissingSecretError("\n".join(missing))
+    refuse_placeholder_secrets()
     warn_if_no_log_folder()
+
+
+def refuse_placeholder_secrets() -> None:
+    """Web and Celery processes alike refuse a secret left at an example's value (the Kubernetes
+    example Secret's ``CHANGE-ME``): sessions, signed links and API key hashes would be forgeable."""
+    from django.conf import settings
+
+    layout: VarLayout = settings.TTS_VAR_LAYOUT
+    found = [
+        f"{s.setting} is a placeholder ({s.env} or {s.path}): set it to a long random value, e.g. "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`"
+        for s in layout.secrets
+        if _has_setting(settings, s.setting) and is_placeholder(str(getattr(settings, s.setting)))
+    ]
+    if found:
+        raise PlaceholderSecretError("\n".join(found))
 
 
 def warn_if_no_log_folder() -> None:

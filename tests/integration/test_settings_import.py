@@ -110,6 +110,29 @@ def test_serving_refuses_to_start_without_the_api_key_secret(tmp_path: Path) -> 
     assert "SECRET_KEY is missing" not in result.stderr.replace("API_KEY_HMAC_SECRET is missing", "")
 
 
+@pytest.mark.parametrize("entry", ["webapp.wsgi", "webapp.asgi"])
+def test_serving_refuses_a_secret_left_at_the_examples_placeholder(tmp_path: Path, entry: str) -> None:
+    """deploy/k8s/secret.example.yaml ships CHANGE-ME: a pod started from it unedited must not serve."""
+    env = _fresh_clone_env(tmp_path / "var", DJANGO_SECRET_KEY="CHANGE-ME", TTS_API_KEY_SECRET="a" * 60)
+    result = _run(["-c", f"import {entry}"], env)
+    assert result.returncode != 0
+    assert "SECRET_KEY is a placeholder" in result.stderr and "DJANGO_SECRET_KEY" in result.stderr
+
+
+def test_a_celery_worker_refuses_a_placeholder_secret_before_it_connects(tmp_path: Path) -> None:
+    env = _fresh_clone_env(
+        tmp_path / "var",
+        DJANGO_SECRET_KEY="k" * 60,
+        TTS_API_KEY_SECRET="change-me",
+        REDIS_URL="redis://127.0.0.1:1/0",  # nothing listens: it would fail to connect, had it tried
+        TTS_LOG_TO_FILE="0",
+    )
+    result = _run(["-m", "celery", "-A", "webapp", "worker", "--pool", "solo", "-Q", "nothing"], env)
+    assert result.returncode != 0
+    assert "API_KEY_HMAC_SECRET is a placeholder" in result.stderr
+    assert "Cannot connect to redis" not in result.stderr
+
+
 def test_hashing_an_api_key_without_its_secret_names_the_fix() -> None:
     from webapp.provisioning import MissingSecretError
     from webapp.tenants.services import hash_secret

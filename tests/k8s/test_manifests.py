@@ -96,6 +96,24 @@ def test_release_tags_and_digests_pass() -> None:
     assert validate.check_image("tts-web@sha256:" + "a" * 64) is None
 
 
+def test_keda_reading_the_apps_secret_is_caught(rendered: dict[str, Docs]) -> None:
+    """KEDA's operator, in its own namespace, would read the secret key and the API keys' HMAC secret."""
+
+    def change(docs: Docs) -> None:
+        auth = next(d for d in docs if d["kind"] == "TriggerAuthentication")
+        auth["spec"]["secretTargetRef"][0]["name"] = "tts-secrets"
+
+    keys = validate.secret_template_keys()
+    keys["tts-secrets"].add("KEDA_DATABASE_URL")  # as the example had it before
+    docs = copy.deepcopy(rendered["gpu"])
+    change(docs)
+    problems = validate.project_problems(docs, "gpu", keys)
+    assert any(
+        "KEDA reads Secret tts-secrets, which also holds" in p and "DJANGO_SECRET_KEY" in p for p in problems
+    )
+    assert not any("KEDA reads" in p for p in validate.project_problems(rendered["gpu"], "gpu"))
+
+
 def test_a_missing_secret_key_is_caught(rendered: dict[str, Docs]) -> None:
     def change(docs: Docs) -> None:
         env = container(docs, "tts-worker-cpu", "worker")["env"]
@@ -108,7 +126,7 @@ def test_a_missing_secret_key_is_caught(rendered: dict[str, Docs]) -> None:
 
 def test_a_secret_key_missing_from_the_template_is_caught(rendered: dict[str, Docs]) -> None:
     keys = validate.secret_template_keys()
-    keys["tts-secrets"].discard("KEDA_DATABASE_URL")
+    keys["tts-keda"].discard("KEDA_DATABASE_URL")
     problems = validate.project_problems(rendered["gpu"], "gpu", keys)
     assert any("TriggerAuthentication/tts-keda-postgres" in p and "KEDA_DATABASE_URL" in p for p in problems)
 
@@ -293,3 +311,51 @@ def test_make_validate_k8s_runs_the_validators() -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "validate-k8s: passed, 0 problems" in out.stdout
+
+
+def test_egress_to_the_data_services_and_mail_goes_to_their_addresses_only(rendered: dict[str, Docs]) -> None:
+    def anywhere_5432(docs: Docs) -> None:  # as the base had it
+        find(docs, "NetworkPolicy", "tts-data-clients")["spec"]["egress"][0]["to"][0]["ipBlock"]["cidr"] = (
+            "0.0.0.0/0"
+        )
+
+    def smtp_anywhere(docs: Docs) -> None:  # as the base had it: ports, no destination
+        del find(docs, "NetworkPolicy", "tts-web")["spec"]["egress"][0]["to"]
+
+    def placeholder_kept(docs: Docs) -> None:
+        find(docs, "NetworkPolicy", "tts-data-clients")["spec"]["egress"][1]["to"][0]["ipBlock"]["cidr"] = (
+            "192.0.2.11/32"
+        )
+
+    cases: list[tuple[Callable[[Docs], None], str]] = [
+        (anywhere_5432, "tts-data-clients: egress to PostgreSQL allows 0.0.0.0/0"),
+        (smtp_anywhere, "tts-web: egress to SMTP may go to any address"),
+        (placeholder_kept, "egress to Redis still names the placeholder 192.0.2.11/32"),
+    ]
+    for change, expected in cases:
+        problems = problems_after(rendered, "gpu", change)
+        assert any(expected in p for p in problems), (change.__name__, problems)
+    # The local overlay runs PostgreSQL and Redis in the cluster: the placeholders there are unused.
+    assert not any("placeholder" in p for p in validate.project_problems(rendered["local"], "local"))
+
+
+def test_metrics_answer_a_narrow_block_and_never_through_the_edge(rendered: dict[str, Docs]) -> None:
+    def wide(docs: Docs) -> None:  # as the base had it
+        settings = next(
+            d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("tts-settings")
+        )
+        settings["data"]["TTS_METRICS_ALLOWED_IPS"] = "127.0.0.1,::1,10.0.0.0/8"
+
+    def edge_open(docs: Docs) -> None:
+        env = container(docs, "tts-edge", "edge")["env"]
+        env[:] = [e for e in env if e["name"] != "TTS_METRICS_ALLOWED_IPS"]
+        wide(docs)
+
+    for overlay in ("gpu", "local"):  # as shipped: neither opens /metrics wide
+        shipped = validate.project_problems(rendered[overlay], overlay)
+        assert not any("TTS_METRICS_ALLOWED_IPS" in p or "answers /metrics" in p for p in shipped), shipped
+    assert any("10.0.0.0/8 is wider than a /16" in p for p in problems_after(rendered, "gpu", wide))
+    assert any(
+        "the edge answers /metrics beyond its own pod" in p
+        for p in problems_after(rendered, "gpu", edge_open)
+    )

@@ -21,6 +21,7 @@ the project's (both are in the lock); standard library otherwise, no Django.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import re
 import shutil
@@ -362,6 +363,26 @@ def project_problems(
                 where, f"{secret_where}: {what} key {key!r} that Secret {secret} (secret.example.yaml) lacks"
             )
 
+    # KEDA's operator reads the Secrets its TriggerAuthentications name: never one holding the app's.
+    keda_reads: dict[str, set[str]] = {}
+    for doc in docs:
+        if doc.get("kind") == "TriggerAuthentication":
+            for ref in doc.get("spec", {}).get("secretTargetRef", []):
+                keda_reads.setdefault(ref["name"], set()).add(ref["key"])
+    pods_read = {
+        secret
+        for secret_where, secret, _k, _o in secret_refs(docs)
+        if "TriggerAuthentication" not in secret_where
+    }
+    for secret, read in sorted(keda_reads.items()):
+        others = sorted(secret_keys.get(secret, set()) - read)
+        if others or secret in pods_read:
+            report.fail(
+                where,
+                f"KEDA reads Secret {secret}, which also holds {', '.join(others) or 'what the pods read'}: "
+                "give KEDA a Secret of its own",
+            )
+
     for doc in docs:
         namespace = doc.get("metadata", {}).get("namespace")
         if doc.get("kind") not in CLUSTER_SCOPED and namespace in (None, "", "default"):
@@ -432,6 +453,8 @@ def project_problems(
                 f"{name_of(doc)}: exposed with externalTrafficPolicy {spec.get('externalTrafficPolicy', 'Cluster')}"
                 " hides the client's address; set it to Local, or name the balancer in TTS_NGINX_REAL_IP_FROM",
             )
+    egress_problems(report, where, docs)
+    metrics_problems(report, where, docs, settings)
     expected = DATA_CLIENTS | {c for c in data_clients if c.startswith("worker-")}
     workers = {
         name_of(w)
@@ -450,6 +473,62 @@ def project_problems(
             where, "NetworkPolicy tts-data-clients must select exactly the pods labelled tts-data-client"
         )
     return report.problems
+
+
+# Ports whose egress goes to one service the operator names: never to a whole network.
+NAMED_DESTINATION_PORTS = {5432: "PostgreSQL", 6379: "Redis", 25: "SMTP", 465: "SMTP", 587: "SMTP"}
+PLACEHOLDER_BLOCK = ipaddress.ip_network("192.0.2.0/24")
+WIDEST_METRICS = {4: 16, 6: 48}
+
+
+def egress_problems(report: Report, where: str, docs: list[Doc]) -> None:
+    """Egress to PostgreSQL, Redis and the mail relay goes to their addresses (a /32 or /128 each, or
+    in-cluster pods), never anywhere; a placeholder stays only where an in-cluster service replaces it."""
+    in_cluster = {pod_labels(w).get("app.kubernetes.io/component") for w, _ in pod_specs(docs)}
+    for doc in docs:
+        if doc.get("kind") != "NetworkPolicy":
+            continue
+        for rule in doc.get("spec", {}).get("egress", []):
+            ports = {p.get("port") for p in rule.get("ports", [])}
+            named = sorted({NAMED_DESTINATION_PORTS[p] for p in ports if p in NAMED_DESTINATION_PORTS})
+            if not named:
+                continue
+            blocks = [t["ipBlock"] for t in rule.get("to", []) if "ipBlock" in t]
+            if not rule.get("to"):
+                report.fail(where, f"{name_of(doc)}: egress to {'/'.join(named)} may go to any address")
+            for block in blocks:
+                net = ipaddress.ip_network(block["cidr"], strict=False)
+                if net.prefixlen < net.max_prefixlen:
+                    report.fail(
+                        where,
+                        f"{name_of(doc)}: egress to {'/'.join(named)} allows {net}: name the service's address",
+                    )
+                elif net.subnet_of(PLACEHOLDER_BLOCK) and not ({"postgres", "redis"} <= in_cluster):  # type: ignore[arg-type]
+                    report.fail(
+                        where,
+                        f"{name_of(doc)}: egress to {'/'.join(named)} still names the placeholder {net}: "
+                        "replace it with the service's address",
+                    )
+
+
+def metrics_problems(report: Report, where: str, docs: list[Doc], settings: dict[str, str]) -> None:
+    """/metrics: the web pods answer a block no wider than a /16 (/48), the edge only its own pod."""
+    for item in settings.get("TTS_METRICS_ALLOWED_IPS", "").split(","):
+        if item.strip():
+            net = ipaddress.ip_network(item.strip(), strict=False)
+            if net.prefixlen < WIDEST_METRICS[net.version]:
+                report.fail(
+                    where, f"TTS_METRICS_ALLOWED_IPS: {net} is wider than a /{WIDEST_METRICS[net.version]}"
+                )
+    for workload, pod in pod_specs(docs):
+        if pod_labels(workload).get("app.kubernetes.io/component") != "edge":
+            continue
+        for c in containers(pod):
+            allowed = env_of(c, settings).get("TTS_METRICS_ALLOWED_IPS", "")
+            if {a.strip() for a in allowed.split(",")} - {"127.0.0.1", "::1", ""}:
+                report.fail(
+                    where, f"{name_of(workload)}: the edge answers /metrics beyond its own pod ({allowed})"
+                )
 
 
 def pod_labels(workload: Doc) -> dict[str, str]:
