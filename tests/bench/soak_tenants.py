@@ -103,13 +103,19 @@ class SideResult:
         return [
             f"{job}: {status}, charged {charged}, handed {handed}, text {text}"
             for job, (status, charged, handed, text) in self.failing.items()
-            if status not in ("failed", "canceled") or charged != handed or not 0 < handed < text
+            if status not in ("failed", "canceled") or charged != handed or handed >= text
         ]
 
     def failed_by_the_limit(self) -> int:
         """Streams that ended failed. The others were canceled: a child killed by the soak under them
         broke the stream (a new attempt cannot continue it) and the client left, paying as handed."""
         return sum(1 for status, *_ in self.failing.values() if status == "failed")
+
+    def failed_after_streaming(self) -> int:
+        """Streams that handed sentences and then failed: the case the soak is about. A stream whose
+        first sentence already ran past the limit fails with nothing handed and nothing charged, which
+        is right but proves nothing, so at least one must have handed some."""
+        return sum(1 for status, _, handed, _ in self.failing.values() if status == "failed" and handed > 0)
 
 
 def _django_env(stack: StackProcess) -> dict[str, str]:
