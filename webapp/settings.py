@@ -470,6 +470,12 @@ TTS_AUTH_FAILURE_WINDOW_SECONDS = env_int("TTS_AUTH_FAILURE_WINDOW_SECONDS", 600
 TTS_ORPHAN_GRACE_SECONDS = env_int("TTS_ORPHAN_GRACE_SECONDS", 3600)
 TTS_TEMP_MAX_AGE_SECONDS = env_int("TTS_TEMP_MAX_AGE_SECONDS", 6 * 3600)
 TTS_AUDIT_RETENTION_DAYS = env_int("TTS_AUDIT_RETENTION_DAYS", 90)
+# Webhook messages delivered or given up (with their attempts) are kept this long for the delivery
+# log; a pending one is kept whatever its age.
+TTS_WEBHOOK_RETENTION_DAYS = env_int("TTS_WEBHOOK_RETENTION_DAYS", 30)
+# A job's pins on dictionary versions keep those versions from deletion while it runs; kept this
+# long after it finished (its record of what it applied stays on the job).
+TTS_DICTIONARY_PIN_RETENTION_HOURS = env_int("TTS_DICTIONARY_PIN_RETENTION_HOURS", 24)
 TTS_VOICE_PROCESSING_TIMEOUT_SECONDS = env_int("TTS_VOICE_PROCESSING_TIMEOUT_SECONDS", 1800)
 TTS_HOUSEKEEPING_BATCH = env_int("TTS_HOUSEKEEPING_BATCH", 500)
 # Each housekeeping task stops between batches at 80% of this, Celery interrupts

@@ -28,7 +28,7 @@ def _jobs(org: Any, engine: str, statuses: dict[str, int]) -> None:
     SynthesisJob.objects.bulk_create(
         [
             # Succeeded jobs hold their audio, as within retention: the tenant-limits index
-            # (speech_job_org_live_idx) holds them too, so it is no shortcut to the active rows.
+            # (speech_job_org_stored_idx) holds them too, so it is no shortcut to the active rows.
             SynthesisJob(
                 status=status,
                 format="wav",

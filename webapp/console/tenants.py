@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Sum, Value
+from django.db.models import Count, F, IntegerField, OuterRef, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -53,8 +53,12 @@ def with_usage(queryset: QuerySet[Organization]) -> QuerySet[Organization]:
         month_used=_per_tenant(month, n=Sum("characters_used")),
         month_characters=_per_tenant(month, n=Sum("characters_used") + Sum("characters_reserved")),
         active_jobs=_per_tenant(SynthesisJob.objects.filter(status__in=SynthesisJob.ACTIVE), n=Count("id")),
-        storage=_per_tenant(SynthesisJob.objects.filter(LIVE_JOBS), n=Sum("audio_bytes"))
-        + _per_tenant(Voice.objects.all(), n=Sum("prompt_bytes")),
+        # As a submit's limits count it (ledger.storage_used).
+        storage=_per_tenant(
+            SynthesisJob.objects.filter(LIVE_JOBS), n=Sum(F("audio_bytes") + F("timestamps_bytes"))
+        )
+        + _per_tenant(Voice.objects.all(), n=Sum("prompt_bytes"))
+        + F("sentence_cache_used"),
         voice_count=_per_tenant(tenant_voices, n=Count("id")),
     )
 

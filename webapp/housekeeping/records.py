@@ -1,5 +1,6 @@
 """Housekeeping of records: idempotency keys past their TTL, old run records, audit events and
-operations snapshots, heartbeats without a TTL."""
+operations snapshots, webhook messages done with, finished jobs' dictionary pins, word timestamps
+whose audio is gone, heartbeats without a TTL."""
 
 from __future__ import annotations
 
@@ -12,13 +13,19 @@ from webapp.audit.models import AuditEvent
 from webapp.housekeeping.jobs import Context, delete_in_batches, job
 from webapp.housekeeping.models import HousekeepingRun, OperationsSnapshot
 from webapp.speech import heartbeat
-from webapp.speech.models import IdempotencyKey
+from webapp.speech.models import FINISHED_STATUSES, IdempotencyKey, JobTimestamps, SynthesisJob
+from webapp.webhooks.models import WebhookMessage
+
+Pin = SynthesisJob.pinned_dictionary_versions.through
+DONE_MESSAGES = (WebhookMessage.Status.DELIVERED, WebhookMessage.Status.FAILED)
 
 
 @job(
     "prune_records",
-    "Delete idempotency keys past their TTL, old run records, audit events and operations snapshots; "
-    "give TTL-less heartbeats a TTL.",
+    "Delete idempotency keys past their TTL, old run records, audit events and operations snapshots, "
+    "webhook messages delivered or given up (with their attempts) past TTS_WEBHOOK_RETENTION_DAYS, "
+    "finished jobs' dictionary pins past TTS_DICTIONARY_PIN_RETENTION_HOURS and word timestamps whose "
+    "audio is gone; give TTL-less heartbeats a TTL.",
 )
 def prune_records(ctx: Context) -> None:
     keys_cutoff = ctx.now - dt.timedelta(hours=settings.TTS_IDEMPOTENCY_TTL_HOURS)
@@ -33,6 +40,24 @@ def prune_records(ctx: Context) -> None:
         "operations_snapshots",
         delete_in_batches(OperationsSnapshot.objects.filter(at__lt=snapshots_cutoff), ctx),
     )
+    # The delivery log a tenant reads; a message still pending is kept whatever its age (the
+    # sweep gives it up at the end of its retry window first). Its attempts go with it (cascade).
+    webhooks_cutoff = ctx.now - dt.timedelta(days=settings.TTS_WEBHOOK_RETENTION_DAYS)
+    done = WebhookMessage.objects.filter(
+        status__in=DONE_MESSAGES,
+        created_at__lt=webhooks_cutoff,
+    )
+    ctx.add("webhook_messages_and_attempts", delete_in_batches(done, ctx))
+    # A pin keeps a dictionary version from deletion while its job needs it; once the job has
+    # ended it protects nothing (the job keeps its record of what it applied), one row a job.
+    pins_cutoff = ctx.now - dt.timedelta(hours=settings.TTS_DICTIONARY_PIN_RETENTION_HOURS)
+    ended = Pin.objects.filter(
+        synthesisjob__status__in=FINISHED_STATUSES, synthesisjob__finished_at__lt=pins_cutoff
+    )
+    ctx.add("dictionary_pins", delete_in_batches(ended, ctx))
+    # Timestamps go with their audio (lifecycle.expire_audio); any left beside a job holding no
+    # audio (written before that rule, or by a path that missed it) describe nothing and still count.
+    ctx.add("orphan_timestamps", delete_in_batches(JobTimestamps.objects.filter(job__audio_bytes=0), ctx))
     # Heartbeats expire by TTL; one written without (a bug, a manual SET) would
     # show a dead worker as live forever. Give it the TTL it should have had.
     r = redis_clients.heartbeats()

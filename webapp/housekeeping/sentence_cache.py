@@ -25,10 +25,12 @@ CURSOR_KEY = "tts:housekeeping:cursor:evict_sentence_cache"
     "Remove each tenant's least recently used sentence cache entries past its plan's sentence_cache_bytes "
     "and those unused for its text retention, "
     "then the oldest entries of all past TTS_SENTENCE_CACHE_MAX_BYTES, and the folders of tenants that are "
-    "gone; record the bytes kept (counted in the tenant's storage).",
+    "gone; record the bytes kept (counted in the tenant's storage), and a count of 0 for tenants with no "
+    "folder.",
 )
 def evict_sentence_cache(ctx: Context) -> None:
     ids = [name for name in sentence_cache.tenants_with_entries() if _is_uuid(name)]
+    ctx.add("phantom_counts_reset", sentence_cache.zero_tenants_without_entries(ids))
     rows = Organization.objects.filter(pk__in=ids).values_list(
         "pk", "plan__sentence_cache_bytes", "plan__text_retention_days"
     )

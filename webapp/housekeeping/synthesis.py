@@ -17,9 +17,12 @@ JobStatus = SynthesisJob.Status
 
 
 def expired_job_ids(now: dt.datetime, limit: int) -> list[Any]:
-    """Succeeded jobs whose audio is past retention, oldest first (a plain read, no lock)."""
+    """Succeeded jobs whose audio is past retention, oldest first (a plain read, no lock); not those
+    whose client is still being handed the answer (lifecycle.expire_audio leaves them)."""
     return list(
-        SynthesisJob.objects.filter(status=JobStatus.SUCCEEDED, expires_at__lte=now)
+        SynthesisJob.objects.filter(
+            status=JobStatus.SUCCEEDED, expires_at__lte=now, waiter_until__isnull=True
+        )
         .order_by("expires_at", "id")
         .values_list("id", flat=True)[:limit]
     )

@@ -94,7 +94,7 @@ def sql_status_in(statuses: tuple[JobStatus, ...], column: str = "status") -> st
 
 
 # Jobs that count against a tenant's limits: queued or running, or holding audio. Job
-# rows are kept for good; the limits read only these (through speech_job_org_live_idx,
+# rows are kept for good; the limits read only these (through speech_job_org_stored_idx,
 # whose condition this is: a query must state it as is for PostgreSQL to use the index).
 # LIVE_JOBS_SQL says the same in SQL (tests/integration/test_job_rules.py checks both).
 LIVE_JOBS = models.Q(status__in=ACTIVE_STATUSES) | models.Q(audio_bytes__gt=0)
@@ -177,6 +177,9 @@ class SynthesisJob(models.Model):
 
     audio_path = models.CharField(max_length=500, blank=True)  # relative to MEDIA_ROOT
     audio_bytes = models.PositiveBigIntegerField(default=0)
+    # The job's word timestamps as stored (JobTimestamps, its JSON): counted in the tenant's storage
+    # beside the audio, as long as the row is kept (published with the audio, gone with it or the text).
+    timestamps_bytes = models.PositiveIntegerField(default=0, db_default=0)
     duration_seconds = models.FloatField(null=True, blank=True)
     metrics = models.JSONField(default=dict)
     applied_instructions = models.JSONField(default=dict)  # {"applied": [...], "not_applied": [...]}
@@ -205,9 +208,9 @@ class SynthesisJob(models.Model):
             # index holds only those rows, so that costs what is live, not the whole history.
             models.Index(
                 fields=["organization"],
-                include=["status", "audio_bytes"],
+                include=["status", "audio_bytes", "timestamps_bytes"],
                 condition=LIVE_JOBS,
-                name="speech_job_org_live_idx",
+                name="speech_job_org_stored_idx",
             ),
             # KEDA's count of an engine queue's queued + running jobs (services/keda.py), and the
             # ETA's jobs ahead: only the active rows, however long the history.

@@ -135,6 +135,12 @@ class WebhookMessage(models.Model):
                 condition=models.Q(status="pending"),
             ),
             models.Index(fields=["endpoint", "-created_at"], name="webhooks_message_endpoint_idx"),
+            # Housekeeping's pruning of the messages done with, oldest first (prune_records).
+            models.Index(
+                fields=["created_at"],
+                name="webhooks_message_done_idx",
+                condition=models.Q(status__in=["delivered", "failed"]),
+            ),
             # The attempts in flight (a handful), counted at every claim.
             models.Index(
                 fields=["lease_until"],

@@ -426,6 +426,33 @@ def test_a_whole_file_answer_is_charged_once_its_first_block_is_handed(live_tena
     assert job.waiter_until is None and job.status == "succeeded"
 
 
+def test_a_plan_keeping_no_audio_still_charges_the_answer_it_hands(live_tenant: Any) -> None:
+    """retention_days=0: the audio is due to expire as it is published. Housekeeping expired it under
+    the client still being handed it; the answer then settled nothing, and its reservation stayed."""
+    from webapp.housekeeping.catalog import run_job
+    from webapp.speech.models import SynthesisJob, UsagePeriod
+
+    t = live_tenant(retention_days=0)
+    answer = t.client.post("/v1/audio/speech", WHOLE_FILE)
+    assert answer.status_code == 200
+    job = SynthesisJob.objects.get(organization=t.org)
+    assert job.status == "succeeded" and job.waiter_until is not None
+    assert job.expires_at is not None and job.finished_at is not None and job.expires_at <= job.finished_at
+    run_job("expire_audio")  # due by the plan, while its answer is not handed yet
+    job.refresh_from_db()
+    assert job.status == "succeeded", "expired under the client being handed it"
+    body = b"".join(answer.streaming_content)
+    assert body.startswith(b"RIFF")
+    settled = _settlement(job.id)
+    assert settled is not None and (settled.kind, settled.characters) == ("charge", job.text_chars)
+    period = UsagePeriod.objects.get(organization=t.org)
+    assert (period.characters_reserved, period.characters_used) == (0, job.text_chars)
+    # Handed and settled: now it goes, as the plan says.
+    run_job("expire_audio")
+    job.refresh_from_db()
+    assert job.status == "expired"
+
+
 def test_a_waiter_gone_after_its_job_succeeded_but_before_its_answer_pays_nothing(live_tenant: Any) -> None:
     from webapp.speech import lifecycle
     from webapp.speech.models import SynthesisJob

@@ -291,11 +291,15 @@ def test_a_submits_limits_read_the_tenants_live_jobs_not_its_history(make_tenant
         cursor.execute('ANALYZE "speech_synthesisjob"')
     with CaptureQueriesContext(connection) as queries:
         assert t.client.post("/api/v1/speech", {"text": TEN_CHARS}).status_code == 202
-    (limits,) = [q["sql"] for q in queries.captured_queries if "coalesce(sum(audio_bytes), 0)" in q["sql"]]
+    (limits,) = [
+        q["sql"]
+        for q in queries.captured_queries
+        if "coalesce(sum(audio_bytes + timestamps_bytes), 0)" in q["sql"]
+    ]
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN " + limits)
         plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "speech_job_org_live_idx" in plan, plan
+    assert "speech_job_org_stored_idx" in plan, plan
 
     # What the limits see: the stored audio and the active jobs, nothing of the history.
     SynthesisJob.objects.filter(organization=t.org, status="succeeded").update(audio_bytes=10_000)

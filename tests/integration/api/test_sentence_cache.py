@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import soundfile as sf
 
 from synth.audio import pcm16_samples
@@ -332,4 +333,32 @@ def test_no_cached_sentence_outlives_the_plans_text_retention(make_tenant: Any) 
     assert [p.exists() for p in paths] == [False, True, True]
     assert Organization.objects.get(pk=t.org.pk).sentence_cache_used == sum(
         p.stat().st_size for p in paths[1:]
+    )
+
+
+@pytest.mark.usefixtures("synth_worker", "builtin_voices")
+def test_a_count_no_cache_folder_backs_is_reset(make_tenant: Any) -> None:
+    """A database restored without its cache (or a folder lost) left the tenant's count standing, and a
+    tenant at its storage limit had every submit refused for good: eviction only recounted folders."""
+    from webapp.housekeeping.catalog import run_job
+    from webapp.speech.services import sentence_cache
+    from webapp.tenants.models import Organization
+
+    phantom, real = make_tenant(storage_bytes=10_000), make_tenant()
+    paths = _fill(real.org, "v1", 2)
+    Organization.objects.filter(pk=phantom.org.pk).update(sentence_cache_used=10_000)
+    Organization.objects.filter(pk=real.org.pk).update(sentence_cache_used=1)  # wrong: recounted
+    assert not sentence_cache.tenant_folder(phantom.org.pk).exists()
+    refused = phantom.client.post("/api/v1/speech", {"text": "Refused by bytes it does not store."})
+    assert refused.status_code == 429 and problem(refused)["code"] == "storage_limit"
+
+    result = run_job("evict_sentence_cache")
+
+    assert result.counts.get("phantom_counts_reset") == 1
+    assert Organization.objects.get(pk=phantom.org.pk).sentence_cache_used == 0
+    assert Organization.objects.get(pk=real.org.pk).sentence_cache_used == sum(
+        p.stat().st_size for p in paths
+    )
+    assert (
+        phantom.client.post("/api/v1/speech", {"text": "Stored nothing, refused nothing."}).status_code == 202
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 from typing import Any
 
 import requests
@@ -114,9 +115,12 @@ def test_the_schema_describes_the_endpoint(make_tenant: Any) -> None:
     assert {"400", "404", "409", "410"} <= set(operation["responses"])
 
 
-def test_a_real_jobs_words_map_to_the_text_submitted_and_expire_with_its_audio(live_tenant: Any) -> None:
+def test_a_real_jobs_words_map_to_the_text_submitted_count_in_storage_and_expire_with_its_audio(
+    live_tenant: Any,
+) -> None:
     from webapp.speech import lifecycle
-    from webapp.speech.models import JobTimestamps
+    from webapp.speech.models import JobTimestamps, SynthesisJob
+    from webapp.speech.services.ledger import storage_used
 
     t = live_tenant()
     response = t.client.post("/api/v1/speech", {"text": TEXT, "format": "mp3"})
@@ -133,9 +137,15 @@ def test_a_real_jobs_words_map_to_the_text_submitted_and_expire_with_its_audio(l
         assert a["start"] < a["end"] <= b["start"] + 1e-6
     assert [s["text"] for s in body["sentences"]] == ["Hello, world.", "It costs $42 today!"]
     assert body["sentences"][-1]["end"] <= body["duration_seconds"] + 0.05
+    # The rows are the tenant's storage too, beside the audio.
+    job = SynthesisJob.objects.get(id=job_id)
+    stored = JobTimestamps.objects.get(job_id=job_id)
+    assert job.timestamps_bytes == len(json.dumps([stored.words, stored.sentences]).encode()) > 0
+    assert storage_used(t.org) == job.audio_bytes + job.timestamps_bytes
     lifecycle.expire_audio(job_id, immediately=True)
     assert problem(t.client.get(f"/api/v1/speech/{job_id}/timestamps"))["status"] == 410
     assert not JobTimestamps.objects.filter(job_id=job_id).exists()
+    assert storage_used(t.org) == 0
 
 
 def test_sse_with_timestamps_sends_one_timestamps_event_per_sentence(live_tenant: Any, web: Any) -> None:

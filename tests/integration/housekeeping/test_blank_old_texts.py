@@ -66,6 +66,8 @@ def test_old_texts_are_blanked_and_the_rest_of_the_row_stays(
     spelled = [{"text": "Private", "start": 0.0, "end": 0.4, "char_start": 0, "char_end": 7}]
     for job in (old[0], recent):
         JobTimestamps.objects.create(job=job, words=spelled, sentences=[])
+    # Audio kept past the text (a plan may keep audio longer): the timestamps' bytes stop counting.
+    SynthesisJob.objects.filter(pk__in=[old[0].pk, recent.pk]).update(audio_bytes=1000, timestamps_bytes=90)
     usage_before = ledger.storage_used(org)
     events_before = UsageEvent.objects.count()
 
@@ -89,7 +91,8 @@ def test_old_texts_are_blanked_and_the_rest_of_the_row_stays(
     for job in (recent, running, kept):
         assert SynthesisJob.objects.get(pk=job.pk).text == job.text
     assert list(JobTimestamps.objects.values_list("job_id", flat=True)) == [recent.pk]
-    assert ledger.storage_used(org) == usage_before
+    assert ledger.storage_used(org) == usage_before - 90
+    assert SynthesisJob.objects.get(pk=recent.pk).timestamps_bytes == 90
     assert UsageEvent.objects.count() == events_before
     # Idempotent: nothing left to do.
     assert run_job("blank_old_texts").counts == {"blanked": 0}

@@ -25,7 +25,10 @@ def expire_audio(job_id: Any, *, immediately: bool = False) -> int:
 
     Returns bytes freed.
     """
-    due = Q(status=Status.SUCCEEDED)
+    # Never under a client still being handed the answer (its lease held): a plan keeping no audio
+    # (retention_days=0) would expire it at once, and the answer would neither go out nor settle,
+    # its reservation held for good. Its answer, or the reaper, ends the lease first.
+    due = Q(status=Status.SUCCEEDED, waiter_until__isnull=True)
     if not immediately:
         due &= Q(expires_at__lte=timezone.now())
     with transaction.atomic(durable=True):
@@ -37,7 +40,7 @@ def expire_audio(job_id: Any, *, immediately: bool = False) -> int:
         before = row.first()
         if before is None:
             return 0
-        _transition(job_id, due, status=Status.EXPIRED, audio_path="", audio_bytes=0)
+        _transition(job_id, due, status=Status.EXPIRED, audio_path="", audio_bytes=0, timestamps_bytes=0)
         JobTimestamps.objects.filter(job_id=job_id).delete()  # they describe the audio: gone with it
     # After the commit: a file is never gone while a committed row still points at it.
     freed = files.remove_file(before["audio_path"])
@@ -79,4 +82,6 @@ def blank_old_texts(limit: int = 500) -> int:
         blanked = list(rows.values_list("id", flat=True))
         # The timestamps spell the text out word by word: they go with it (the audio may stay).
         JobTimestamps.objects.filter(job_id__in=blanked).delete()
-        return SynthesisJob.objects.filter(id__in=blanked).update(text="", applied_instructions={})
+        return SynthesisJob.objects.filter(id__in=blanked).update(
+            text="", applied_instructions={}, timestamps_bytes=0
+        )

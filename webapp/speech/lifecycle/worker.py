@@ -12,6 +12,7 @@ function is an outer action.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from enum import StrEnum
 from typing import Any
@@ -259,6 +260,7 @@ def complete_job(
     """
     # The database clock: the expiry is judged by other hosts, whose clocks may differ from ours.
     now = Now()
+    stamps = None if timestamps is None else (timestamps.get("words", []), timestamps.get("sentences", []))
     retention = Subquery(
         Organization.objects.filter(id=OuterRef("organization_id")).values("plan__retention_days")
     )
@@ -275,6 +277,8 @@ def complete_job(
             metrics=metrics,
             applied_instructions=applied_instructions,
             cached_characters=max(0, int(cached_characters)),
+            # What the stored rows take, as JSON: counted in the tenant's storage.
+            timestamps_bytes=0 if stamps is None else len(json.dumps(stamps).encode()),
             expires_at=ExpressionWrapper(
                 now + ExpressionWrapper(retention * dt.timedelta(days=1), DurationField()),
                 output_field=DateTimeField(),
@@ -297,11 +301,9 @@ def complete_job(
             # Taken over (a no-op here), or a cancel was asked for meanwhile: then it ends canceled.
             _cancel(job_id, _current(token) & Q(cancel_requested=True))
             return False
-        if timestamps is not None:
+        if stamps is not None:
             # One INSERT ... ON CONFLICT: a row left by an earlier publish of this job is replaced.
-            row = JobTimestamps(
-                job_id=job_id, words=timestamps.get("words", []), sentences=timestamps.get("sentences", [])
-            )
+            row = JobTimestamps(job_id=job_id, words=stamps[0], sentences=stamps[1])
             JobTimestamps.objects.bulk_create(
                 [row], update_conflicts=True, unique_fields=["job"], update_fields=["words", "sentences"]
             )

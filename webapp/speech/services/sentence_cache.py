@@ -247,6 +247,21 @@ def evict_oldest(cap: int) -> Eviction:
     return Eviction(removed, sum(freed_by.values()), kept)
 
 
+def zero_tenants_without_entries(with_entries: list[str]) -> int:
+    """Tenants that count cache bytes but have no folder under the cache root get a count of 0; how many.
+
+    A count no folder backs (a restore of the database without the cache, a folder lost to a disk
+    swap) would hold the tenant at its storage limit, refusing every submit, for good: eviction only
+    recounts the folders it finds. A folder made between the listing and this finds its count
+    reset too; the next run, which lists it, counts it again.
+    """
+    return (
+        Organization.objects.filter(sentence_cache_used__gt=0)
+        .exclude(pk__in=with_entries)
+        .update(sentence_cache_used=0)
+    )
+
+
 def tenants_with_entries() -> list[str]:
     """The tenant folders under the cache root (names: tenant ids)."""
     try:

@@ -66,7 +66,8 @@ def format_count(n: int) -> str:
 
 
 def storage_used(organization: Organization) -> int:
-    """Bytes a tenant stores: job audio, voice prompts and its sentence cache (as a submit's limits count them)."""
+    """Bytes a tenant stores: job audio and word timestamps, voice prompts and its sentence cache (as a
+    submit's limits count them)."""
     row = fetch_one(f"SELECT {_STORED_BYTES} FROM {_JOBS} WHERE {_LIVE_OF_TENANT}", {"org": organization.pk})
     assert row is not None  # an aggregate answers one row
     return int(row[0]) + int(row[1]) + int(organization.sentence_cache_used)
@@ -220,11 +221,11 @@ def check_key_cap(key: ApiKey, chars: int, period: dt.date) -> None:
 QUEUE_FULL_RETRY_SECONDS = 30
 
 _JOBS, _VOICES, _PERIODS = SynthesisJob._meta.db_table, Voice._meta.db_table, UsagePeriod._meta.db_table
-# The job rows' condition is LIVE_JOBS, as the partial index speech_job_org_live_idx has it, so
+# The job rows' condition is LIVE_JOBS, as the partial index speech_job_org_stored_idx has it, so
 # the count and sum read only the tenant's live jobs (tests/integration/api/test_quotas.py).
 _LIVE_OF_TENANT = f"organization_id = %(org)s AND {LIVE_JOBS_SQL}"
-# What a tenant stores, over its live job rows: their audio, and its voices' prompts.
-_STORED_BYTES = f"""coalesce(sum(audio_bytes), 0),
+# What a tenant stores, over its live job rows: their audio and word timestamps, and its voices' prompts.
+_STORED_BYTES = f"""coalesce(sum(audio_bytes + timestamps_bytes), 0),
     (SELECT coalesce(sum(prompt_bytes), 0) FROM {_VOICES} WHERE organization_id = %(org)s)"""
 _LIMITS = f"""
     SELECT count(*) FILTER (WHERE {sql_status_in(ACTIVE_STATUSES)}), {_STORED_BYTES},
