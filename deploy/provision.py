@@ -552,6 +552,10 @@ def django_env_for(cfg: StackConfig, process: str) -> dict[str, str]:
 
 def manage(cfg: StackConfig, *args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **cfg.django_env(), "TTS_LOG_TO_FILE": "0"}
+    if args[:1] == ("migrate",):
+        env["TTS_PROCESS_NAME"] = (
+            "migrate"  # its limits are a migration's (webapp/env.py, STATEMENT_TIMEOUTS)
+        )
     return subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), *args],
         env=env,

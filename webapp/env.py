@@ -152,3 +152,32 @@ def worker_queues(role: str, engines: list[str]) -> list[str]:
         # The webhook outbox (webapp/webhooks/tasks.py): no slow receiver holds a synthesis worker.
         return ["webhooks"]
     return [f"synth.{engine}" for engine in engines]
+
+
+# What one SQL statement of a process may take, in seconds, by what the process is (0: no limit).
+# Lock waits count: a statement queued behind a migration's lock ends too, instead of holding a
+# web thread or a worker's job for as long as the lock lasts.
+DEFAULT_PROCESS_NAME = "django"  # TTS_PROCESS_NAME when none is set
+STATEMENT_TIMEOUTS = {
+    "web": 15,  # a request: the client is told 503 and retries
+    "synth": 30,
+    "analysis": 30,
+    "webhooks": 30,
+    "housekeeping": 120,  # batches of deletes and updates
+    "beat": 30,
+    "migrate": 1800,  # an index built CONCURRENTLY over years of rows; lock waits end sooner (lock_timeout)
+}
+
+
+def process_kind(process_name: str, worker_role: str) -> str:
+    """What a process is, for its limits: web, migrate or beat by its name (TTS_PROCESS_NAME, as the
+    supervisor, the systemd units and the Kubernetes manifests set it), ``other`` with no name (a
+    shell, a management command, a backup), and any other named process a Celery worker of its role
+    (TTS_WORKER_ROLE)."""
+    if process_name in ("gunicorn", "web"):
+        return "web"
+    if process_name in ("migrate", "beat"):
+        return process_name
+    if process_name in ("", DEFAULT_PROCESS_NAME):
+        return "other"
+    return worker_role

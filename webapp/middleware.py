@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 from django.http import HttpRequest, HttpResponse
+from psycopg.errors import QueryCanceled
 from redis.exceptions import RedisError
 
 from webapp.errors import DomainError, ErrorCode
@@ -41,6 +43,21 @@ class ProblemJsonMiddleware:
         problem = as_problem(exception) if is_api_path(request) else None
         if problem is not None:
             return render(request, problem)
+        if isinstance(exception.__cause__, QueryCanceled):
+            # Past this process's statement timeout (TTS_DB_STATEMENT_TIMEOUT_SECONDS): a slow query or
+            # one queued behind a lock. The transaction was rolled back; nothing was half-written.
+            log.warning("statement timeout on %s: %s", request.path, exception)
+            seconds = f"{settings.TTS_DB_STATEMENT_TIMEOUT_SECONDS:g}"
+            return render(
+                request,
+                Problem(
+                    503,
+                    ErrorCode.SERVICE_UNAVAILABLE,
+                    f"The database did not answer this request within {seconds} s; nothing was changed. "
+                    "Try again shortly.",
+                    retry_after=5,
+                ),
+            )
         if isinstance(exception, DatabaseError | InterfaceError | RedisError | ConnectionError):
             # A backing service is down: tell the client to come back, never a 500.
             log.warning("backing service unavailable on %s: %s", request.path, exception)

@@ -16,7 +16,9 @@ import dj_database_url
 
 from webapp.env import (
     ALLOWED_HOSTS_DEFAULT,
+    DEFAULT_PROCESS_NAME,
     HOUSEKEEPING_CONCURRENCY_DEFAULT,
+    STATEMENT_TIMEOUTS,
     WORKER_CONCURRENCY_DEFAULT,
     WORKER_ENGINES_DEFAULT,
     EnvError,
@@ -29,6 +31,7 @@ from webapp.env import (
     env_networks,
     env_origin,
     env_str,
+    process_kind,
     worker_queues,
 )
 from webapp.provisioning import VarLayout
@@ -160,6 +163,20 @@ if DATABASE_POOL_SIZE > 0:
     DATABASES["default"]["OPTIONS"] = {
         **dict(DATABASES["default"].get("OPTIONS") or {}),  # type: ignore[call-overload]
         "pool": {"min_size": 2, "max_size": DATABASE_POOL_SIZE, "timeout": 10},
+    }
+# What one SQL statement may take (0: no limit): by default by what this process is
+# (webapp/env.py, STATEMENT_TIMEOUTS); a request's statement past it answers 503.
+TTS_DB_STATEMENT_TIMEOUT_SECONDS = env_float(
+    "TTS_DB_STATEMENT_TIMEOUT_SECONDS",
+    STATEMENT_TIMEOUTS.get(
+        process_kind(env_str("TTS_PROCESS_NAME", DEFAULT_PROCESS_NAME), env_str("TTS_WORKER_ROLE", "synth")),
+        0,
+    ),
+)
+if TTS_DB_STATEMENT_TIMEOUT_SECONDS > 0:
+    DATABASES["default"]["OPTIONS"] = {
+        **dict(DATABASES["default"].get("OPTIONS") or {}),  # type: ignore[call-overload]
+        "options": f"-c statement_timeout={int(TTS_DB_STATEMENT_TIMEOUT_SECONDS * 1000)}",
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -539,7 +556,7 @@ if TTS_WORKER_ROLE == "webhooks":
     CELERY_WORKER_CONCURRENCY = TTS_WEBHOOK_CONCURRENCY
 
 # Logging: stdout and a size-rotated file per process (TTS_PROCESS_NAME) under TTS_LOG_DIR.
-TTS_PROCESS_NAME = env_str("TTS_PROCESS_NAME", "django")
+TTS_PROCESS_NAME = env_str("TTS_PROCESS_NAME", DEFAULT_PROCESS_NAME)
 LOG_MAX_BYTES = env_int("TTS_LOG_MAX_BYTES", 10 * 1024 * 1024)
 LOG_BACKUP_COUNT = env_int("TTS_LOG_BACKUP_COUNT", 5)
 LOG_LEVEL = env_str("TTS_LOG_LEVEL", "INFO")
