@@ -78,8 +78,9 @@ bench-cache: bootstrap
 	$(PY) -m tests.bench cache $(BENCH_ARGS)
 
 # One archive of the database (a consistent pg_dump), the media its rows name and the key secrets,
-# encrypted with age to TTS_BACKUP_RECIPIENTS (or a clear one with CLEAR=1), the TTS_BACKUP_KEEP
-# newest kept (deploy/backup.py); `make restore FILE=... IDENTITY=...` brings one back into a fresh var/.
+# encrypted with age to TTS_BACKUP_RECIPIENTS (or a clear one with CLEAR=1), in TTS_BACKUP_DIR (default
+# var/backups), the TTS_BACKUP_KEEP newest kept, never leaving less than TTS_BACKUP_MIN_FREE_BYTES free on
+# that disk (deploy/backup.py); `make restore FILE=... IDENTITY=...` brings one back into a fresh var/.
 backup: bootstrap
 	@$(PY) -m deploy.backup backup $(if $(OUT),--out $(OUT)) $(if $(CLEAR),--clear)
 

@@ -1,12 +1,13 @@
 """Backup and restore of a stack: the PostgreSQL database, the media folder and the key secrets.
 
 ``make backup`` (``python -m deploy.backup backup``) writes one archive,
-``var/backups/tts-backup-<UTC time>.tar.gz.age`` (mode 0600), encrypted with
-age to the operator's public key(s) (``TTS_BACKUP_RECIPIENTS``,
-``TTS_BACKUP_RECIPIENTS_FILE``): the key that opens it is held outside
-``var/``. Without a recipient it refuses, unless a clear ``.tar.gz`` is asked
-for (``make backup CLEAR=1``). Then all but the ``TTS_BACKUP_KEEP`` newest
-archives of the folder are deleted. The archive holds:
+``tts-backup-<UTC time>.tar.gz.age`` (mode 0600) in ``TTS_BACKUP_DIR`` (default
+``var/backups``; a folder set there must exist: it may be another disk's,
+mounted), encrypted with age to the operator's public key(s)
+(``TTS_BACKUP_RECIPIENTS``, ``TTS_BACKUP_RECIPIENTS_FILE``): the key that opens
+it is held outside ``var/``. Without a recipient it refuses, unless a clear
+``.tar.gz`` is asked for (``make backup CLEAR=1``). Then all but the
+``TTS_BACKUP_KEEP`` newest archives of the folder are deleted. The archive holds:
 
 - ``database.dump``: ``pg_dump --format=custom``, one consistent snapshot of
   the database (pg_dump reads in a single repeatable-read transaction, so the
@@ -35,6 +36,12 @@ The archive is written to a hidden ``.<name>.part`` next to it, flushed to
 disk and renamed into place: a backup that fails leaves no archive, nor any
 partial one. The archive is produced by one writer (:func:`_write_archive`),
 so another layer (compression, encryption) wraps that one stream.
+
+A backup never takes the last ``TTS_BACKUP_MIN_FREE_BYTES`` of its folder's
+disk (:class:`SpaceGuard`): it refuses, before writing anything, one that its
+estimate says would not fit, checks again once the dump's real size is known,
+and reads the free space while pg_dump runs and every MiB of the archive,
+stopping (pg_dump ended, the partial archive removed) when it falls below.
 """
 
 from __future__ import annotations
@@ -56,18 +63,30 @@ import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO, cast
 
 import psycopg
 from psycopg import sql
 
 from deploy import provision
 from deploy.provision import StackConfig, StackError
-from webapp.env import env_bool, env_int, env_list, env_str, write_private
+from webapp.env import EnvError, env_bool, env_int, env_list, env_str, write_private
 from webapp.provisioning import is_temp_name
 
 SECRETS = ("api_key_secret", "django_secret_key")
 FORMAT_VERSION = 1
+MIB = 1 << 20
+# What a backup leaves free on its folder's disk by default: the room the sentence cache leaves
+# (TTS_SENTENCE_CACHE_MIN_FREE_BYTES) for new audio and the database when the disk is theirs too.
+DEFAULT_MIN_FREE_BYTES = 1 << 30
+# The free space is read every this many bytes of the archive: one statvfs beside a MiB written
+# costs nothing, and at most a MiB goes to the disk after it crossed the reserve.
+CHECK_EVERY_BYTES = MIB
+# ... and this often while pg_dump writes the dump (its writes are its own: only the disk is seen).
+DUMP_CHECK_SECONDS = 0.1
+# What an archive adds to the bytes it holds: a tar header and padding per member (at most 1 KiB),
+# and gzip's and age's framing (a fraction of a percent), bounded by a MiB on top.
+MEMBER_OVERHEAD = 1024
 
 # The columns whose rows name files of the media folder (paths relative to it):
 # a backup carries those files and no others. Django's names, which deploy/
@@ -94,15 +113,24 @@ class BackupPolicy:
     recipients_file: Path | None = None
     allow_clear: bool = False
     keep: int = 7
+    # Where archives go; None: the stack's var/backups (made when missing).
+    folder: Path | None = None
+    min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
 
     @classmethod
     def from_env(cls) -> BackupPolicy:
         recipients_file = env_str("TTS_BACKUP_RECIPIENTS_FILE", "")
+        folder = env_str("TTS_BACKUP_DIR", "").strip()
+        min_free_bytes = env_int("TTS_BACKUP_MIN_FREE_BYTES", DEFAULT_MIN_FREE_BYTES)
+        if min_free_bytes < 0:
+            raise EnvError(f"TTS_BACKUP_MIN_FREE_BYTES={min_free_bytes} is below 0")
         return cls(
             recipients=tuple(env_list("TTS_BACKUP_RECIPIENTS", "")),
             recipients_file=Path(recipients_file).expanduser() if recipients_file else None,
             allow_clear=env_bool("TTS_BACKUP_ALLOW_CLEAR", False),
             keep=env_int("TTS_BACKUP_KEEP", 7),
+            folder=Path(folder).expanduser().absolute() if folder else None,
+            min_free_bytes=min_free_bytes,
         )
 
     @property
@@ -119,7 +147,14 @@ class BackupPolicy:
         return command
 
     def check(self) -> None:
-        """Refuse before the dump: no way to encrypt (and no clear archive asked for), or a bad recipient."""
+        """Refuse before the dump: no way to encrypt (and no clear archive asked for), a bad recipient,
+        or a configured folder that is not there."""
+        if self.folder is not None and not self.folder.is_dir():
+            # Not made here: a folder on a disk that is not mounted would be made on the disk beneath,
+            # the one the backup was kept off.
+            raise StackError(
+                f"TTS_BACKUP_DIR={self.folder} does not exist (is its disk mounted?); make the folder first"
+            )
         if not self.encrypts:
             if not self.allow_clear:
                 raise StackError(NO_RECIPIENT)
@@ -135,6 +170,79 @@ class BackupPolicy:
             raise StackError(
                 f"age refuses the backup recipients: {tried.stderr.decode(errors='replace').strip()}"
             )
+
+
+class BackupSpaceError(StackError):
+    """The backup's disk has, or was left with, less free space than the backup must leave."""
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / MIB:.1f} MiB"
+
+
+@dataclasses.dataclass
+class SpaceGuard:
+    """The free space of the disk a backup writes to, against what must stay free there."""
+
+    folder: Path
+    reserve: int
+    doing: str = "starting"  # what the backup is writing, for the message when the disk fills
+    written: int = 0  # bytes of the dump, then of the archive, written so far
+
+    def free(self) -> int:
+        # What an unprivileged writer may still use (statvfs f_bavail): the service's processes.
+        return shutil.disk_usage(self.folder).free
+
+    def require(self, needed: int = 0, what: str = "") -> None:
+        """Refuse when ``needed`` more bytes (``what``) would leave less than the reserve free."""
+        free = self.free()
+        if free - needed < self.reserve:
+            raise BackupSpaceError(
+                f"not enough free space for the backup in {self.folder}: {_size(free)} is free, "
+                f"TTS_BACKUP_MIN_FREE_BYTES keeps {_size(self.reserve)} of it free"
+                + (f", and it needs about {_size(needed)} more ({what})" if needed else "")
+                + ". Nothing of the backup is left; free some space, point TTS_BACKUP_DIR at a "
+                "folder on a larger disk, or lower TTS_BACKUP_MIN_FREE_BYTES"
+            )
+
+    def check(self) -> None:
+        """Stop the backup when the free space fell below the reserve (another writer filled the disk)."""
+        free = self.free()
+        if free < self.reserve:
+            raise self.filled(free)
+
+    def filled(self, free: int) -> BackupSpaceError:
+        return BackupSpaceError(
+            f"the disk of {self.folder} filled up while {self.doing}: {_size(free)} free, below "
+            f"TTS_BACKUP_MIN_FREE_BYTES ({_size(self.reserve)}). The backup stopped after writing "
+            f"{_size(self.written)} and removed it; the service was not touched"
+        )
+
+
+class _GuardedStream:
+    """What the archive's bytes go through on their way to the disk (or to age): counted, and the
+    free space read every CHECK_EVERY_BYTES."""
+
+    def __init__(self, target: IO[bytes], guard: SpaceGuard) -> None:
+        self._target = target
+        self._guard = guard
+        self._next_check = guard.written + CHECK_EVERY_BYTES
+
+    def write(self, data: bytes) -> int:
+        self._target.write(data)
+        self._guard.written += len(data)
+        if self._guard.written >= self._next_check:
+            self._guard.check()
+            self._next_check = self._guard.written + CHECK_EVERY_BYTES
+        return len(data)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+
+def _guarded(target: IO[bytes], guard: SpaceGuard | None) -> IO[bytes]:
+    """``target`` itself, or through ``guard`` (tarfile and gzip call only write and flush on it)."""
+    return target if guard is None else cast(IO[bytes], _GuardedStream(target, guard))
 
 
 def _pg_env(cfg: StackConfig) -> dict[str, str]:
@@ -232,21 +340,25 @@ def _open_no_follow(path: str, flags: int) -> int:
 
 
 def _write_archive(
-    out: Path, write: Callable[[tarfile.TarFile], None], encrypt: list[str] | None = None
+    out: Path,
+    write: Callable[[tarfile.TarFile], None],
+    encrypt: list[str] | None = None,
+    guard: SpaceGuard | None = None,
 ) -> None:
     """Write a gzipped tar to ``out`` atomically (mode 0600): all of it, or nothing at all.
 
     With ``encrypt`` (an ``age`` command line reading stdin, writing stdout)
     the tar stream goes through it: the clear archive never touches the disk.
+    With ``guard``, the stream is counted and the disk's free space read as it goes.
     """
     partial = out.with_name(f".{out.name}.part")
     try:
         with provision.private_umask(), open(partial, "wb") as raw:
             if encrypt is None:
-                with tarfile.open(fileobj=raw, mode="w:gz") as archive:
+                with tarfile.open(fileobj=_guarded(raw, guard), mode="w:gz") as archive:
                     write(archive)
             else:
-                _write_encrypted(raw, write, encrypt)
+                _write_encrypted(raw, write, encrypt, guard)
             raw.flush()
             os.fsync(raw.fileno())
         partial.chmod(0o600)
@@ -261,12 +373,18 @@ def _write_archive(
         os.close(folder)
 
 
-def _write_encrypted(raw: BinaryIO, write: Callable[[tarfile.TarFile], None], encrypt: list[str]) -> None:
+def _write_encrypted(
+    raw: BinaryIO, write: Callable[[tarfile.TarFile], None], encrypt: list[str], guard: SpaceGuard | None
+) -> None:
     age = subprocess.Popen(encrypt, stdin=subprocess.PIPE, stdout=raw, stderr=subprocess.PIPE)
     assert age.stdin is not None and age.stderr is not None
     try:
-        with age.stdin, tarfile.open(fileobj=age.stdin, mode="w|gz") as archive:
+        with age.stdin, tarfile.open(fileobj=_guarded(age.stdin, guard), mode="w|gz") as archive:
             write(archive)
+    except BrokenPipeError as exc:  # age stopped reading: its own words say why (a full disk, say)
+        errors = age.stderr.read().decode(errors="replace").strip()
+        age.wait()
+        raise StackError(f"age failed: {errors or 'it stopped reading'}") from exc
     except BaseException:
         age.kill()
         age.wait()
@@ -276,19 +394,81 @@ def _write_encrypted(raw: BinaryIO, write: Callable[[tarfile.TarFile], None], en
         raise StackError(f"age failed: {errors}")
 
 
-def _dump(cfg: StackConfig, dump: Path) -> set[str]:
+@dataclasses.dataclass(frozen=True)
+class Dumped:
+    """What the dump's rows name in the media folder, and those files' bytes when they were counted."""
+
+    media: set[str]
+    media_bytes: int
+
+    @property
+    def overhead(self) -> int:
+        """What the archive adds to the bytes it holds (headers, framing), over-counted."""
+        return MEMBER_OVERHEAD * (len(self.media) + 8) + MIB
+
+
+def _media_bytes(media: Path, paths: Collection[str]) -> int:
+    total = 0
+    for relative in paths:
+        with contextlib.suppress(OSError):  # gone (retention) or never there: not in the archive either
+            total += (media / relative).lstat().st_size
+    return total
+
+
+def _run_watched(command: list[str], env: dict[str, str], guard: SpaceGuard, growing: Path) -> None:
+    """Run ``command``, which writes ``growing``, ending it if the disk falls below the reserve meanwhile."""
+    process = subprocess.Popen(command, env=env)
+    try:
+        while True:
+            try:
+                process.wait(DUMP_CHECK_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
+                    guard.written = growing.stat().st_size
+                guard.check()
+    except BaseException:
+        # pg_dump's locks (ACCESS SHARE on every table) and its session end with it, not later.
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        raise
+    if process.returncode != 0:
+        raise subprocess.CalledProcessError(process.returncode, command)
+
+
+def _dump(cfg: StackConfig, dump: Path, guard: SpaceGuard) -> Dumped:
     """pg_dump into ``dump``; returns the media paths its rows name, read in the dump's own snapshot.
 
     The snapshot is exported by a repeatable-read transaction that stays open
     while pg_dump reads it (``--snapshot``): the files kept are exactly those of
-    the rows dumped, whatever commits meanwhile.
+    the rows dumped, whatever commits meanwhile. Before pg_dump starts, the
+    whole backup's size is estimated and refused if it would not fit (``guard``).
     """
     with psycopg.connect(cfg.database_url) as db:
         db.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         db.read_only = True
         row = db.execute("SELECT pg_export_snapshot()").fetchone()
         assert row is not None
-        subprocess.run(
+        referenced: set[str] = set()
+        for table, columns in MEDIA_COLUMNS.items():
+            for column in columns:
+                query = sql.SQL("SELECT DISTINCT {c} FROM {t} WHERE {c} <> ''").format(
+                    c=sql.Identifier(column), t=sql.Identifier(table)
+                )
+                referenced.update(os.path.normpath(path) for (path,) in db.execute(query))
+        dumped = Dumped(referenced, _media_bytes(_media_dir(cfg), referenced))
+        size = db.execute("SELECT pg_database_size(current_database())").fetchone()
+        assert size is not None
+        # The database's size on disk stands for the dump file and its copy in the archive together:
+        # a custom-format dump is compressed and holds no index. The dump's real size is checked next.
+        needed = int(size[0]) + dumped.media_bytes + dumped.overhead
+        guard.require(needed, f"the database's size for its dump, {_size(dumped.media_bytes)} of media")
+        guard.doing = "dumping the database"
+        _run_watched(
             [
                 str(provision._pg_bindir() / "pg_dump"),
                 *_pg_args(cfg),
@@ -299,18 +479,12 @@ def _dump(cfg: StackConfig, dump: Path) -> set[str]:
                 str(dump),
                 "tts",
             ],
-            env=_pg_env(cfg),
-            check=True,
+            _pg_env(cfg),
+            guard,
+            dump,
         )
-        referenced: set[str] = set()
-        for table, columns in MEDIA_COLUMNS.items():
-            for column in columns:
-                query = sql.SQL("SELECT DISTINCT {c} FROM {t} WHERE {c} <> ''").format(
-                    c=sql.Identifier(column), t=sql.Identifier(table)
-                )
-                referenced.update(os.path.normpath(path) for (path,) in db.execute(query))
         db.rollback()
-    return referenced
+    return dumped
 
 
 def rotate(folder: Path, keep: int) -> list[Path]:
@@ -335,31 +509,51 @@ def backup(cfg: StackConfig, out: Path | None = None, policy: BackupPolicy | Non
     """Write the archive, then rotate its folder; returns its path.
 
     ``policy`` defaults to the settings (:meth:`BackupPolicy.from_env`). Older
-    archives are deleted only once the new one is complete.
+    archives are deleted only once the new one is complete. The dump is written
+    next to the archive, on the backup's disk, never on the database's or media's
+    (unless that is the same disk); neither may take its last
+    ``policy.min_free_bytes`` (:class:`SpaceGuard`).
     """
     policy = policy or BackupPolicy.from_env()
     policy.check()
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     suffix = ".tar.gz.age" if policy.encrypts else ".tar.gz"
-    out = out or cfg.path("backups", f"tts-backup-{stamp}{suffix}")
+    out = out or (policy.folder or cfg.path("backups")) / f"tts-backup-{stamp}{suffix}"
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".backup-") as tmp:
-        dump = Path(tmp) / "database.dump"
-        with postgres_running(cfg):
-            referenced = _dump(cfg, dump)
-        manifest = {"format": FORMAT_VERSION, "created_at": dt.datetime.now(dt.UTC).isoformat()}
-        (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
+    guard = SpaceGuard(out.parent, policy.min_free_bytes)
+    guard.require()  # already below the reserve: not even PostgreSQL is started
+    try:
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=".backup-") as tmp:
+            dump = Path(tmp) / "database.dump"
+            with postgres_running(cfg):
+                dumped = _dump(cfg, dump, guard)
+            guard.doing, guard.written = "writing the archive", 0
+            needed = dump.stat().st_size + dumped.media_bytes + dumped.overhead
+            guard.require(
+                needed,
+                f"the archive of the {_size(dump.stat().st_size)} dump, {_size(dumped.media_bytes)} of media",
+            )
+            manifest = {"format": FORMAT_VERSION, "created_at": dt.datetime.now(dt.UTC).isoformat()}
+            (Path(tmp) / "manifest.json").write_text(json.dumps(manifest))
 
-        def write(archive: tarfile.TarFile) -> None:
-            archive.add(Path(tmp) / "manifest.json", "manifest.json")
-            archive.add(dump, "database.dump")
-            for name in SECRETS:
-                if cfg.path("secrets", name).exists():
-                    archive.add(cfg.path("secrets", name), f"secrets/{name}")
-            if _media_dir(cfg).is_dir():
-                add_media(archive, _media_dir(cfg), only=referenced)
+            def write(archive: tarfile.TarFile) -> None:
+                archive.add(Path(tmp) / "manifest.json", "manifest.json")
+                archive.add(dump, "database.dump")
+                for name in SECRETS:
+                    if cfg.path("secrets", name).exists():
+                        archive.add(cfg.path("secrets", name), f"secrets/{name}")
+                if _media_dir(cfg).is_dir():
+                    add_media(archive, _media_dir(cfg), only=dumped.media)
 
-        _write_archive(out, write, policy.age_command() if policy.encrypts else None)
+            _write_archive(out, write, policy.age_command() if policy.encrypts else None, guard)
+    except (OSError, StackError, subprocess.CalledProcessError) as exc:
+        # Whatever reported it first (pg_dump, age, a write), a full disk is named as the cause.
+        if isinstance(exc, BackupSpaceError):
+            raise
+        free = guard.free()
+        if free < guard.reserve or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC):
+            raise guard.filled(free) from exc
+        raise
     rotate(out.parent, policy.keep)
     return out
 
@@ -461,7 +655,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("backup", help="write an archive of the database, media and key secrets")
     make.add_argument(
-        "--out", type=Path, help="archive path (default var/backups/tts-backup-<time>.tar.gz.age)"
+        "--out",
+        type=Path,
+        help="archive path (default TTS_BACKUP_DIR, or var/backups, /tts-backup-<time>.tar.gz.age)",
     )
     make.add_argument(
         "--clear",

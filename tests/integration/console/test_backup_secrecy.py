@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import tarfile
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,49 +22,8 @@ from django.conf import settings
 from deploy import backup, provision
 from deploy.provision import StackConfig
 from tests.integration.api.conftest import wait_finished
+from tests.integration.console.conftest import Make
 from tests.stack import spare_port
-
-Make = Callable[..., tuple[int, str]]
-
-
-@pytest.fixture
-def operator_key(tmp_path: Path) -> tuple[Path, str]:
-    """An age key pair outside var/: (identity file, public key)."""
-    identity = tmp_path / "operator" / "backup.key"
-    identity.parent.mkdir()
-    subprocess.run(["age-keygen", "-o", str(identity)], check=True, capture_output=True)
-    public = subprocess.run(["age-keygen", "-y", str(identity)], check=True, capture_output=True, text=True)
-    return identity, public.stdout.strip()
-
-
-@pytest.fixture
-def backups(stack: Any) -> Path:
-    """The stack's backup folder, without archives of earlier tests."""
-    folder = Path(stack.cfg.path("backups"))
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("tts-backup-*"):
-        old.unlink()
-    return folder
-
-
-@pytest.fixture
-def make(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Make:
-    """``make backup``/``make restore`` against a var/ and PostgreSQL port, with extra settings."""
-
-    def run(argv: list[str], cfg: StackConfig, **env: str) -> tuple[int, str]:
-        for name in ("TTS_PG_PASSWORD", "TTS_BACKUP_RECIPIENTS", "TTS_BACKUP_RECIPIENTS_FILE"):
-            monkeypatch.delenv(name, raising=False)
-        for name in ("TTS_BACKUP_ALLOW_CLEAR", "TTS_BACKUP_KEEP"):
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setenv("TTS_VAR_DIR", str(cfg.var_dir))
-        monkeypatch.setenv("TTS_PG_PORT", str(cfg.pg_port))
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        rc = backup.main(argv)
-        out = capsys.readouterr()
-        return rc, out.out + out.err
-
-    return run
 
 
 @pytest.fixture
