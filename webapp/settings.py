@@ -169,6 +169,13 @@ if DATABASE_CONNECT_TIMEOUT > 0:
         "connect_timeout": DATABASE_CONNECT_TIMEOUT,
         **dict(DATABASES["default"].get("OPTIONS") or {}),  # type: ignore[call-overload]
     }
+# `manage.py migrate` waits this many seconds at most for a lock (PostgreSQL's lock_timeout), then
+# fails naming the migration, which rolls back: a migration queued behind a long transaction would
+# otherwise queue every query of its table behind it. 0: no limit.
+TTS_MIGRATION_LOCK_TIMEOUT = env_float("TTS_MIGRATION_LOCK_TIMEOUT", 10.0)
+# `manage.py wait_for_schema` (every pod's initContainer on Kubernetes) waits this many seconds at
+# most for the migrations its code needs, then fails (the pod's restart waits again).
+TTS_SCHEMA_WAIT_SECONDS = env_int("TTS_SCHEMA_WAIT_SECONDS", 600)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "redis://:tts@127.0.0.1:16379/0")
