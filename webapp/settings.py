@@ -164,6 +164,21 @@ if DATABASE_POOL_SIZE > 0:
         **dict(DATABASES["default"].get("OPTIONS") or {}),  # type: ignore[call-overload]
         "pool": {"min_size": 2, "max_size": DATABASE_POOL_SIZE, "timeout": 10},
     }
+# A connection attempt to a server that does not answer gives up after this many seconds (libpq's
+# connect_timeout; a `connect_timeout` in DATABASE_URL wins), instead of the kernel's minutes.
+DATABASE_CONNECT_TIMEOUT = env_int("DATABASE_CONNECT_TIMEOUT", 10)
+if DATABASE_CONNECT_TIMEOUT > 0:
+    DATABASES["default"]["OPTIONS"] = {
+        "connect_timeout": DATABASE_CONNECT_TIMEOUT,
+        **dict(DATABASES["default"].get("OPTIONS") or {}),  # type: ignore[call-overload]
+    }
+# `manage.py migrate` waits this many seconds at most for a lock (PostgreSQL's lock_timeout), then
+# fails naming the migration, which rolls back: a migration queued behind a long transaction would
+# otherwise queue every query of its table behind it. 0: no limit.
+TTS_MIGRATION_LOCK_TIMEOUT = env_float("TTS_MIGRATION_LOCK_TIMEOUT", 10.0)
+# `manage.py wait_for_schema` (every pod's initContainer on Kubernetes) waits this many seconds at
+# most for the migrations its code needs, then fails (the pod's restart waits again).
+TTS_SCHEMA_WAIT_SECONDS = env_int("TTS_SCHEMA_WAIT_SECONDS", 600)
 # What one SQL statement may take (0: no limit): by default by what this process is
 # (webapp/env.py, STATEMENT_TIMEOUTS); a request's statement past it answers 503.
 TTS_DB_STATEMENT_TIMEOUT_SECONDS = env_float(
@@ -174,10 +189,18 @@ TTS_DB_STATEMENT_TIMEOUT_SECONDS = env_float(
     ),
 )
 if TTS_DB_STATEMENT_TIMEOUT_SECONDS > 0:
-    DATABASES["default"]["OPTIONS"] = {
-        **dict(DATABASES["default"].get("OPTIONS") or {}),  # type: ignore[call-overload]
-        "options": f"-c statement_timeout={int(TTS_DB_STATEMENT_TIMEOUT_SECONDS * 1000)}",
-    }
+    _db_options = dict(DATABASES["default"].get("OPTIONS") or {})  # type: ignore[call-overload]
+    # After any `options` DATABASE_URL gives (its own -c settings stay).
+    _db_options["options"] = " ".join(
+        filter(
+            None,
+            [
+                str(_db_options.get("options", "")),
+                f"-c statement_timeout={int(TTS_DB_STATEMENT_TIMEOUT_SECONDS * 1000)}",
+            ],
+        )
+    )
+    DATABASES["default"]["OPTIONS"] = _db_options
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "redis://:tts@127.0.0.1:16379/0")
@@ -400,6 +423,9 @@ TTS_HEARTBEAT_TTL = env_int("TTS_HEARTBEAT_TTL", 10)
 # Each synthesis child rewrites worker-<node>-<slot>.alive here at every heartbeat (state and
 # time), for exec probes that ask neither Redis nor PostgreSQL (webapp/speech/runtime/probe.py).
 TTS_WORKER_PROBE_DIR = TTS_VAR_LAYOUT.probe_dir
+# Each read of a child's watchdog (its own thread, never the one that writes the probe file) gives
+# up after this many seconds: a lock on the jobs' table or a stalled server costs a check, no more.
+TTS_WATCHDOG_QUERY_TIMEOUT = env_float("TTS_WATCHDOG_QUERY_TIMEOUT", 5.0)
 TTS_JOB_LEASE_SECONDS = env_int("TTS_JOB_LEASE_SECONDS", 60)
 TTS_JOB_MAX_ATTEMPTS = env_int("TTS_JOB_MAX_ATTEMPTS", 3)
 TTS_JOB_BASE_SECONDS = env_float("TTS_JOB_BASE_SECONDS", 30.0)

@@ -18,7 +18,7 @@ security contexts, resources, commands and environment):
   references are expanded, neither of which podman 4.3 does;
 - init containers are dropped, and their command (``prepare_var``) runs in front of the main
   command: podman 4.3 restarts a finished init container under the pod's ``restartPolicy: Always``
-  and never starts the main one; ``migrate --check`` has nothing to wait for after the one-off
+  and never starts the main one; ``wait_for_schema`` has nothing to wait for after the one-off
   migration;
 - probes are dropped (podman 4.3 turns them into its own health checks, with restarts of its own);
   the update strategy is ignored by podman anyway.

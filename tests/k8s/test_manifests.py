@@ -359,3 +359,39 @@ def test_metrics_answer_a_narrow_block_and_never_through_the_edge(rendered: dict
         "the edge answers /metrics beyond its own pod" in p
         for p in problems_after(rendered, "gpu", edge_open)
     )
+
+
+WAIT_FOR_SCHEMA = ["python", "manage.py", "wait_for_schema"]
+
+
+def test_every_app_deployment_waits_for_the_schema(rendered: dict[str, Docs]) -> None:
+    """Each Deployment that runs the app's code (web, the workers, beat, housekeeping, analysis,
+    webhooks) waits in an initContainer until its code's migrations are applied; the edge runs none."""
+    for overlay, docs in rendered.items():
+        waiting = {
+            validate.name_of(w)
+            for w, pod in validate.pod_specs(docs)
+            if any(c.get("command") == WAIT_FOR_SCHEMA for c in pod.get("initContainers", []))
+        }
+        app = {
+            validate.name_of(w)
+            for w, pod in validate.pod_specs(docs)
+            if w["kind"] == "Deployment"
+            and any(
+                validate.image_repo(str(c.get("image", ""))) in validate.DJANGO_IMAGES
+                for c in pod["containers"]
+            )
+        }
+        assert len(app) >= (7 if overlay == "gpu" else 6) and waiting == app, (overlay, sorted(app ^ waiting))
+
+    def no_wait(workload: str) -> Callable[[Docs], None]:
+        def change(docs: Docs) -> None:
+            pod = find(docs, "Deployment", workload)["spec"]["template"]["spec"]
+            pod["initContainers"] = [c for c in pod["initContainers"] if c.get("command") != WAIT_FOR_SCHEMA]
+
+        return change
+
+    for workload in ("tts-worker-gpu", "tts-beat", "tts-web"):
+        problems = problems_after(rendered, "gpu", no_wait(workload))
+        expected = f"Deployment/{workload}: no initContainer runs `python manage.py wait_for_schema`"
+        assert any(expected in p for p in problems), (workload, problems)

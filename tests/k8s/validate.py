@@ -8,7 +8,8 @@ For every overlay of deploy/k8s/overlays:
 3. the custom resources (KEDA's ScaledObject and TriggerAuthentication, the Prometheus
    Operator's ServiceMonitor) are validated with jsonschema against deploy/k8s/schemas/;
 4. the project's own rules (:func:`project_problems`): image tags, Secret keys, settings names,
-   worker shutdown, probes, memory, queues and backlog queries, who reaches the data services.
+   worker shutdown, probes, memory, queues and backlog queries, who reaches the data services,
+   every app Deployment waiting for its schema.
 
 Then checkov scans deploy/k8s (plain manifests and kustomize) and deploy/container/Dockerfile when
 it exists, skipping only the checks deploy/k8s/checkov-skips.yaml justifies; its summary names
@@ -78,6 +79,8 @@ WORKER_STOP_MARGIN_SECONDS = 15
 # Memory of a Celery parent beside its children (Mi), in the workers' requests and limits.
 WORKER_PARENT_MI = 256
 PROBE_MODULE = "webapp.speech.runtime.probe"
+# The initContainer of every Deployment that runs the app's code: it waits for the schema its code needs.
+WAIT_FOR_SCHEMA = ["python", "manage.py", "wait_for_schema"]
 ACTIVE_STATUSES = ("queued", "running")  # webapp/speech/models.py ACTIVE_STATUSES
 JOB_TABLE = "speech_synthesisjob"
 
@@ -422,6 +425,15 @@ def project_problems(
                         report.fail(
                             where, f"{wname} {c['name']}: env {var} is not a setting in the README's table"
                         )
+        runs_app = any(
+            image_repo(str(c.get("image", ""))) in DJANGO_IMAGES for c in pod.get("containers", [])
+        )
+        waits = any(c.get("command") == WAIT_FOR_SCHEMA for c in pod.get("initContainers", []))
+        if workload.get("kind") == "Deployment" and runs_app and not waits:
+            # Started before the migration Job ran, its code would meet an older schema.
+            report.fail(where, f"{wname}: no initContainer runs `{' '.join(WAIT_FOR_SCHEMA)}`")
+        if workload.get("kind") == "Job" and waits:
+            report.fail(where, f"{wname}: a Job waiting for the schema would wait for itself if it migrates")
         for c in pod.get("containers", []):
             command = [str(a) for a in c.get("command", [])]
             if command[:4] == ["celery", "-A", "webapp", "worker"]:

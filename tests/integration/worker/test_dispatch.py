@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _backends(pid: int) -> set[int]:
     """PostgreSQL backend pids of the connections process ``pid``'s jobs use.
 
-    The child's heartbeat thread holds a connection of its own once its watchdog
+    The child's watchdog thread holds a connection of its own once it
     has checked a running attempt (every ``WATCHDOG_INTERVAL``, so only when a
     job overlaps a beat). That one is told apart by its last statement, the
     watchdog's only query, and left out.

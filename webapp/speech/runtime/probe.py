@@ -14,11 +14,12 @@ Exit status 0 or 1, with one line saying why. Neither Redis nor PostgreSQL is
 asked, so a Redis restart fails no worker probe; nothing heavy is imported (no
 Django settings, no torch): ``webapp``'s Celery app and the standard library.
 
-What a stale file means: the heartbeat thread stopped coming round. It is the thread
-that also runs the watchdog (``worker.WorkerState.beat_forever``), so a child that is
-frozen as a whole (the GIL held in native code, a deadlock, SIGSTOP, swapping to death)
-or whose watchdog hangs fails ``live``; a task stuck in native code that lets the
-thread run is the watchdog's to end (it ends the child once the job's row ended).
+What a stale file means: the heartbeat thread (``worker.WorkerState.beat_forever``) stopped
+coming round, so a child that is frozen as a whole (the GIL held in native code, a deadlock,
+SIGSTOP, swapping to death) fails ``live``. That thread never asks PostgreSQL: the watchdog
+reads from a thread of its own (``watch_forever``), so a database stall restarts no busy
+worker; a task stuck in native code that lets the threads run is the watchdog's to end (it
+ends the child once the job's row ended).
 Each beat's Redis calls give up within their socket timeouts (2 s to connect,
 3 s to answer), so a Redis outage delays a touch by seconds, not past ``--max-age``.
 """

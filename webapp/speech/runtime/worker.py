@@ -28,7 +28,7 @@ from billiard.process import current_process
 from celery import current_app
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutting_down
 from django.conf import settings
-from django.db import connections
+from django.db import connection, connections
 
 from synth import Synthesizer
 from synth.hostjobs import HostJobs
@@ -66,6 +66,7 @@ class WorkerState:
         self.attempts: dict[str, int] = {}
         self._ended_since: dict[tuple[str, int], float] = {}
         self._last_watch = 0.0
+        self._bounded_connection: object = None  # the watchdog's connection its timeout was set on
         self._stop = threading.Event()
         # This child's probe file: its pool slot's, which a replacement child takes over.
         slot = getattr(current_process(), "index", None)  # set by billiard's pool on its children only
@@ -142,6 +143,9 @@ class WorkerState:
             self._probe_failed = True
 
     def beat_forever(self) -> None:
+        """The heartbeat thread: the probe file, then the heartbeat in Redis. It never asks the
+        database, so a PostgreSQL stall (a lock, a failover) never stops the probe file and no
+        busy pod is restarted for it; the watchdog asks from a thread of its own."""
         while not self._stop.is_set():
             # First, and without Redis or the database: the exec probe sees this thread come
             # round however those are (probe.py says what a stale file catches).
@@ -152,9 +156,15 @@ class WorkerState:
                     rolling.leave(self, rolling.reason(plan))
             except Exception as exc:  # Redis down: keep trying, never kill the child
                 log.warning("heartbeat failed: %s", exc)
+            self._stop.wait(settings.TTS_HEARTBEAT_INTERVAL)
+
+    def watch_forever(self) -> None:
+        """The watchdog thread: its database reads, on a connection of its own (Django's are per
+        thread), wait for nothing but themselves; each gives up after TTS_WATCHDOG_QUERY_TIMEOUT."""
+        while not self._stop.is_set():
             try:
                 self.watch_attempts()
-            except Exception as exc:  # the database away: no verdict, the reaper is the backstop
+            except Exception as exc:  # the database away or stalled: no verdict, the reaper is the backstop
                 log.warning("watchdog check failed: %s", exc)
                 connections.close_all()  # this thread's own: a broken one is not reused
             self._stop.wait(settings.TTS_HEARTBEAT_INTERVAL)
@@ -179,6 +189,7 @@ class WorkerState:
         if now - self._last_watch < WATCHDOG_INTERVAL:
             return
         self._last_watch = now
+        self._bound_watchdog_reads()
         owned = set(
             SynthesisJob.objects.filter(
                 id__in=list(running), status=SynthesisJob.Status.RUNNING, worker=self.worker_id
@@ -194,6 +205,21 @@ class WorkerState:
         ]
         if stuck:
             self._end_stuck(stuck)
+
+    def _bound_watchdog_reads(self) -> None:
+        """Give this thread's connection a statement_timeout, once per connection (its session's,
+        so the watchdog's read stays the last statement: tests tell its connection apart by it).
+
+        A lock on the jobs' table (a migration, a stuck transaction) or a stalled server then ends
+        a read with an error instead of holding the watchdog for as long; connecting is bounded by
+        DATABASE_CONNECT_TIMEOUT. Only this thread's connection: a task's writes keep no limit.
+        """
+        connection.ensure_connection()
+        if connection.connection is not self._bounded_connection:
+            with connection.cursor() as cursor:
+                timeout_ms = str(round(settings.TTS_WATCHDOG_QUERY_TIMEOUT * 1000))
+                cursor.execute("SELECT set_config('statement_timeout', %s, false)", [timeout_ms])
+            self._bounded_connection = connection.connection
 
     def _end_stuck(self, stuck: list[tuple[str, int]]) -> None:
         jobs = ", ".join(f"{job_id} (token {token})" for job_id, token in stuck)
@@ -406,6 +432,7 @@ def _on_process_init(**_: Any) -> None:
     with contextlib.suppress(OSError):
         state.probe_path.parent.mkdir(parents=True, exist_ok=True)
     threading.Thread(target=state.beat_forever, name="heartbeat", daemon=True).start()
+    threading.Thread(target=state.watch_forever, name="watchdog", daemon=True).start()
     if not load_with_backoff(state):
         log.error(
             "worker child %s gives up loading for now; a new child continues the backoff", state.worker_id
