@@ -219,11 +219,20 @@ class SynthesisJob(models.Model):
                 condition=models.Q(status__in=["queued", "running"]),
                 name="speech_job_engine_active_idx",
             ),
-            # The reaper's look for active jobs whose waiting client's lease lapsed.
+            # The reaper's look for held jobs whose waiting client's lease lapsed: active ones, and
+            # succeeded ones whose answer is being handed (lifecycle HELD); a handful, whatever the history.
             models.Index(
                 fields=["waiter_until"],
-                condition=models.Q(status__in=["queued", "running"], waiter_until__isnull=False),
-                name="speech_job_waiter_idx",
+                condition=models.Q(status__in=["queued", "running", "succeeded"], waiter_until__isnull=False),
+                name="speech_job_held_idx",
+            ),
+            # Text retention's look for finished jobs whose text is still kept (blank_old_texts), per
+            # tenant of a plan: the rows blanked already, most of the history, are not in it.
+            models.Index(
+                fields=["organization", "finished_at"],
+                condition=models.Q(status__in=["succeeded", "failed", "canceled", "expired"])
+                & ~models.Q(text=""),
+                name="speech_job_text_kept_idx",
             ),
         ]
         constraints = [

@@ -318,8 +318,13 @@ def abandon_lapsed_waiters(limit: int = 500) -> int:
     no one receives. Charged as any abandon: what streams delivered.
     """
     lapsed = Q(waiter_until__lt=Now())
+    # HELD & lapsed, said as speech_job_held_idx's condition is (a lapsed lease is a lease held), so
+    # that PostgreSQL reads that index of a handful of rows, not the history.
+    held_and_lapsed = Q(
+        status__in=[Status.QUEUED, Status.RUNNING, Status.SUCCEEDED], waiter_until__isnull=False
+    )
     ids = list(
-        SynthesisJob.objects.filter(HELD & lapsed)
+        SynthesisJob.objects.filter(held_and_lapsed & lapsed)
         .order_by("waiter_until")
         .values_list("id", flat=True)[:limit]
     )

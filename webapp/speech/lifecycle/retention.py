@@ -11,13 +11,14 @@ import datetime as dt
 from typing import Any
 
 from django.db import transaction
-from django.db.models import DurationField, ExpressionWrapper, F, Q
+from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from webapp.speech.lifecycle._core import Status, _transition
 from webapp.speech.models import JobTimestamps, SynthesisJob
 from webapp.speech.services import files
+from webapp.tenants.models import Plan
 
 
 def expire_audio(job_id: Any, *, immediately: bool = False) -> int:
@@ -56,19 +57,22 @@ def blank_old_texts(limit: int = 500) -> int:
     on finished jobs (a queued or running job still needs its text), so this
     never races a state change: each UPDATE re-checks the job is finished.
     """
-    retention = ExpressionWrapper(
-        F("organization__plan__text_retention_days") * dt.timedelta(days=1), output_field=DurationField()
-    )
-    due = (
-        SynthesisJob.objects.filter(
-            status__in=SynthesisJob.FINISHED,
-            organization__plan__text_retention_days__isnull=False,
-            finished_at__lt=Now() - retention,
+    # One look per retention the plans have (a few), each a range of speech_job_text_kept_idx per
+    # tenant up to its own cutoff: a cutoff computed per row from the plan's days read every kept text.
+    ids: list[Any] = []
+    for days in _text_retentions():
+        due = (
+            SynthesisJob.objects.filter(
+                status__in=SynthesisJob.FINISHED,
+                finished_at__lt=Now() - dt.timedelta(days=days),
+                organization__plan__text_retention_days=days,
+            )
+            .exclude(text="")
+            .order_by("finished_at")
         )
-        .exclude(text="")
-        .order_by("finished_at", "id")
-    )
-    ids = list(due.values_list("id", flat=True)[:limit])
+        ids += due.values_list("id", flat=True)[: limit - len(ids)]
+        if len(ids) >= limit:
+            break
     if not ids:
         return 0
     with transaction.atomic(durable=True):
@@ -85,3 +89,11 @@ def blank_old_texts(limit: int = 500) -> int:
         return SynthesisJob.objects.filter(id__in=blanked).update(
             text="", applied_instructions={}, timestamps_bytes=0
         )
+
+
+def _text_retentions() -> list[int]:
+    """The text retentions (days) of the plans that have one, shortest first."""
+    kept = Plan.objects.filter(text_retention_days__isnull=False).values_list(
+        "text_retention_days", flat=True
+    )
+    return sorted({days for days in kept if days is not None})
