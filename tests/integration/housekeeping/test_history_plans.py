@@ -21,16 +21,18 @@ from webapp.speech.models import SynthesisJob
 
 SMALL, LARGE = 1_000, 1_000_000
 TABLE = SynthesisJob._meta.db_table
+SLACK_PAGES = 8
 
 
 def _add_history(template: SynthesisJob, n: int) -> None:
     """``n`` copies of a finished job's row under new ids: nine in ten finished over the past years,
     their audio expired and their text blanked; one in ten succeeded in the last days, holding their
-    audio and text (within the plans' retention), no client waiting for them."""
+    audio (within the plans' retention), no client waiting for them. Their text is blank too: kept
+    texts are live rows, whose index deepens as they grow; the history is what this is about."""
     recent = n // 10
     for count, status, text, audio_bytes, spacing in (
         (n - recent, "'expired'", "''", "0", "interval '1 minute'"),
-        (recent, "'succeeded'", "'Kept.'", "1000", "interval '1 second'"),
+        (recent, "'succeeded'", "''", "1000", "interval '1 second'"),
     ):
         copied = {
             "id": "gen_random_uuid()",
@@ -79,6 +81,13 @@ def _buffers(sql: str) -> int:
 def test_the_reaper_and_text_retention_read_the_same_with_1m_rows_of_history_as_with_1k(
     clock: Clock, org: Any, lock_free: None
 ) -> None:
+    from webapp.tenants.models import Organization
+
+    # Other tenants on the same plan (the full suite leaves hundreds): joined to them, PostgreSQL
+    # walked the whole index of kept texts in tenant order (2 -> 968 buffers).
+    Organization.objects.bulk_create(
+        Organization(name=f"Other {n}", slug=f"other-{org.slug}-{n}", plan=org.plan) for n in range(300)
+    )
     long_ago = clock.now - dt.timedelta(days=400)
     template = SynthesisJob.objects.create(
         organization=org,
@@ -116,4 +125,6 @@ def test_the_reaper_and_text_retention_read_the_same_with_1m_rows_of_history_as_
     large = [_buffers(sql) for sql in statements]
 
     for sql, at_1k, at_1m in zip(statements, small, large, strict=True):
-        assert at_1m <= 2 * max(at_1k, 1), (at_1k, at_1m, sql)
+        # Twice, and a few pages more: with a handful of rows read, an index a level deeper or a
+        # heap page not yet all-visible doubles the count; reading the history is thousands.
+        assert at_1m <= 2 * at_1k + SLACK_PAGES, (at_1k, at_1m, sql)

@@ -18,7 +18,7 @@ from django.utils import timezone
 from webapp.speech.lifecycle._core import Status, _transition
 from webapp.speech.models import JobTimestamps, SynthesisJob
 from webapp.speech.services import files
-from webapp.tenants.models import Plan
+from webapp.tenants.models import Organization
 
 
 def expire_audio(job_id: Any, *, immediately: bool = False) -> int:
@@ -60,12 +60,14 @@ def blank_old_texts(limit: int = 500) -> int:
     # One look per retention the plans have (a few), each a range of speech_job_text_kept_idx per
     # tenant up to its own cutoff: a cutoff computed per row from the plan's days read every kept text.
     ids: list[Any] = []
-    for days in _text_retentions():
+    for days, tenants in _text_retentions().items():
+        # The tenants as a list of ids, not a join: joined, PostgreSQL may walk a whole index of
+        # kept texts in tenant order; given the ids, it probes each tenant's range up to the cutoff.
         due = (
             SynthesisJob.objects.filter(
                 status__in=SynthesisJob.FINISHED,
                 finished_at__lt=Now() - dt.timedelta(days=days),
-                organization__plan__text_retention_days=days,
+                organization_id__in=tenants,
             )
             .exclude(text="")
             .order_by("finished_at")
@@ -91,9 +93,13 @@ def blank_old_texts(limit: int = 500) -> int:
         )
 
 
-def _text_retentions() -> list[int]:
-    """The text retentions (days) of the plans that have one, shortest first."""
-    kept = Plan.objects.filter(text_retention_days__isnull=False).values_list(
-        "text_retention_days", flat=True
+def _text_retentions() -> dict[int, list[Any]]:
+    """The tenants of each text retention (days) the plans have, shortest first."""
+    tenants: dict[int, list[Any]] = {}
+    rows = Organization.objects.filter(plan__text_retention_days__isnull=False).values_list(
+        "plan__text_retention_days", "id"
     )
-    return sorted({days for days in kept if days is not None})
+    for days, tenant in rows.order_by("plan__text_retention_days"):
+        if days is not None:
+            tenants.setdefault(days, []).append(tenant)
+    return tenants
