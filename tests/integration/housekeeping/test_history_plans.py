@@ -124,7 +124,10 @@ def test_the_reaper_and_text_retention_read_the_same_with_1m_rows_of_history_as_
     assert SynthesisJob.objects.count() >= LARGE
     large = [_buffers(sql) for sql in statements]
 
+    tenants = Organization.objects.count()
     for sql, at_1k, at_1m in zip(statements, small, large, strict=True):
         # Twice, and a few pages more: with a handful of rows read, an index a level deeper or a
         # heap page not yet all-visible doubles the count; reading the history is thousands.
-        assert at_1m <= 2 * at_1k + SLACK_PAGES, (at_1k, at_1m, sql)
+        # Text retention probes each tenant's range of kept texts: a page a tenant, whichever plan
+        # PostgreSQL picked for the small table (the full suite's statistics gave another).
+        assert at_1m <= 2 * at_1k + SLACK_PAGES + tenants, (at_1k, at_1m, sql)
