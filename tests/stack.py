@@ -7,6 +7,7 @@ demand. All under var/test/ on the test ports, so `make run` data is never touch
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -56,6 +57,24 @@ def side_gunicorn_env(process: str, **overrides: str) -> dict[str, str]:
     wipe the counters the stack's workers keep writing (to files no longer in the folder)."""
     folder = CFG.path("run", f"prometheus-{process}")
     return django_env(process, PROMETHEUS_MULTIPROC_DIR=str(folder), **overrides)
+
+
+@contextlib.contextmanager
+def tcp_gunicorn(stack: TestStack, name: str, **overrides: str) -> Iterator[int]:
+    """A gunicorn of its own (one worker) on 127.0.0.1:<port>, over TCP as Kubernetes' edge reaches
+    web, with its own folder, metrics and ``overrides`` of the environment; yields the port."""
+    port = spare_port()
+    cfg = dataclasses.replace(CFG, var_dir=CFG.path(name))
+    cfg.path("run").mkdir(parents=True, exist_ok=True)
+    command = deploy_stack.gunicorn_command(cfg, workers=1)
+    command[command.index("--bind") + 1] = f"127.0.0.1:{port}"
+    service = stack.start_service(
+        Service(name, command, env=side_gunicorn_env(name, **overrides), ready_port=port), timeout=30
+    )
+    try:
+        yield port
+    finally:
+        stack.stop_service(service)
 
 
 class TestStack:

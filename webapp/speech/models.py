@@ -323,6 +323,59 @@ class UsageEvent(models.Model):
         return f"{self.kind} {self.characters} for job {self.job_key}"
 
 
+class KeyUsage(models.Model):
+    """The characters one key took in one month: reserved until settled, then charged.
+
+    Kept by the ledger with each reservation and settlement (under the tenant row's lock), so a
+    capped key's submit reads one row, not the key's month of events.
+    """
+
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="+")
+    period = models.DateField()  # first day of the month
+    characters = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["api_key", "period"], name="one_key_usage_row")]
+
+    def __str__(self) -> str:
+        return f"{self.api_key_id} {self.period:%Y-%m}: {self.characters}"
+
+
+class UsageDay(models.Model):
+    """A tenant's ledger summed per UTC day of the reservation (the submit), key, member, voice, source.
+
+    Kept by the ledger with each reservation and settlement, so the usage reports read one row per
+    day and group, not each job's events. The key and member are ids, not links: a deleted key's
+    or a departed member's characters stay theirs on the report.
+    """
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    day = models.DateField()
+    api_key_id = models.UUIDField(null=True, blank=True)
+    user_id = models.BigIntegerField(null=True, blank=True)
+    voice_name = models.CharField(max_length=200, blank=True, default="")
+    source = models.CharField(max_length=20, blank=True, default="")
+    jobs = models.PositiveBigIntegerField(default=0)  # reservations
+    reserved = models.PositiveBigIntegerField(default=0)  # characters reserved
+    charged_jobs = models.PositiveBigIntegerField(default=0)  # charges (a release is none)
+    characters = models.PositiveBigIntegerField(default=0)  # characters charged: what the bill counts
+    cached_characters = models.PositiveBigIntegerField(default=0)  # of the charged text, from the cache
+    fresh_characters = models.PositiveBigIntegerField(default=0)  # of the charged text, rendered whole
+    released = models.PositiveBigIntegerField(default=0)  # characters reserved and not charged
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "day", "api_key_id", "user_id", "voice_name", "source"],
+                name="one_usage_day_row",
+                nulls_distinct=False,
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.organization_id} {self.day}: {self.characters}"
+
+
 class RetiredUsage(models.Model):
     """The ledger's totals of deleted tenants: per month and plan, naming no tenant."""
 

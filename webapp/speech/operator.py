@@ -12,6 +12,8 @@ admin does not wrap in a transaction of its own. Each records an audit event.
   retention expiry, on the operator's word.
 - :func:`delete_tenant`: everything of a tenant goes, files included; the
   ledger keeps its totals per month and plan in ``RetiredUsage``, naming no one.
+- :func:`recount_usage`: the tenant's usage per day and per key's month counted
+  again from its ledger (``manage.py recount_usage``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from webapp.dictionaries import services as dictionary_services
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech import lifecycle
 from webapp.speech.models import IdempotencyKey, RetiredUsage, SynthesisJob, UsageEvent, UsagePeriod, Voice
-from webapp.speech.services import files, prompts, sentence_cache
+from webapp.speech.services import files, ledger, prompts, sentence_cache
 from webapp.speech.services.pins import dictionary_pins
 from webapp.tenants.models import ApiKey, Membership, Organization
 
@@ -176,6 +178,25 @@ DELETE_TENANT_TRIES = 5
 
 class _JobsArrived(Exception):
     """A job was submitted between the job locks and the tenant lock: start over."""
+
+
+def recount_usage(org: Organization) -> tuple[int, int]:
+    """Count the tenant's usage per day and per key's month again from its ledger events.
+
+    The rows are kept with each reservation and settlement; reservations made by a version
+    that did not keep them (the upgrade that added them, while old workers still ran) or a
+    restore of the events alone leave them short. Returns (day rows, key rows) written.
+    """
+    with transaction.atomic(durable=True):
+        ledger.lock_tenant(org.pk)
+        written = ledger.recount_rollups(org.pk)
+        audit.record(
+            "usage.recounted",
+            target=org,
+            organization=org.pk,
+            details={"day_rows": written[0], "key_rows": written[1]},
+        )
+    return written
 
 
 def delete_tenant(org: Organization) -> dict[str, int]:

@@ -15,7 +15,6 @@ TCP the whole 4 MB file charged for 0.2 MB received.
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 import socket
@@ -27,12 +26,10 @@ from typing import Any
 
 import pytest
 
-from deploy import stack as deploy_stack
-from deploy.stack import Service
 from tests.bench.bench_soak import IN_TRANSIT_BYTES, dechunk
 from tests.e2e.nginx_helpers import NginxInstance, start_nginx
 from tests.integration.api.test_charged_as_delivered import LONG_TEXT, _job_of, _settlement, _wait_until
-from tests.stack import CFG, TestStack, side_gunicorn_env, spare_port
+from tests.stack import TestStack, tcp_gunicorn
 
 PCM_BYTES_PER_SECOND = 24000 * 2  # /v1/audio/speech's pcm: 24 kHz, 16-bit mono
 READ_SECONDS = 4.0
@@ -44,20 +41,12 @@ TCP_ALLOWANCE_BYTES = 4 * 1024 * 1024
 @pytest.fixture(scope="module")
 def tcp_edge(stack: TestStack, web: Any) -> Iterator[NginxInstance]:
     """gunicorn on 127.0.0.1:<port> and an Nginx of its own in front of it, over TCP."""
-    port = spare_port()
-    cfg = dataclasses.replace(CFG, var_dir=CFG.path("gunicorn-tcp"))
-    cfg.path("run").mkdir(parents=True, exist_ok=True)
-    command = deploy_stack.gunicorn_command(cfg, workers=1)
-    command[command.index("--bind") + 1] = f"127.0.0.1:{port}"
-    gunicorn = stack.start_service(
-        Service("gunicorn-tcp", command, env=side_gunicorn_env("gunicorn-tcp"), ready_port=port), timeout=30
-    )
-    nginx = start_nginx(stack, "nginx-tcp", overrides={"UPSTREAM": f"127.0.0.1:{port}"})
-    try:
-        yield nginx
-    finally:
-        stack.stop_service(nginx.service)
-        stack.stop_service(gunicorn)
+    with tcp_gunicorn(stack, "gunicorn-tcp") as port:
+        nginx = start_nginx(stack, "nginx-tcp", overrides={"UPSTREAM": f"127.0.0.1:{port}"})
+        try:
+            yield nginx
+        finally:
+            stack.stop_service(nginx.service)
 
 
 def _listen_then_leave(port: int, key: str) -> int:

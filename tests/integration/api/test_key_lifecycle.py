@@ -72,6 +72,17 @@ def test_it_refuses_a_key_past_its_monthly_characters_and_not_the_others(make_te
     assert openai.status_code == 429 and openai.json()["error"]["code"] == "key_quota_exceeded"
 
 
+def test_a_canceled_job_gives_its_characters_back_to_the_key_s_month(make_tenant: Any) -> None:
+    t = make_tenant(scopes=MANAGE)
+    capped = t.client.post("/api/v1/keys", {"name": "capped", "monthly_characters": 20}).json()
+    client = ApiClient(capped["secret"])
+    first = client.post("/api/v1/speech", {"text": "abcdefghij"}).json()
+    assert client.post("/api/v1/speech", {"text": "abcdefghij"}).status_code == 202
+    assert problem(client.post("/api/v1/speech", {"text": "a"}))["code"] == "key_quota_exceeded"
+    assert client.delete(f"/api/v1/speech/{first['id']}").status_code == 204  # queued: released
+    assert client.post("/api/v1/speech", {"text": "abcdefghij"}).status_code == 202
+
+
 def test_a_key_made_by_a_capped_key_gets_no_higher_cap(make_tenant: Any) -> None:
     t = make_tenant(scopes=MANAGE)
     parent = t.client.post(

@@ -7,7 +7,6 @@ problem+json the client can act on, instead of holding a web thread for as long 
 
 from __future__ import annotations
 
-import dataclasses
 import http.client
 import json
 import time
@@ -18,28 +17,15 @@ import psycopg
 import pytest
 from django.db import connection
 
-from deploy import stack as deploy_stack
-from deploy.stack import Service
-from tests.stack import CFG, TestStack, side_gunicorn_env, spare_port
+from tests.stack import TestStack, tcp_gunicorn
 from webapp.env import STATEMENT_TIMEOUTS, process_kind
 
 
 @pytest.fixture(scope="module")
 def impatient_web(stack: TestStack, web: Any) -> Iterator[int]:
     """gunicorn on 127.0.0.1:<port> with a statement timeout of 1 s."""
-    port = spare_port()
-    cfg = dataclasses.replace(CFG, var_dir=CFG.path("gunicorn-impatient"))
-    cfg.path("run").mkdir(parents=True, exist_ok=True)
-    command = deploy_stack.gunicorn_command(cfg, workers=1)
-    command[command.index("--bind") + 1] = f"127.0.0.1:{port}"
-    env = side_gunicorn_env("gunicorn-impatient", TTS_DB_STATEMENT_TIMEOUT_SECONDS="1")
-    service = stack.start_service(
-        Service("gunicorn-impatient", command, env=env, ready_port=port), timeout=30
-    )
-    try:
+    with tcp_gunicorn(stack, "gunicorn-impatient", TTS_DB_STATEMENT_TIMEOUT_SECONDS="1") as port:
         yield port
-    finally:
-        stack.stop_service(service)
 
 
 def _call(

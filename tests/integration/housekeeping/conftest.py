@@ -16,6 +16,25 @@ import pytest
 from tests.stack import CFG, TestStack
 
 
+def copy_rows(model: Any, template_pk: Any, n: int, overrides: dict[str, str]) -> None:
+    """``n`` copies of one row of ``model`` in one statement (INSERT ... SELECT over
+    ``generate_series(1, n) AS n``): months of history in seconds. ``overrides`` gives the SQL
+    of each column that differs from the template's (it may use ``n``, the copy's number)."""
+    from django.db import connection
+
+    table = model._meta.db_table
+    columns = [str(f.column) for f in model._meta.concrete_fields]
+    assert set(overrides) <= set(columns), set(overrides) - set(columns)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({', '.join(columns)}) "
+            f"SELECT {', '.join(overrides.get(c, c) for c in columns)} FROM {table}, "
+            f"generate_series(1, %s) AS n WHERE {model._meta.pk.column} = %s",
+            [n, template_pk],
+        )
+        cursor.execute(f"ANALYZE {table}")
+
+
 class Clock:
     """django.utils.timezone.now, under the test's control (services call it too)."""
 

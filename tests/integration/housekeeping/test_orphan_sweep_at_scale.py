@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tests.integration.housekeeping.conftest import Clock, write_file
+from tests.integration.housekeeping.conftest import Clock, copy_rows, write_file
 from webapp.housekeeping.catalog import run_job
 
 JOBS = 200_000
@@ -33,17 +33,13 @@ def test_with_200k_jobs_the_sweep_reads_the_jobs_table_by_index_only(
     _age(media / template.audio_path, old)
     # Copies of one real row under new ids, as expired jobs (the bulk of a long history):
     # 200k rows in one statement.
-    copied = {"id": "gen_random_uuid()", "status": "'expired'", "audio_path": "''", "audio_bytes": "0"}
-    columns = [str(f.column) for f in SynthesisJob._meta.concrete_fields]
+    copy_rows(
+        SynthesisJob,
+        template.id,
+        JOBS,
+        {"id": "gen_random_uuid()", "status": "'expired'", "audio_path": "''", "audio_bytes": "0"},
+    )
     table = SynthesisJob._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} ({', '.join(columns)}) "
-            f"SELECT {', '.join(copied.get(c, c) for c in columns)} FROM {table}, generate_series(1, %s) "
-            "WHERE id = %s",
-            [JOBS, template.id],
-        )
-        cursor.execute(f"ANALYZE {table}")
     audio = media / "audio" / str(org.id)
     orphans = [write_file(audio / f"{uuid.uuid4()}.1.wav", 10, mtime=old) for _ in range(20)]
 

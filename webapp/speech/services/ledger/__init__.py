@@ -31,7 +31,9 @@ from webapp.speech.models import (
     ACTIVE_STATUSES,
     LIVE_JOBS_SQL,
     JobStatus,
+    KeyUsage,
     SynthesisJob,
+    UsageDay,
     UsageEvent,
     UsagePeriod,
     Voice,
@@ -182,7 +184,8 @@ def reserve_usage(job: SynthesisJob, period: dt.date) -> None:
                 "job": job.id,
                 "chars": job.text_chars,
                 "period": period,
-                "now": timezone.now(),
+                # The job's creation is its submit: the day its usage counts on.
+                "now": job.created_at,
                 "key": job.api_key_id,
                 "user": job.user_id,
                 "voice": job.voice_name,
@@ -194,13 +197,32 @@ def reserve_usage(job: SynthesisJob, period: dt.date) -> None:
 def key_characters(organization_id: Any, period: dt.date, key_id: Any = None) -> dict[Any, int]:
     """Characters each of the tenant's keys (or only ``key_id``) took in the month ``period``
     starts: charged when settled, reserved until then. A capped key's submit reads its own under
-    the tenant lock; the members page reads them all."""
-    one_key = "AND r.api_key_id = %(key)s" if key_id is not None else "AND r.api_key_id IS NOT NULL"
+    the tenant lock; the members page reads them all. One row a key (``KeyUsage``)."""
+    rows = KeyUsage.objects.filter(api_key__organization_id=organization_id, period=period)
+    if key_id is not None:
+        rows = rows.filter(api_key_id=key_id)
+    return {key: int(n) for key, n in rows.values_list("api_key_id", "characters")}
+
+
+def recount_rollups(organization_id: Any) -> tuple[int, int]:
+    """Recount the tenant's ``UsageDay`` and ``KeyUsage`` rows from its ledger events.
+
+    A step: the caller holds the tenant row's lock (every writer of them takes it first). For
+    what kept rows can miss: reservations made by a version that did not keep them (a rolling
+    upgrade), a restore of the events alone. Returns (day rows, key rows) written.
+    """
+    params = {"org": organization_id}
     with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {_USAGE_DAYS} WHERE organization_id = %(org)s", params)
+        cursor.execute(_RECOUNT_DAYS, params)
+        days = cursor.rowcount
         cursor.execute(
-            _KEY_CHARACTERS.format(one_key=one_key), {"org": organization_id, "period": period, "key": key_id}
+            f"DELETE FROM {_KEY_USAGE} WHERE api_key_id IN "
+            f"(SELECT id FROM {ApiKey._meta.db_table} WHERE organization_id = %(org)s)",
+            params,
         )
-        return {key: int(n) for key, n in cursor.fetchall()}
+        cursor.execute(_RECOUNT_KEYS, params)
+        return days, cursor.rowcount
 
 
 def check_key_cap(key: ApiKey, chars: int, period: dt.date) -> None:
@@ -221,6 +243,11 @@ def check_key_cap(key: ApiKey, chars: int, period: dt.date) -> None:
 QUEUE_FULL_RETRY_SECONDS = 30
 
 _JOBS, _VOICES, _PERIODS = SynthesisJob._meta.db_table, Voice._meta.db_table, UsagePeriod._meta.db_table
+_KEY_USAGE, _USAGE_DAYS = KeyUsage._meta.db_table, UsageDay._meta.db_table
+_DAY_COLUMNS = (
+    "organization_id, day, api_key_id, user_id, voice_name, source, "
+    "jobs, reserved, charged_jobs, characters, cached_characters, fresh_characters, released"
+)
 # The job rows' condition is LIVE_JOBS, as the partial index speech_job_org_stored_idx has it, so
 # the count and sum read only the tenant's live jobs (tests/integration/api/test_quotas.py).
 _LIVE_OF_TENANT = f"organization_id = %(org)s AND {LIVE_JOBS_SQL}"
@@ -236,13 +263,29 @@ _LIMITS = f"""
             LIMIT %(queue_limit)s
         ) AS waiting)
     FROM {_JOBS} WHERE {_LIVE_OF_TENANT}"""
-_KEY_CHARACTERS = f"""
-    SELECT r.api_key_id, sum(CASE WHEN s.kind IS NULL THEN r.characters ELSE s.characters END)
-    FROM {UsageEvent._meta.db_table} r
+# A reservation with its settlement, if any (the recounts below).
+_SETTLED = f"""{UsageEvent._meta.db_table} r
     LEFT JOIN {UsageEvent._meta.db_table} s ON s.job_key = r.job_key AND s.kind <> '{UsageEvent.Kind.RESERVE}'
-    WHERE r.organization_id = %(org)s AND r.kind = '{UsageEvent.Kind.RESERVE}' AND r.period = %(period)s
-      {{one_key}}
-    GROUP BY r.api_key_id"""
+    WHERE r.organization_id = %(org)s AND r.kind = '{UsageEvent.Kind.RESERVE}'"""
+_CHARGE = f"s.kind = '{UsageEvent.Kind.CHARGE}'"
+_RECOUNT_DAYS = f"""
+    INSERT INTO {_USAGE_DAYS} ({_DAY_COLUMNS})
+    SELECT r.organization_id, (r.created_at AT TIME ZONE 'UTC')::date, r.api_key_id, r.user_id,
+        r.voice_name, r.source, count(*), sum(r.characters),
+        count(*) FILTER (WHERE {_CHARGE}),
+        coalesce(sum(s.characters) FILTER (WHERE {_CHARGE}), 0),
+        coalesce(sum((SELECT sum((p->>'covers')::bigint) FROM jsonb_array_elements(s.parts) p
+                      WHERE p->>'kind' = '{_charges.PartKind.CACHED}')), 0),
+        coalesce(sum((SELECT sum((p->>'characters')::bigint) FROM jsonb_array_elements(s.parts) p
+                      WHERE p->>'kind' = '{_charges.PartKind.FRESH}')), 0),
+        coalesce(sum(GREATEST(0, r.characters - s.characters)), 0)
+    FROM {_SETTLED}
+    GROUP BY 1, 2, 3, 4, 5, 6"""
+_RECOUNT_KEYS = f"""
+    INSERT INTO {_KEY_USAGE} (api_key_id, period, characters)
+    SELECT r.api_key_id, r.period, sum(coalesce(s.characters, r.characters))
+    FROM {_SETTLED} AND r.api_key_id IS NOT NULL
+    GROUP BY 1, 2"""
 _RESERVE = f"""
     WITH event AS (
         INSERT INTO {UsageEvent._meta.db_table}
@@ -250,6 +293,16 @@ _RESERVE = f"""
              api_key_id, user_id, voice_name, source)
         VALUES (%(org)s, %(job)s, %(job)s, '{UsageEvent.Kind.RESERVE}', %(chars)s, '[]', %(period)s, %(now)s,
                 %(key)s, %(user)s, %(voice)s, %(source)s)
+    ), key_month AS (
+        INSERT INTO {_KEY_USAGE} AS k (api_key_id, period, characters)
+        SELECT %(key)s::uuid, %(period)s, %(chars)s WHERE %(key)s::uuid IS NOT NULL
+        ON CONFLICT ON CONSTRAINT one_key_usage_row DO UPDATE SET characters = k.characters + EXCLUDED.characters
+    ), day AS (
+        INSERT INTO {_USAGE_DAYS} AS d ({_DAY_COLUMNS})
+        VALUES (%(org)s, (%(now)s::timestamptz AT TIME ZONE 'UTC')::date, %(key)s::uuid, %(user)s::bigint,
+                %(voice)s, %(source)s, 1, %(chars)s, 0, 0, 0, 0, 0)
+        ON CONFLICT ON CONSTRAINT one_usage_day_row DO UPDATE
+        SET jobs = d.jobs + 1, reserved = d.reserved + EXCLUDED.reserved
     )
     UPDATE {_PERIODS} SET characters_reserved = characters_reserved + %(chars)s
     WHERE organization_id = %(org)s AND period = %(period)s"""
@@ -342,17 +395,26 @@ def _settle(job_id: Any, parts: Iterable[_charges.Part]) -> Settlement | None:
     may take the tenant past its monthly quota: its next submit is then refused.
     Returns None if the job was settled already (or never reserved).
     """
-    # The job's ledger in one read: its reservation (tenant, characters, period), and whether
-    # it is settled already. The job row is not needed: a settlement works from its ledger.
+    # The job's ledger in one read: its reservation (tenant, characters, period, and the day, key,
+    # member, voice and source its usage counts under), and whether it is settled already. The job
+    # row is not needed: a settlement works from its ledger.
     events = list(
         UsageEvent.objects.filter(job_key=job_id).values_list(
-            "kind", "organization_id", "characters", "period"
+            "kind",
+            "organization_id",
+            "characters",
+            "period",
+            "created_at",
+            "api_key_id",
+            "user_id",
+            "voice_name",
+            "source",
         )
     )
     reserve = next((e[1:] for e in events if e[0] == UsageEvent.Kind.RESERVE), None)
     if reserve is None or any(e[0] != UsageEvent.Kind.RESERVE for e in events):
         return None
-    organization_id, reserved, period = reserve
+    organization_id, reserved, period, reserved_at, key_id, user_id, voice_name, source = reserve
     charged, recorded = _charges.tally(reserved, parts)
     kind = UsageEvent.Kind.CHARGE if charged else UsageEvent.Kind.RELEASE
     with connection.cursor() as cursor:
@@ -368,9 +430,25 @@ def _settle(job_id: Any, parts: Iterable[_charges.Part]) -> Settlement | None:
         if cursor.fetchone() is None:
             return None
     # The tenant row is locked: the usage row (there since the reservation, gone only with its
-    # tenant) is updated, and locked, in one statement, which also marks a quota level reached.
+    # tenant) is updated, and locked, in one statement, which also marks a quota level reached,
+    # and counts the settlement in the key's month and the reservation's day.
     row = fetch_one(
-        _SETTLE_PERIOD, {"org": organization_id, "period": period, "reserved": reserved, "charged": charged}
+        _SETTLE_PERIOD,
+        {
+            "org": organization_id,
+            "period": period,
+            "reserved": reserved,
+            "charged": charged,
+            "day": reserved_at.astimezone(dt.UTC).date(),
+            "key": key_id,
+            "user": user_id,
+            "voice": voice_name,
+            "source": source,
+            "charged_jobs": 1 if charged else 0,
+            "cached": sum(p.get("covers", 0) for p in recorded if p["kind"] == _charges.PartKind.CACHED),
+            "fresh": sum(p["characters"] for p in recorded if p["kind"] == _charges.PartKind.FRESH),
+            "released": max(0, reserved - charged),
+        },
     )
     if row is None:
         return Settlement(organization_id, charged, period, 0, 0)
@@ -378,9 +456,30 @@ def _settle(job_id: Any, parts: Iterable[_charges.Part]) -> Settlement | None:
     return Settlement(organization_id, charged, period, used, monthly, _charges.levels_crossed(before, after))
 
 
+# What a settlement counts in the key's month and in the reservation's day. Upserts, not updates:
+# a reservation made before these rows were kept (a rolling upgrade) has none, and its settlement
+# still counts (``manage.py recount_usage`` recounts what such a window missed).
+_SETTLE_ROLLUPS = f"""
+    key_month AS (
+        INSERT INTO {_KEY_USAGE} AS k (api_key_id, period, characters)
+        SELECT %(key)s::uuid, %(period)s, %(charged)s WHERE %(key)s::uuid IS NOT NULL
+        ON CONFLICT ON CONSTRAINT one_key_usage_row
+        DO UPDATE SET characters = GREATEST(0, k.characters - %(reserved)s + EXCLUDED.characters)
+    ), day AS (
+        INSERT INTO {_USAGE_DAYS} AS d ({_DAY_COLUMNS})
+        VALUES (%(org)s, %(day)s, %(key)s::uuid, %(user)s::bigint, %(voice)s, %(source)s,
+                0, 0, %(charged_jobs)s, %(charged)s, %(cached)s, %(fresh)s, %(released)s)
+        ON CONFLICT ON CONSTRAINT one_usage_day_row DO UPDATE SET
+            charged_jobs = d.charged_jobs + EXCLUDED.charged_jobs,
+            characters = d.characters + EXCLUDED.characters,
+            cached_characters = d.cached_characters + EXCLUDED.cached_characters,
+            fresh_characters = d.fresh_characters + EXCLUDED.fresh_characters,
+            released = d.released + EXCLUDED.released
+    )"""
 # A level is marked in ``quota_level_announced`` by the settlement that reaches it: each is
 # announced once a month (under the tenant row's lock, whatever settles at once).
 _SETTLE_PERIOD = f"""
+    WITH {_SETTLE_ROLLUPS}
     UPDATE {_PERIODS} u SET
         characters_reserved = u.characters_reserved - %(reserved)s,
         characters_used = u.characters_used + %(charged)s,
@@ -395,6 +494,7 @@ _SETTLE_PERIOD = f"""
     RETURNING u.quota_level_announced, before.level, u.characters_used, p.monthly_characters"""
 
 _LOCK_TENANT = f"SELECT 1 FROM {Organization._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
+
 # The settlement's key, member, voice and source are its reservation's (the job may be gone).
 _SETTLE = f"""
     INSERT INTO {UsageEvent._meta.db_table}

@@ -1,18 +1,19 @@
 """What the ledger says a tenant used: every read of its charges, for whoever shows usage.
 
-``charges`` is the one read of what was charged: the usage explorer
+``charges`` is the one read of what a tenant was charged: the usage explorer
 (``breakdown``: charged characters over a range of UTC days, grouped by day, key,
 voice, source or member; ``GET /api/v1/usage?group_by=``, the dashboard's usage
-page and its CSV) and a stream's usage (``job_charge``) both read it. ``summary``
+page and its CSV) reads it; a stream's usage (``job_charge``) reads its job's charge. ``summary``
 is the rest of ``GET /api/v1/usage`` and the dashboard's overview: the month's bill
 (characters used and reserved), the cache's share, daily totals. (What a key took of its monthly cap:
 ``ledger.key_characters``, which the submit reads under the tenant lock.)
 
-Read from the ledger alone: a charge carries its key, member, voice and source
-(copied from the job at the reservation), so the report of a month equals the
-bill (``UsagePeriod.characters_used``) even after its jobs are deleted. A
-charge counts on the day of its reservation (the submit), as the bill counts
-it in the reservation's month.
+Read from the ledger alone: the usage per UTC day of the submit, key, member, voice and
+source (``UsageDay``), which the ledger keeps with each reservation and settlement, so a
+report reads a row per day and group whatever the tenant's history, and the report of a
+month equals the bill (``UsagePeriod.characters_used``) even after its jobs are deleted. A
+charge counts on the day of its reservation (the submit), as the bill counts it in the
+reservation's month.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Count, Sum
-from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
-from webapp.speech.models import SynthesisJob, UsageEvent, UsagePeriod
+from webapp.speech.models import SynthesisJob, UsageDay, UsageEvent, UsagePeriod
 from webapp.speech.services.ledger import period_end, period_start, storage_used
 from webapp.tenants.models import ApiKey, Membership, Organization
 
@@ -36,13 +36,13 @@ GROUPS = ("day", "key", "voice", "source", "member")
 MAX_RANGE_DAYS = 366
 SOURCE_LABELS = {"api": "API", "openai": "OpenAI endpoint", "dashboard": "Dashboard"}
 
-_EVENTS = UsageEvent._meta.db_table
+_DAYS = UsageDay._meta.db_table
 _GROUP_SQL = {
-    "day": "(r.created_at AT TIME ZONE 'UTC')::date",
-    "key": "c.api_key_id",
-    "voice": "c.voice_name",
-    "source": "c.source",
-    "member": "c.user_id",
+    "day": "day",
+    "key": "api_key_id",
+    "voice": "voice_name",
+    "source": "source",
+    "member": "user_id",
 }
 
 
@@ -136,53 +136,34 @@ def parse(
 
 
 def charges(
-    *,
-    organization_id: Any = None,
-    since: dt.datetime | None = None,
-    until: dt.datetime | None = None,
-    group_by: str | None = None,
-    job_id: Any = None,
+    organization_id: Any, start: dt.date, end: dt.date, group_by: str | None = None
 ) -> dict[str, tuple[int, int, int]]:
-    """The one read of what was charged: per group, (characters charged, characters served from the
-    sentence cache, jobs), over the charges of a tenant whose reservation (the submit) falls in
-    [``since``, ``until``), or of one job. ``group_by`` one of GROUPS; None: one total, under "".
+    """The one read of what a tenant was charged: per group, (characters charged, characters served
+    from the sentence cache, jobs charged), over the jobs submitted from ``start`` to ``end`` (UTC
+    days, both included). ``group_by`` one of GROUPS; None: one total, under "".
 
-    A charge carries its key, member, voice and source (copied at the reservation), so this
-    equals the bill even after the jobs are deleted.
+    Read from the usage kept per day (``UsageDay``, written with each reservation and
+    settlement): one row per day and key, member, voice and source, however many jobs.
     """
-    where = [f"c.kind = '{UsageEvent.Kind.CHARGE}'"]
-    if organization_id is not None:
-        where += ["c.organization_id = %(org)s", "r.organization_id = %(org)s"]
-    if since is not None:
-        where.append("r.created_at >= %(since)s")
-    if until is not None:
-        where.append("r.created_at < %(until)s")
-    if job_id is not None:
-        where.append("c.job_key = %(job)s")
     expr = _GROUP_SQL[group_by] if group_by is not None else "NULL"
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-        SELECT {expr} AS grp, sum(c.characters), count(*), coalesce(sum((
-            SELECT sum((p->>'covers')::bigint) FROM jsonb_array_elements(c.parts) p
-            WHERE p->>'kind' = 'cached')), 0)
-        FROM {_EVENTS} c
-        JOIN {_EVENTS} r ON r.job_key = c.job_key AND r.kind = '{UsageEvent.Kind.RESERVE}'
-        WHERE {" AND ".join(where)}
-        GROUP BY grp""",
-            {"org": organization_id, "since": since, "until": until, "job": job_id},
+        SELECT {expr} AS grp, sum(characters), sum(cached_characters), sum(charged_jobs)
+        FROM {_DAYS}
+        WHERE organization_id = %(org)s AND day BETWEEN %(start)s AND %(end)s
+        GROUP BY grp HAVING sum(charged_jobs) > 0""",
+            {"org": organization_id, "start": start, "end": end},
         )
         found = cursor.fetchall()
-    return {_key(group): (int(chars), int(cached), int(jobs)) for group, chars, jobs, cached in found}
+    return {_key(group): (int(chars), int(cached), int(jobs)) for group, chars, cached, jobs in found}
 
 
 def breakdown(organization: Organization, group_by: str, start: dt.date, end: dt.date) -> Report:
     """The tenant's charges reserved from ``start`` to ``end`` (UTC days, both included), grouped."""
     if group_by not in GROUPS:
         raise _bad(f"group_by must be one of {', '.join(GROUPS)}.", "group_by")
-    since = dt.datetime.combine(start, dt.time(0), tzinfo=dt.UTC)
-    until = dt.datetime.combine(end + dt.timedelta(days=1), dt.time(0), tzinfo=dt.UTC)
-    totals = charges(organization_id=organization.pk, since=since, until=until, group_by=group_by)
+    totals = charges(organization.pk, start, end, group_by)
     labels = _labels(organization, group_by, list(totals))
     if group_by == "day":
         days = [start + dt.timedelta(days=n) for n in range((end - start).days + 1)]
@@ -228,7 +209,8 @@ def _labels(organization: Organization, group_by: str, groups: list[str]) -> dic
 
 def job_charge(job_id: Any) -> int:
     """What the job's settlement charged (0 for a release, or while it is not settled): a stream's usage."""
-    return charges(job_id=job_id).get("", (0, 0, 0))[0]
+    charge = UsageEvent.objects.filter(job_key=job_id, kind=UsageEvent.Kind.CHARGE).first()
+    return charge.characters if charge is not None else 0
 
 
 Status = SynthesisJob.Status
@@ -292,41 +274,38 @@ def summary(organization: Organization, now: dt.datetime | None = None, days: in
 
 
 def cached_characters(organization: Organization, period: dt.date) -> tuple[int, int]:
-    """(cached, fresh) characters of the tenant's jobs that succeeded in the period starting ``period``."""
-    since = dt.datetime.combine(period, dt.time(0), tzinfo=dt.UTC)
-    row = SynthesisJob.objects.filter(
-        organization=organization,
-        status__in=(Status.SUCCEEDED, Status.EXPIRED),
-        finished_at__gte=since,
-    ).aggregate(cached=Sum("cached_characters"), total=Sum("text_chars"))
-    cached, total = int(row["cached"] or 0), int(row["total"] or 0)
-    return cached, max(0, total - cached)
+    """(cached, fresh) characters charged for the tenant's jobs submitted in the month ``period`` starts:
+    served from the sentence cache, and rendered whole."""
+    row = UsageDay.objects.filter(
+        organization=organization, day__gte=period, day__lt=period_end_date(period)
+    ).aggregate(cached=Sum("cached_characters"), fresh=Sum("fresh_characters"))
+    return int(row["cached"] or 0), int(row["fresh"] or 0)
+
+
+def period_end_date(period: dt.date) -> dt.date:
+    """The first day of the month after the one ``period`` starts."""
+    return period_end(dt.datetime.combine(period, dt.time(0), tzinfo=dt.UTC)).date()
 
 
 def daily_totals(organization: Organization, now: dt.datetime, days: int) -> list[dict[str, Any]]:
-    """Characters charged, reserved and released, and jobs created, per UTC day (oldest first)."""
-    since = dt.datetime.combine(
-        (now - dt.timedelta(days=days - 1)).astimezone(dt.UTC).date(), dt.time(0), tzinfo=dt.UTC
-    )
-    daily: dict[str, dict[str, int]] = {}
-
-    def day_entry(day: dt.date) -> dict[str, int]:
-        return daily.setdefault(day.isoformat(), {"charged": 0, "reserved": 0, "released": 0, "jobs": 0})
-
-    column = {UsageEvent.Kind.CHARGE: "charged", UsageEvent.Kind.RESERVE: "reserved"}
-    for day, kind, chars in (
-        UsageEvent.objects.filter(organization=organization, created_at__gte=since)
-        .annotate(day=TruncDate("created_at", tzinfo=dt.UTC))
-        .values_list("day", "kind")
-        .annotate(n=Sum("characters"))
+    """Per UTC day of the submit (oldest first, days with none left out): characters charged,
+    reserved and given back, and jobs submitted."""
+    since = (now - dt.timedelta(days=days - 1)).astimezone(dt.UTC).date()
+    rows = (
+        UsageDay.objects.filter(organization=organization, day__gte=since)
+        .values("day")
+        .annotate(
+            charged=Sum("characters"), reserved=Sum("reserved"), released=Sum("released"), jobs=Sum("jobs")
+        )
         .order_by("day")
-    ):
-        day_entry(day)[column.get(kind, "released")] += chars
-    for day, n in (
-        SynthesisJob.objects.filter(organization=organization, created_at__gte=since)
-        .annotate(day=TruncDate("created_at", tzinfo=dt.UTC))
-        .values_list("day")
-        .annotate(n=Count("id"))
-    ):
-        day_entry(day)["jobs"] = n
-    return [{"date": day, **values} for day, values in sorted(daily.items())]
+    )
+    return [
+        {
+            "date": row["day"].isoformat(),
+            "charged": int(row["charged"]),
+            "reserved": int(row["reserved"]),
+            "released": int(row["released"]),
+            "jobs": int(row["jobs"]),
+        }
+        for row in rows
+    ]
