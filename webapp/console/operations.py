@@ -27,8 +27,9 @@ from django.views.decorators.http import require_POST
 from webapp.admin_site import site
 from webapp.audit.services import record
 from webapp.console import charts
-from webapp.console.workers import can_view, duration, worker_row
+from webapp.console.workers import can_view, worker_row
 from webapp.housekeeping.models import OperationsSnapshot
+from webapp.humane import duration
 from webapp.speech import operations
 from webapp.speech.runtime import rolling
 
@@ -89,7 +90,7 @@ def _plan_status(beats: list[dict[str, Any]]) -> dict[str, Any] | None:
         "replaced": state.replaced,
         "done": state.done,
         "waiting_for": state.waiting_for,
-        "age": duration(time.time() - float(plan.get("requested_at") or time.time())),
+        "age": duration(max(0.0, time.time() - float(plan.get("requested_at") or time.time()))),
     }
 
 
@@ -102,7 +103,7 @@ def page_data(now: float | None = None) -> dict[str, Any]:
     for beat in sorted(beats, key=lambda b: (str(b.get("host")), str(b.get("node")), str(b.get("pid")))):
         rows.append({**worker_row(beat, now), "closest_recycle": operations.closest_recycle(beat, now)})
     recycles = [
-        {**r, "age": duration(now - float(r["at"])) + " ago", "pid": str(r.get("pid", ""))}
+        {**r, "age": duration(max(0.0, now - float(r["at"]))) + " ago", "pid": str(r.get("pid", ""))}
         for r in figures["recycles"]
     ]
     by_kind: dict[str, int] = {}

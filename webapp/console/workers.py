@@ -21,6 +21,7 @@ from django.views.decorators.cache import never_cache
 
 from webapp import redis_clients
 from webapp.admin_site import site
+from webapp.humane import duration
 from webapp.speech import heartbeat
 from webapp.speech.runtime import recycling
 
@@ -46,24 +47,10 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
-def duration(seconds: float) -> str:
-    """``75`` -> ``"1 min 15 s"``: short enough for a table cell."""
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
-    minutes, sec = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {sec} s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h"
-
-
 def _age(at: Any, now: float) -> str:
     value = _num(at)
-    return "-" if value is None else duration(now - value) + " ago"
+    # max(0, …): another host's clock a little ahead is "0.0 s ago", not nothing.
+    return "-" if value is None else duration(max(0.0, now - value)) + " ago"
 
 
 def _until(at: Any, now: float) -> str:

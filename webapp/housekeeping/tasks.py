@@ -14,9 +14,11 @@ import atexit
 import os
 from typing import Any
 
-from celery import shared_task, signals
+from celery import signals
 from django.conf import settings
 
+# The project's app, as every task of this service: a worker must use the configured broker.
+from webapp.celery import app
 from webapp.housekeeping import locks
 from webapp.housekeeping.catalog import JOBS, run_job
 from webapp.housekeeping.jobs import hard_time_limit, soft_time_limit
@@ -35,7 +37,7 @@ def _make_task(job: str) -> Any:
 
     run.__name__ = run.__qualname__ = job
     run.__doc__ = JOBS[job].description
-    return shared_task(
+    return app.task(
         name=task_name(job),
         queue=QUEUE,
         soft_time_limit=soft_time_limit(),

@@ -8,21 +8,20 @@ this module: they send these tasks by name (``services.dispatch``).
 
 from __future__ import annotations
 
-from typing import Any
-
-# The project's app, not shared_task: a worker must use the configured broker.
+# The project's app, as every task of this service (not shared_task): a worker must use the
+# configured broker.
 from webapp.celery import app
 from webapp.speech.runtime import analysis, delivery
 from webapp.speech.services.dispatch import ANALYSE_VOICE, SYNTHESIZE_JOB
 
 
-@app.task(bind=True, name=SYNTHESIZE_JOB, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def synthesize_job(self: Any, job_id: str, limits: list[float] | None = None) -> str:
+@app.task(name=SYNTHESIZE_JOB, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def synthesize_job(job_id: str, limits: list[float] | None = None) -> str:
     """Wake-up for ``job_id``; ``limits`` = (soft, hard) seconds of that job, from dispatch."""
     return delivery.deliver(job_id, limits)
 
 
-@app.task(bind=True, name=ANALYSE_VOICE, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def analyse_voice(self: Any, voice_pk: str) -> str:
+@app.task(name=ANALYSE_VOICE, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def analyse_voice(voice_pk: str) -> str:
     """Speaker analysis of an uploaded voice prompt."""
     return analysis.analyse(voice_pk)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import shared_task
-
+# The project's app, as every task of this service: a worker must use the configured broker.
+from webapp.celery import app
 from webapp.webhooks import delivery
 from webapp.webhooks.outbox import DELIVER_TASK, QUEUE
 
 
-@shared_task(
+@app.task(
     name=DELIVER_TASK,
     queue=QUEUE,
     ignore_result=True,
@@ -27,6 +27,6 @@ def deliver(message_id: str | None = None) -> str:
     return delivery.deliver(message_id)
 
 
-@shared_task(name="webhooks.sweep", queue=QUEUE, ignore_result=True, acks_late=False)
+@app.task(name="webhooks.sweep", queue=QUEUE, ignore_result=True, acks_late=False)
 def sweep() -> dict[str, Any]:
     return {"resent": delivery.sweep()}

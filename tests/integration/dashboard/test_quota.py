@@ -37,6 +37,8 @@ def small_plan(owner: tuple[Any, Any]) -> Any:
         ("duration", 42.2, "42 s"),
         ("duration", 185, "3 min 05 s"),
         ("duration", 3720, "1 h 02 min"),
+        ("duration", 3 * 86400 + 3600, "3 d 01 h"),
+        ("duration", -1, ""),
     ],
 )
 def test_it_writes_numbers_for_people(name: str, value: Any, shown: str) -> None:

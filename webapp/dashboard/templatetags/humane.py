@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from django import template
 
+from webapp import humane
 from webapp.dashboard.quota import quota_of
 
 register = template.Library()
@@ -41,23 +41,11 @@ def size(value: Any) -> str:
 
 @register.filter
 def duration(value: Any) -> str:
-    """Seconds as "0.8 s", "42 s", "3 min 05 s", "1 h 02 min"."""
+    """Seconds as "0.8 s", "42 s", "3 min 05 s", "1 h 02 min", "3 d 01 h" (webapp.humane)."""
     try:
-        seconds = float(value)
+        return humane.duration(float(value))
     except (TypeError, ValueError):
         return ""
-    if not math.isfinite(seconds) or seconds < 0:
-        return ""
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    whole = round(seconds)
-    if whole < 60:
-        return f"{whole} s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours:,} h {minutes:02d} min"
 
 
 @register.inclusion_tag("dashboard/_quota_banner.html", takes_context=True)
