@@ -54,7 +54,7 @@ test-fast: bootstrap
 	.venv/bin/pytest tests/unit -m "not slow" $(PYTEST_ARGS)
 
 # The Kubernetes manifests: every overlay rendered (kubectl kustomize) and checked by kubernetes-validate,
-# the CRD schemas in deploy/k8s/schemas, the project's rules and checkov (tests/k8s/validate.py); the
+# the CRD schemas in deploy/k8s/schemas, the project's rules and checkov (deploy/validate_k8s.py); the
 # tools live in .venv-k8s, made on first use (deploy/k8s/validate.sh). About 10 s once installed.
 .PHONY: validate-k8s
 validate-k8s:

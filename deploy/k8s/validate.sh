@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make validate-k8s: render every overlay of deploy/k8s and check it (tests/k8s/validate.py).
+# make validate-k8s: render every overlay of deploy/k8s and check it (deploy/validate_k8s.py).
 # The tools live in their own venv, .venv-k8s (deploy/k8s/requirements.txt), made here when missing
 # or when the pins changed. --tools-only: only that.
 set -euo pipefail
@@ -18,4 +18,4 @@ fi
 if [ "${1:-}" = "--tools-only" ]; then
   exit 0
 fi
-exec "$VENV/bin/python" -m tests.k8s.validate --tools "$VENV/bin" "$@"
+exec "$VENV/bin/python" -m deploy.validate_k8s --tools "$VENV/bin" "$@"

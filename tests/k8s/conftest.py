@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.k8s import validate
+from deploy import validate_k8s as validate
 
 VENV_BIN = validate.ROOT / ".venv-k8s" / "bin"
 

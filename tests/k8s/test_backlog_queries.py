@@ -3,7 +3,7 @@ whose form the partial index speech_job_engine_active_idx serves."""
 
 from __future__ import annotations
 
-from tests.k8s import validate
+from deploy import validate_k8s as validate
 from webapp.speech.services import keda
 
 Docs = list[validate.Doc]

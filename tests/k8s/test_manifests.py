@@ -1,6 +1,6 @@
 """deploy/k8s: every overlay renders and passes the validators, and the validators catch the bad cases.
 
-The same checks as `make validate-k8s` (tests/k8s/validate.py); the bad cases change one thing in
+The same checks as `make validate-k8s` (deploy/validate_k8s.py); the bad cases change one thing in
 a rendered overlay (or write an overlay that does) and expect the validators to name it.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.k8s import validate
+from deploy import validate_k8s as validate
 
 Docs = list[validate.Doc]
 

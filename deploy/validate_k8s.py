@@ -38,7 +38,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = K8S / "overlays"
 SCHEMAS = K8S / "schemas"
@@ -718,7 +718,7 @@ def validate_overlay(tools: Tools, overlay: Path, report: Report) -> list[Doc]:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.k8s.validate")
+    parser = argparse.ArgumentParser(prog="python -m deploy.validate_k8s")
     parser.add_argument("--tools", type=Path, help="folder of kubectl, kubernetes-validate and checkov")
     parser.add_argument("--overlay", type=Path, action="append", help="only these overlays (default: all)")
     parser.add_argument("--no-checkov", action="store_true", help="leave out the checkov scan")
