@@ -20,16 +20,13 @@ from synth.normalize import is_chinese_language
 from webapp.dictionaries import pls
 from webapp.dictionaries.models import Dictionary, DictionaryVersion, Rule
 from webapp.errors import DomainError, ErrorCode
+from webapp.tenants import locks
 from webapp.tenants.models import Organization
 
 MAX_PER_REQUEST = 3
 # The job statuses that still need their pinned versions (speech's SynthesisJob.Status; this layer
 # sits below speech and names them, as the reverse relation ``pinning_jobs`` does, without importing it).
 UNFINISHED_JOB_STATUSES = ("queued", "running")
-
-
-def _lock_tenant(organization: Organization) -> Organization:
-    return Organization.objects.select_for_update().select_related("plan").get(pk=organization.pk)
 
 
 def rule_of(data: dict[str, Any], n: int) -> lexicon.Rule:
@@ -159,7 +156,7 @@ def create_dictionary(
 ) -> tuple[Dictionary, DictionaryVersion]:
     """A new dictionary with its version 1 (dictionary_limit past the plan's count)."""
     with transaction.atomic(durable=True):
-        org = _lock_tenant(organization)
+        org = locks.lock_tenant(organization.pk)
         limit = org.plan.max_dictionaries
         if Dictionary.objects.filter(organization=org).count() >= limit:
             raise DomainError(
@@ -190,7 +187,7 @@ def add_version(
     not being pinned meanwhile.
     """
     with transaction.atomic(durable=True):
-        org = _lock_tenant(organization)
+        org = locks.lock_tenant(organization.pk)
         locked = Dictionary.objects.select_for_update().get(pk=dictionary.pk, organization=org)
         _check_rules(rules, org)
         version = _write_version(locked, rules, language)
@@ -220,7 +217,7 @@ def update_dictionary(
 ) -> Dictionary:
     """Name, description and the default flag (rules change only by a new version)."""
     with transaction.atomic(durable=True):
-        org = _lock_tenant(organization)
+        org = locks.lock_tenant(organization.pk)
         locked = Dictionary.objects.select_for_update().get(pk=dictionary.pk, organization=org)
         if name is not None and name != locked.name:
             if Dictionary.objects.filter(organization=org, name=name).exists():
@@ -248,7 +245,7 @@ def delete_dictionary(organization: Organization, dictionary: Dictionary) -> Non
     """
     try:
         with transaction.atomic(durable=True):
-            org = _lock_tenant(organization)  # submits pin under the same lock
+            org = locks.lock_tenant(organization.pk)  # submits pin under the same lock
             locked = Dictionary.objects.select_for_update().filter(pk=dictionary.pk, organization=org).first()
             if locked is None:
                 return

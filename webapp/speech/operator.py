@@ -37,6 +37,7 @@ from webapp.speech import lifecycle
 from webapp.speech.models import IdempotencyKey, RetiredUsage, SynthesisJob, UsageEvent, UsagePeriod, Voice
 from webapp.speech.services import files, ledger, prompts, sentence_cache
 from webapp.speech.services.pins import dictionary_pins
+from webapp.tenants import locks
 from webapp.tenants.models import ApiKey, Membership, Organization
 
 log = logging.getLogger(__name__)
@@ -188,7 +189,7 @@ def recount_usage(org: Organization) -> tuple[int, int]:
     restore of the events alone leave them short. Returns (day rows, key rows) written.
     """
     with transaction.atomic(durable=True):
-        ledger.lock_tenant(org.pk)
+        locks.lock_tenant(org.pk)
         written = ledger.recount_rollups(org.pk)
         audit.record(
             "usage.recounted",
@@ -235,7 +236,7 @@ def _lock_in_order(org_id: Any) -> Organization:
     list(voices.order_by("pk").values_list("pk"))
     jobs = SynthesisJob.objects.filter(organization_id=org_id)
     locked = len(jobs.select_for_update().order_by("pk").values_list("pk"))
-    org = Organization.objects.select_for_update(of=("self",)).select_related("plan").get(pk=org_id)
+    org = locks.lock_tenant(org_id, locks.Mode.DELETE)
     if jobs.count() != locked:
         raise _JobsArrived
     return org

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
-from webapp.tenants import hourly
+from webapp.tenants import hourly, locks
 from webapp.tenants.models import Organization
 from webapp.webhooks import delivery, outbox
 from webapp.webhooks.models import EventType, WebhookEndpoint, WebhookMessage
@@ -38,7 +38,7 @@ def create_endpoint(
     """A new endpoint with its first signing secret (``endpoint.secret``: show it this once)."""
     with transaction.atomic():
         # The tenant's row locked first: two creates at once count one after the other.
-        Organization.objects.select_for_update().filter(pk=organization.pk).first()
+        locks.hold_tenant(organization.pk)
         if WebhookEndpoint.objects.filter(organization=organization).count() >= MAX_ENDPOINTS:
             raise DomainError(
                 ErrorCode.INVALID_REQUEST, f"A tenant has at most {MAX_ENDPOINTS} webhook endpoints."

@@ -154,6 +154,7 @@ def _add_billed_history(template: SynthesisJob, n: int) -> None:
     key is then counted from the events, by the ledger's own recount."""
     from webapp.speech.models import UsageDay, UsageEvent
     from webapp.speech.services import ledger
+    from webapp.tenants import locks
 
     batch = uuid.uuid4().hex  # each copy's job key: the same for its reserve and its charge
     when = "(statement_timestamp() - mod(n, 365) * interval '1 day')"
@@ -185,7 +186,7 @@ def _add_billed_history(template: SynthesisJob, n: int) -> None:
             "finished_at": when,
         },
     )
-    ledger.lock_tenant(template.organization_id)
+    locks.lock_tenant(template.organization_id)
     ledger.recount_rollups(template.organization_id)
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {UsageDay._meta.db_table}")

@@ -44,6 +44,7 @@ from webapp.speech.lifecycle.retention import expire_audio
 from webapp.speech.models import IdempotencyKey, SynthesisJob, Voice
 from webapp.speech.services import dispatch, files, ledger, prompts
 from webapp.speech.services.pins import NO_PINS, DictionaryPins
+from webapp.tenants import locks
 from webapp.tenants.models import ApiKey, Organization
 
 log = logging.getLogger("webapp.speech.lifecycle")
@@ -138,7 +139,7 @@ def submit_job(
     now = timezone.now()
     work = request.synth_chars or request.billable_chars  # what the engine will synthesise
     with transaction.atomic(durable=True):
-        org = ledger.lock_tenant(organization.pk)
+        org = locks.lock_tenant(organization.pk)
         if idempotency_key is not None:
             existing = _claim_idempotency_key(org, idempotency_key, fingerprint or "", now)
             if existing is not None:

@@ -29,7 +29,8 @@ from django.utils import timezone
 from synth.prompt import UPLOAD_CODES, PromptLimits, PromptRejected, prepare_prompt, sandbox_mode
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import Voice
-from webapp.speech.services import decodes, dispatch, events, files, ledger
+from webapp.speech.services import decodes, dispatch, events, files
+from webapp.tenants import locks
 from webapp.tenants.models import Organization
 
 if TYPE_CHECKING:
@@ -229,7 +230,7 @@ def _insert(
     now = timezone.now()
     with transaction.atomic(durable=True):
         # The tenant row is the lock: parallel uploads cannot both take the last voice slot.
-        org = ledger.lock_tenant(organization.pk)
+        org = locks.lock_tenant(organization.pk)
         _check_room(org)
         voice = Voice.objects.create(
             id=voice_uuid,

@@ -26,7 +26,7 @@ from django.db import connection
 from django.utils import timezone
 
 from webapp.errors import DomainError, ErrorCode
-from webapp.rawrows import columns, fetch_one
+from webapp.rawrows import fetch_one
 from webapp.speech.models import (
     ACTIVE_STATUSES,
     LIVE_JOBS_SQL,
@@ -40,6 +40,7 @@ from webapp.speech.models import (
     sql_status_in,
 )
 from webapp.speech.services.ledger import _charges
+from webapp.tenants import locks
 from webapp.tenants.models import ApiKey, Organization, Plan
 
 # --------------------------------------------------------------------- periods
@@ -76,31 +77,6 @@ def storage_used(organization: Organization) -> int:
 
 
 # --------------------------------------------------------------------- limits and reservation
-
-
-def lock_tenant(organization_id: Any) -> Organization:
-    """The tenant row (with its plan), locked for this transaction: the lock that guards its usage rows.
-
-    One lock order everywhere (docs/decisions.md, "Usage periods are locked per
-    tenant row"): a job row, then its tenant row, then the usage period row.
-    FOR NO KEY UPDATE, not FOR UPDATE: Django's foreign keys are checked at
-    COMMIT with a KEY SHARE lock on the tenant row, which FOR UPDATE would
-    block while its holder waits for a usage row the committer holds.
-    ``OF o``: without it PostgreSQL also locks the joined plan row, serialising
-    every tenant on the same plan. Written once (webapp/rawrows.py): every
-    submit runs it.
-    """
-    o, p = columns(Organization, "o"), columns(Plan, "p")
-    row = fetch_one(
-        f"SELECT {o.sql}, {p.sql} FROM {o.table} JOIN {p.table} ON p.id = o.plan_id "
-        "WHERE o.id = %s FOR NO KEY UPDATE OF o",
-        [organization_id],
-    )
-    if row is None:
-        raise Organization.DoesNotExist(f"no tenant {organization_id}")
-    organization: Organization = o.build(row)
-    organization.plan = p.build(row, len(o))
-    return organization
 
 
 def check_limits(organization: Organization, chars: int, now: dt.datetime, engine: str) -> dt.date:
@@ -417,10 +393,10 @@ def _settle(job_id: Any, parts: Iterable[_charges.Part]) -> Settlement | None:
     organization_id, reserved, period, reserved_at, key_id, user_id, voice_name, source = reserve
     charged, recorded = _charges.tally(reserved, parts)
     kind = UsageEvent.Kind.CHARGE if charged else UsageEvent.Kind.RELEASE
+    # The tenant row before the usage row, as every other transaction locks them; only the
+    # lock is needed here, not the row.
+    locks.hold_tenant(organization_id)
     with connection.cursor() as cursor:
-        # The tenant row before the usage row, as every other transaction locks them; only
-        # the lock is needed here, not the row (lock_tenant reads it with its plan).
-        cursor.execute(_LOCK_TENANT, [organization_id])
         # The event, unless one of its kind exists (the unique constraint on job and kind):
         # in one statement, where a savepoint around an INSERT took three.
         cursor.execute(
@@ -493,7 +469,6 @@ _SETTLE_PERIOD = f"""
     WHERE u.organization_id = %(org)s AND u.period = %(period)s AND o.id = u.organization_id
     RETURNING u.quota_level_announced, before.level, u.characters_used, p.monthly_characters"""
 
-_LOCK_TENANT = f"SELECT 1 FROM {Organization._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
 
 # The settlement's key, member, voice and source are its reservation's (the job may be gone).
 _SETTLE = f"""
