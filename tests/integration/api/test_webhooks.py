@@ -157,7 +157,7 @@ def test_retries_back_off_then_give_up_and_a_day_of_failures_disables_the_endpoi
     tenant: Any, receiver: Receiver, mailoutbox: list[Any], django_capture_on_commit_callbacks: Any
 ) -> None:
     from webapp.webhooks import delivery
-    from webapp.webhooks.models import WebhookEndpoint, WebhookMessage
+    from webapp.webhooks.models import WebhookAttempt, WebhookEndpoint, WebhookMessage
 
     body = _endpoint(tenant, receiver, "down")
     receiver.fail_first = 10**6
@@ -178,8 +178,12 @@ def test_retries_back_off_then_give_up_and_a_day_of_failures_disables_the_endpoi
     endpoint = WebhookEndpoint.objects.get(id=body["id"])
     assert not endpoint.enabled and "failed for 24 hours" in endpoint.disabled_reason
     assert [m.to for m in mailoutbox] == [["owner@example.com"]] and body["url"] in mailoutbox[0].body
-    assert str(job.id)  # its message was given up, not lost: the log shows every attempt
+    # Its message was given up, not lost: it is the job's, and the log shows every attempt.
+    assert message.payload["data"]["id"] == str(job.id)
     assert message.attempts == len(waits) + 1
+    # (The receiver answers 500, and 400 once the simulated clock has left its timestamp tolerance.)
+    codes = list(WebhookAttempt.objects.filter(message=message).values_list("status_code", flat=True))
+    assert len(codes) == message.attempts and all(code is not None and code >= 400 for code in codes)
 
 
 def test_a_redelivery_keeps_the_webhook_id_and_the_receiver_drops_it(tenant: Any, receiver: Receiver) -> None:

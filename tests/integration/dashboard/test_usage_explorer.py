@@ -41,7 +41,18 @@ def tenant(owner: tuple[Any, Any]) -> dict[str, Any]:
         (64, user, None, "en_US-joe-medium", "dashboard", days[2]),
     ]
     jobs = [billed_job(org, n, user=u, key=k, voice=v, source=s, when=w) for n, u, k, v, s, w in specs]
-    return {"org": org, "user": user, "api": ApiClient(raw_a), "jobs": jobs, "total": 120 + 45 + 300 + 7 + 64}
+    by_day: dict[str, tuple[int, int]] = {}  # UTC day of the submit: (characters, jobs)
+    for n, *_, when in specs:
+        chars, count = by_day.get(when.date().isoformat(), (0, 0))
+        by_day[when.date().isoformat()] = (chars + n, count + 1)
+    return {
+        "org": org,
+        "user": user,
+        "api": ApiClient(raw_a),
+        "jobs": jobs,
+        "total": 120 + 45 + 300 + 7 + 64,
+        "by_day": by_day,
+    }
 
 
 def _bill(org: Any) -> int:
@@ -130,6 +141,10 @@ def test_it_groups_by_day_over_the_range_asked(tenant: dict[str, Any]) -> None:
     )
     assert usage["group_by"] == "day" and [r["group"] for r in usage["rows"]][0] == first.isoformat()
     assert len(usage["rows"]) == (today - first).days + 1
+    # Each day its own characters and jobs, the days without any at zero.
+    charged = {r["group"]: (r["characters"], r["jobs"]) for r in usage["rows"] if r["jobs"]}
+    assert charged == tenant["by_day"]
+    assert all(r["characters"] == 0 for r in usage["rows"] if r["group"] not in charged)
     last_month = tenant["api"].get("/api/v1/usage", {"to": (first - dt.timedelta(days=1)).isoformat()})
     assert last_month.json()["usage"]["total"]["characters"] == 0
     page = client_for(tenant["user"]).get("/app/usage/", {"period": "last"}).content.decode()
