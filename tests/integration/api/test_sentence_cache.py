@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -126,7 +128,7 @@ def test_it_serves_a_repeated_job_from_the_cache_bit_for_bit_and_bills_the_plan_
     assert len(_entries(t.org)) == 4
 
 
-def test_a_corrupt_entry_is_a_miss_and_a_full_disk_leaves_the_job_uncached(live_tenant: Any) -> None:
+def test_a_corrupt_entry_is_a_miss_and_a_write_failing_half_way_leaves_no_temp_file(live_tenant: Any) -> None:
     t = live_tenant()
     _run(t, TEXT)
     entries = sorted(_entries(t.org))
@@ -138,15 +140,40 @@ def test_a_corrupt_entry_is_a_miss_and_a_full_disk_leaves_the_job_uncached(live_
     assert all(e is not None for e in _entries(t.org).values())  # the broken ones were written anew
     assert len(_entries(t.org)) == 3
 
-    full = live_tenant()
-    text = f"Marker {CACHE_FULL_MARKER} here. {TEXT}"
-    job = _run(full, text)
-    assert job.cached_characters == 0 and job.duration_seconds > 1
-    assert _entries(full.org) == {}
     from webapp.speech.services import sentence_cache
 
-    folder = sentence_cache.tenant_folder(full.org.pk)
+    # A write that fails half-way (injected: ENOSPC with the entry's temp file open, as when another
+    # writer fills the disk between the free-space check and the write): no entry, no temp file.
+    broken_write = live_tenant()
+    job = _run(broken_write, f"Marker {CACHE_FULL_MARKER} here. {TEXT}")
+    assert job.cached_characters == 0 and job.duration_seconds > 1
+    assert _entries(broken_write.org) == {}
+    folder = sentence_cache.tenant_folder(broken_write.org.pk)
     assert not [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else True  # no temp left
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small disk (tmpfs) needs root")
+def test_a_full_disk_leaves_the_job_uncached_and_writes_nothing(live_tenant: Any) -> None:
+    """The tenant's cache folder on a real filesystem of 1 MiB: less free than the cache keeps free
+    (TTS_SENTENCE_CACHE_MIN_FREE_BYTES), so the worker writes no entry and the job succeeds."""
+    from webapp.speech.services import sentence_cache
+    from webapp.tenants.models import Organization
+
+    full = live_tenant()
+    folder = sentence_cache.tenant_folder(full.org.pk)
+    folder.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=True, timeout=30)
+    try:
+        assert shutil.disk_usage(folder).total <= 1024 * 1024
+        job = _run(full, TEXT)
+        assert job.status == "succeeded" and job.cached_characters == 0 and job.duration_seconds > 1
+        assert [p for p in folder.rglob("*") if p.is_file()] == []  # no entry, no temp file
+        assert Organization.objects.get(pk=full.org.pk).sentence_cache_used == 0
+    finally:
+        subprocess.run(["umount", str(folder)], check=True, timeout=30)
+    # The same text on a disk with room: cached.
+    _run(full, TEXT)
+    assert len(_entries(full.org)) == 3
 
 
 def test_tenants_never_share_entries_and_delete_cache_empties_a_tenants_own(live_tenant: Any) -> None:
