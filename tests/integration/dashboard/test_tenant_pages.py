@@ -119,7 +119,8 @@ def test_an_invalid_annotation_is_reported_with_its_position(
     body = {"text": "Say 她[h][ao please", "voice": "en_US-joe-medium"}
     response = client.post("/app/jobs/", json.dumps(body), content_type="application/json")
     assert response.status_code == 400
-    error = response.json()["error"]
+    error = response.json()  # problem+json, as the API answers
+    assert response["Content-Type"] == "application/problem+json" and error["code"] == "invalid_annotation"
     assert error["field"] == "text" and isinstance(error["position"], int)
     assert error["position"] == body["text"].index("[ao")
 
@@ -178,4 +179,4 @@ def test_submits_beyond_the_plans_rate_get_a_readable_429(
     assert client.post("/app/jobs/", bad, content_type="application/json").status_code == 400
     second = client.post("/app/jobs/", bad, content_type="application/json")
     assert second.status_code == 429
-    assert "try again in" in second.json()["error"]["message"]
+    assert "try again in" in second.json()["detail"] and second.json()["code"] == "rate_limited"

@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 from rest_framework.exceptions import ValidationError
 
 from synth.audio import content_type
+from webapp import problems
 from webapp.dashboard.access import WRITERS, Page, Tenant, error_text, tenant_page
 from webapp.dashboard.forms import HistoryFilterForm
 from webapp.dashboard.quota import quota_of
@@ -118,23 +119,17 @@ def job_json(job: SynthesisJob) -> dict[str, Any]:
     }
 
 
-def _error(status: int, message: str, field: str | None = None, **extra: Any) -> JsonResponse:
-    return JsonResponse({"error": {"message": message, "field": field, **extra}}, status=status)
+# The page's script reads the same problem+json as the API's clients (webapp/problems.py).
+def _error(request: HttpRequest, status: int, message: str) -> JsonResponse:
+    return problems.render(request, Problem(status, problems.code_for_status(status), message))
 
 
-def _service_error(exc: DomainError | Problem) -> JsonResponse:
-    problem = Problem.of(exc)
-    response = _error(problem.status, problem.message, problem.field, **problem.extra)
-    if problem.retry_after is not None:
-        response["Retry-After"] = str(problem.retry_after)
-    return response
+def _service_error(request: HttpRequest, exc: DomainError | Problem) -> JsonResponse:
+    return problems.render(request, exc)
 
 
-def _validation_error(exc: ValidationError) -> JsonResponse:
-    detail = exc.detail if isinstance(exc.detail, dict) else {"text": exc.detail}
-    field, messages = next(iter(detail.items()))
-    message = messages[0] if isinstance(messages, list) else messages
-    return _error(400, f"{field}: {message}", str(field))
+def _validation_error(request: HttpRequest, exc: ValidationError) -> JsonResponse:
+    return problems.render(request, problems.problem_from_drf(exc))
 
 
 @tenant_page(roles=WRITERS, verified=True)
@@ -143,9 +138,9 @@ def submit(request: HttpRequest, tenant: Tenant) -> JsonResponse:
     try:
         body = json.loads(request.body or b"{}")
     except (ValueError, UnicodeDecodeError):
-        return _error(400, "The request was not JSON.")
+        return _error(request, 400, "The request was not JSON.")
     if not isinstance(body, dict):
-        return _error(400, "The request was not a JSON object.")
+        return _error(request, 400, "The request was not a JSON object.")
     data = {k: v for k, v in body.items() if k in SUBMIT_FIELDS and v not in (None, "")}
     data.setdefault("text", "")
     try:
@@ -156,11 +151,11 @@ def submit(request: HttpRequest, tenant: Tenant) -> JsonResponse:
         serializer.is_valid(raise_exception=True)
         job, _ = submission.submit(tenant.organization, serializer.validated_data["job"], user=request.user)
     except ValidationError as exc:
-        return _validation_error(exc)
+        return _validation_error(request, exc)
     except (DomainError, Problem) as exc:
-        return _service_error(exc)
+        return _service_error(request, exc)
     except RedisError:
-        return _error(503, "The job queue is unavailable; try again in a few seconds.")
+        return _error(request, 503, "The job queue is unavailable; try again in a few seconds.")
     return JsonResponse(job_json(job), status=202)
 
 
@@ -187,7 +182,7 @@ def _job_status_or_wait(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID)
     try:
         slot = WaitSlot.take(tenant.organization, wait)
     except DomainError as exc:
-        return _service_error(exc)
+        return _service_error(request, exc)
     # The job as it was is the answer if it is deleted meanwhile.
     return Wait(job.pk, wait, lambda state: state != seen, slot=slot, seen=job_json(job))
 
@@ -224,11 +219,11 @@ job_status = wait_view(_job_status, SharedAnswer(_job_status_data, _job_status_a
 def job_cancel(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> JsonResponse:
     job = _job(tenant, job_id)
     if not _may_change(request, tenant, job):
-        return _error(403, "You can cancel only jobs you started.")
+        return _error(request, 403, "You can cancel only jobs you started.")
     try:
         job = lifecycle.cancel_job(job)
     except (DomainError, Problem) as exc:
-        return _service_error(exc)
+        return _service_error(request, exc)
     return JsonResponse(job_json(job))
 
 

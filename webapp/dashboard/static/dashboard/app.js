@@ -114,6 +114,12 @@
     if (excerpt) { excerpt.hidden = true; excerpt.textContent = ""; }
   }
 
+  /* A refused request's problem+json (as the API answers): what showError needs of it. */
+  function problemOf(answer) {
+    const data = answer.data || {};
+    return { message: data.detail || `Error ${answer.status}`, field: data.field, position: data.position };
+  }
+
   /* An error goes next to its field; an annotation error also marks its place in the text. */
   function showError(form, error) {
     const field = error.field && form.querySelector(`#${CSS.escape(error.field)}`) ? error.field : null;
@@ -195,7 +201,7 @@
       submit.disabled = true;
       const answer = await postJson(form.dataset.submitUrl, readForm(form));
       submit.disabled = false;
-      if (!answer.ok) { showError(form, answer.data.error || { message: `Error ${answer.status}` }); return; }
+      if (!answer.ok) { showError(form, problemOf(answer)); return; }
       section.hidden = false;
       result.hidden = true;
       progress.dataset.seen = "";
@@ -213,7 +219,7 @@
       if (!current) return;
       const answer = await postJson(`/app/jobs/${current.id}/cancel/`);
       if (answer.ok) render(answer.data);
-      else status.textContent = (answer.data.error && answer.data.error.message) || "Could not cancel.";
+      else status.textContent = problemOf(answer).message || "Could not cancel.";
     });
 
     const preview = document.getElementById("preview");
@@ -223,7 +229,7 @@
       const name = voice.options[voice.selectedIndex].text;
       preview.disabled = true;
       const answer = await postJson(form.dataset.submitUrl, { text: `Hello, this is ${name}.`, voice: voice.value, format: "wav" });
-      if (!answer.ok) { preview.disabled = false; showError(form, answer.data.error || {}); return; }
+      if (!answer.ok) { preview.disabled = false; showError(form, problemOf(answer)); return; }
       const done = await follow(answer.data, () => {});
       preview.disabled = false;
       if (done.status === "succeeded") {
