@@ -28,7 +28,7 @@ def _text(node: ast.JoinedStr | ast.Constant) -> str:
     if isinstance(node, ast.Constant):
         return node.value if isinstance(node.value, str) else ""
     return "".join(
-        part.value if isinstance(part, ast.Constant) else "{" + ast.unparse(part.value) + "}"
+        str(part.value) if isinstance(part, ast.Constant) else "{" + ast.unparse(part.value) + "}"
         for part in node.values
         if isinstance(part, ast.Constant | ast.FormattedValue)
     )
