@@ -38,7 +38,7 @@ from webapp.audit.context import HEADER as REQUEST_ID_HEADER
 from webapp.audit.context import request_id_from
 from webapp.metrics.http import record
 from webapp.speech import heartbeat
-from webapp.speech.api.waiting import shared
+from webapp.speech.services.waiting import shared
 
 log = logging.getLogger(__name__)
 

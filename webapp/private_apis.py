@@ -117,7 +117,7 @@ DJANGO_RESOURCE_CLOSERS = PrivateName(
     "django",
     "django.http.response:StreamingHttpResponse",
     "_resource_closers",
-    used_by="webapp/speech/api/waiting.py (a streamed answer gives its wait slot back when closed)",
+    used_by="webapp/speech/services/waiting.py (a streamed answer gives its wait slot back when closed)",
     without="a streamed answer's wait slot goes back as the stream starts",
     instance=_streaming_response,
 )

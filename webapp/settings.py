@@ -207,7 +207,7 @@ REDIS_URL = env_str("REDIS_URL", "redis://:tts@127.0.0.1:16379/0")
 CACHES = {
     "default": {
         # Django's, with one client per pool (webapp/redis_clients.py); Redis errors are raised,
-        # never ignored: the rate limits decide what they mean (webapp/tenants/api/ratelimit.py).
+        # never ignored: the rate limits decide what they mean (webapp/tenants/ratelimit.py).
         "BACKEND": "webapp.redis_clients.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": env_str("TTS_CACHE_PREFIX", "tts"),

@@ -82,7 +82,7 @@ def _old_check(request: Any) -> Any:
 
 # --- the new throttle -------------------------------------------------------------------------------
 def _new_check(request: Any) -> Any:
-    from webapp.tenants.api.ratelimit import TenantRateThrottle
+    from webapp.tenants.ratelimit import TenantRateThrottle
 
     assert TenantRateThrottle().allow_request(request, None)
     return request.rate_usage

@@ -11,7 +11,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.utils import timezone
 
 from webapp import outbound
-from webapp.speech.api.voices import MAX_NAME_CHARS, MAX_TRANSCRIPT_CHARS
+from webapp.speech.models import Voice
 from webapp.tenants.models import ApiKey, Membership
 from webapp.webhooks.models import SUBSCRIBABLE
 
@@ -199,7 +199,7 @@ CONSENT_TEXT = (
 class VoiceUploadForm(forms.Form):
     """The fields of ``POST /api/v1/voices``; the upload service checks the audio itself."""
 
-    name = forms.CharField(label="Name", max_length=MAX_NAME_CHARS)
+    name = forms.CharField(label="Name", max_length=Voice.MAX_NAME_CHARS)
     audio = forms.FileField(
         label="Recording",
         help_text="3 to 15 seconds of one person speaking, 16 kHz or better (WAV, FLAC, Ogg, MP3, M4A, WebM).",
@@ -208,7 +208,7 @@ class VoiceUploadForm(forms.Form):
     transcript = forms.CharField(
         label="What the recording says (optional)",
         required=False,
-        max_length=MAX_TRANSCRIPT_CHARS,
+        max_length=Voice.MAX_TRANSCRIPT_CHARS,
         widget=forms.Textarea(attrs={"rows": 2}),
     )
     consent = forms.BooleanField(

@@ -24,6 +24,10 @@ class Voice(models.Model):
         REJECTED = "rejected"
         DELETED = "deleted"
 
+    # What an upload may name it and say its prompt says (the API's form and the dashboard's).
+    MAX_NAME_CHARS = 200
+    MAX_TRANSCRIPT_CHARS = 2000
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # The public id clients send ("en_US-joe-medium", "espeak-cmn", ...).
     voice_id = models.CharField(max_length=200, unique=True)

@@ -6,7 +6,7 @@ recipient and per client address. Each budget is a counter in Django's cache
 (Redis, so every web process on every node sees one count) for the current
 clock hour, like the sign-up throttle always was. These are writes: when Redis
 cannot count, the action is refused (the caller says "try again later"), as the
-request rates refuse writes (webapp/tenants/api/ratelimit.py).
+request rates refuse writes (webapp/tenants/ratelimit.py).
 """
 
 from __future__ import annotations

@@ -122,6 +122,10 @@ class Invitation(models.Model):
         return f"invitation of {self.email} to {self.organization} ({self.role})"
 
 
+# A key expiring within this many days is flagged (the keys API's expiring_soon, the keys page).
+KEY_EXPIRY_WARNING_DAYS = 14
+
+
 class ApiKey(models.Model):
     """A key looks like ``tts_<prefix>_<secret>``; only an HMAC of the secret is stored.
 

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
 
 from webapp.tenants.api.base import TenantAPIView
-from webapp.tenants.api.ratelimit import TenantRateThrottle
+from webapp.tenants.ratelimit import TenantRateThrottle
 
 
 class Limited(TenantAPIView):

@@ -28,7 +28,7 @@ def no_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
     """When the waiters read the job row (the real read, counted)."""
-    from webapp.speech.api import waiting
+    from webapp.speech.services import waiting
 
     seen: list[float] = []
     real = waiting._read_row
@@ -48,7 +48,7 @@ def tenant(live_tenant: Any, no_dispatch: None) -> Tenant:
 
 
 def _wait(job_id: Any, seconds: float, woke: dict[Any, float], in_transaction: bool) -> Any:
-    from webapp.speech.api.waiting import await_job
+    from webapp.speech.services.waiting import await_job
 
     async def one() -> None:
         await await_job(job_id, seconds, lambda state: state[0] != "queued", in_transaction)
@@ -294,7 +294,7 @@ def test_waiters_woken_by_one_change_share_one_answer(
 
 
 def test_a_shared_build_is_not_kept_after_it_ends() -> None:
-    from webapp.speech.api.waiting import shared
+    from webapp.speech.services.waiting import shared
 
     built: list[int] = []
 
@@ -313,7 +313,7 @@ def test_a_shared_build_is_not_kept_after_it_ends() -> None:
 
 @pytest.mark.parametrize("how", ["raises", "is_canceled"])
 def test_when_the_shared_build_fails_each_sharer_builds_its_own(how: str) -> None:
-    from webapp.speech.api.waiting import shared
+    from webapp.speech.services.waiting import shared
 
     calls: list[str] = []
 
@@ -411,7 +411,7 @@ def test_the_waiters_of_a_process_share_one_redis_connection(tenant: Tenant) -> 
 
 def test_a_channel_left_and_joined_again_at_once_still_delivers(stack: Any) -> None:
     from webapp import redis_clients
-    from webapp.speech.api import notifications
+    from webapp.speech.services import notifications
 
     async def scenario() -> list[bytes | None]:
         got = []
@@ -432,7 +432,7 @@ def test_when_the_shared_connection_drops_waiters_read_their_rows_and_the_next_r
     tenant: Tenant, reads: list[float]
 ) -> None:
     from webapp import redis_clients
-    from webapp.speech.api import notifications
+    from webapp.speech.services import notifications
     from webapp.speech.services.notify import channel
 
     job_ids = [submit_espeak(tenant.org).id for _ in range(3)]
@@ -476,7 +476,7 @@ def test_when_the_shared_connection_drops_waiters_read_their_rows_and_the_next_r
 
 
 def test_a_subscription_counts_as_confirmed_only_when_every_subscribe_sent_is_answered() -> None:
-    from webapp.speech.api.notifications import Hub
+    from webapp.speech.services.notifications import Hub
 
     async def scenario() -> list[bool]:
         # A listener left before Redis confirmed its SUBSCRIBE, and the next one subscribed

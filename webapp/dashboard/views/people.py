@@ -19,8 +19,7 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.problems import Problem
 from webapp.speech.services import ledger
 from webapp.tenants import accounts as people
-from webapp.tenants.api.serializers import EXPIRY_WARNING_DAYS
-from webapp.tenants.models import ApiKey, Invitation, Membership
+from webapp.tenants.models import KEY_EXPIRY_WARNING_DAYS, ApiKey, Invitation, Membership
 from webapp.tenants.services import create_api_key, revoke_api_key, rotate_api_key
 
 SERVICE_ERRORS = (DomainError, Problem)
@@ -30,7 +29,7 @@ def _keys_context(request: HttpRequest, tenant: Tenant, form: KeyForm) -> dict[s
     keys = list(ApiKey.objects.filter(organization=tenant.organization).order_by("revoked_at", "-created_at"))
     now = timezone.now()
     used = ledger.key_characters(tenant.organization.pk, ledger.period_start(now))
-    soon = now + dt.timedelta(days=EXPIRY_WARNING_DAYS)
+    soon = now + dt.timedelta(days=KEY_EXPIRY_WARNING_DAYS)
     rows = [
         {
             "key": key,
@@ -49,7 +48,7 @@ def _keys_context(request: HttpRequest, tenant: Tenant, form: KeyForm) -> dict[s
         "keys": rows,
         "expiring": expiring,
         "rotate_form": RotateForm(),
-        "warning_days": EXPIRY_WARNING_DAYS,
+        "warning_days": KEY_EXPIRY_WARNING_DAYS,
     }
 
 

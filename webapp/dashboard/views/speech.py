@@ -37,15 +37,14 @@ from webapp.dashboard.quota import quota_of
 from webapp.errors import DomainError
 from webapp.problems import Problem
 from webapp.speech import lifecycle, submission
-from webapp.speech.api import timestamps
-from webapp.speech.api.serializers import SpeechRequestSerializer
-from webapp.speech.api.waiting import Prepare, SharedAnswer, Wait, WaitSlot, wait_view
 from webapp.speech.models import JobTimestamps, SynthesisJob, Voice
-from webapp.speech.services import eta, queries
+from webapp.speech.requests import SpeechRequestSerializer
+from webapp.speech.services import captions, eta, queries
 from webapp.speech.services.ledger import reports
 from webapp.speech.services.ledger.reports import Report
+from webapp.speech.services.waiting import Prepare, SharedAnswer, Wait, WaitSlot, wait_view
 from webapp.speech.submission import FORMATS
-from webapp.tenants.api import ratelimit
+from webapp.tenants import ratelimit
 
 WAIT_SECONDS = 10
 PAGE_SIZE = 20
@@ -253,7 +252,7 @@ def job_captions(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> Htt
         return HttpResponse("This job has no captions.", status=404, content_type="text/plain")
     data = {"job_id": str(job.id), "duration_seconds": job.duration_seconds, "words": row.words}
     data["sentences"] = row.sentences
-    body = timestamps.srt_captions(data) if fmt == "srt" else timestamps.vtt_captions(data)
+    body = captions.srt_captions(data) if fmt == "srt" else captions.vtt_captions(data)
     response = HttpResponse(body, content_type=CAPTION_TYPES[fmt])
     response["Content-Disposition"] = f'attachment; filename="{job.id}.{fmt}"'
     response["Cache-Control"] = "private, no-store"

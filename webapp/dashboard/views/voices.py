@@ -22,7 +22,7 @@ from webapp.problems import Problem
 from webapp.speech.models import Voice
 from webapp.speech.services import prompts, queries
 from webapp.speech.voices import delete_voice
-from webapp.tenants.api import ratelimit
+from webapp.tenants import ratelimit
 from webapp.tenants.models import ApiKey, Membership
 from webapp.tenants.roles import role_allows
 

@@ -52,9 +52,10 @@ from webapp.speech.api.streaming import (
     wants_stream,
 )
 from webapp.speech.api.views import TenantAPIView, submit
-from webapp.speech.api.waiting import Wait, WaiterLease, WaitingAPIView, WaitSlot, keep_lease, wait_view
+from webapp.speech.api.waiting import WaitingAPIView
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services.files import media_path
+from webapp.speech.services.waiting import Wait, WaiterLease, WaitSlot, keep_lease, wait_view
 from webapp.tenants.models import Organization
 
 

@@ -9,7 +9,7 @@ re-reads the row when the job's channel speaks (or at a slow safety interval,
 should a message be lost). Without Redis it falls back to looking at the file
 every ``POLL_SECONDS`` and the row every ``POLL_ROW_CHECK_SECONDS``. Under ASGI
 the subscriptions go through the event loop's one shared connection
-(``api.notifications``); under WSGI through ``redis_clients.subscriptions()``.
+(``services.notifications``); under WSGI through ``redis_clients.subscriptions()``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from webapp import redis_clients
-from webapp.speech.api import notifications
-from webapp.speech.api.notifications import Item, NotificationsLost, Subscription
+from webapp.speech.services import notifications
+from webapp.speech.services.notifications import Item, NotificationsLost, Subscription
 from webapp.speech.services.notify import channel, stream_channel
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class SyncWakeups(Wakeups):
 
 class AsyncWakeups(Wakeups):
     """For a stream iterated by the ASGI event loop: both channels on the loop's one shared Redis
-    connection (``api.notifications``), confirmed by Redis before ``open`` returns."""
+    connection (``services.notifications``), confirmed by Redis before ``open`` returns."""
 
     def __init__(self, job_id: Any) -> None:
         super().__init__(job_id)

@@ -44,12 +44,12 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.speech import lifecycle
 from webapp.speech.api.stream_wakeups import POLL_ROW_CHECK_SECONDS, AsyncWakeups, SyncWakeups
 from webapp.speech.api.views import TenantAPIView
-from webapp.speech.api.waiting import WaitSlot, keep_lease
 from webapp.speech.models import JobTimestamps, SynthesisJob
 from webapp.speech.services import ledger
 from webapp.speech.services.files import media_path
 from webapp.speech.services.ledger import reports
 from webapp.speech.services.outputs import attempt_path
+from webapp.speech.services.waiting import WaitSlot, keep_lease
 
 BLOCK = 64 * 1024
 LIVE_CODECS = {"mp3": ("mp3", "libmp3lame"), "ogg": ("ogg", "libopus"), "aac": ("adts", "aac")}

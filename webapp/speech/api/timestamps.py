@@ -10,9 +10,6 @@ the audio expires. ``?format=srt`` / ``?format=vtt`` are captions, one cue per s
 
 from __future__ import annotations
 
-import datetime as dt
-from typing import Any
-
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -24,6 +21,7 @@ from rest_framework.response import Response
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.api.views import TenantAPIView
 from webapp.speech.models import JobTimestamps, SynthesisJob
+from webapp.speech.services.captions import srt_captions, vtt_captions
 
 CAPTION_FORMATS = ("json", "srt", "vtt")
 LEVELS = ("sentence", "word")
@@ -61,47 +59,6 @@ class TimestampsSerializer(serializers.Serializer):
         help_text="In order, never overlapping; empty where the engine cannot tell (a batching torch worker).",
     )
     sentences = SentenceTimestampSerializer(many=True)
-
-
-def _clock(seconds: float) -> dt.timedelta:
-    return dt.timedelta(seconds=max(0.0, float(seconds)))
-
-
-def _cues(data: dict[str, Any], level: str) -> list[tuple[float, float, str]]:
-    entries = data["words"] if level == "word" else data["sentences"]
-    cues = []
-    for e in entries:
-        end = max(float(e["end"]), float(e["start"]) + 0.001)  # a cue of no length is dropped by players
-        cues.append((float(e["start"]), end, str(e["text"]).strip() or "…"))
-    return cues
-
-
-def srt_captions(data: dict[str, Any], level: str = "sentence") -> str:
-    import srt
-
-    subtitles = [
-        srt.Subtitle(i, _clock(start), _clock(end), text)
-        for i, (start, end, text) in enumerate(_cues(data, level), 1)
-    ]
-    return str(srt.compose(subtitles, reindex=False))
-
-
-def _vtt_time(seconds: float) -> str:
-    ms = int(round(max(0.0, seconds) * 1000))
-    h, rest = divmod(ms, 3_600_000)
-    m, rest = divmod(rest, 60_000)
-    s, ms = divmod(rest, 1000)
-    return f"{h:02d}:{m:02d}:{s:02d}.{ms:03d}"
-
-
-def vtt_captions(data: dict[str, Any], level: str = "sentence") -> str:
-    import webvtt
-
-    vtt = webvtt.WebVTT()
-    for start, end, text in _cues(data, level):
-        # "-->" in a cue's text would end its timing line early: WebVTT has no escape for it.
-        vtt.captions.append(webvtt.Caption(_vtt_time(start), _vtt_time(end), text.replace("-->", "->")))
-    return str(vtt.content)
 
 
 class SpeechTimestampsView(TenantAPIView):

@@ -30,16 +30,17 @@ from webapp.speech.api.params import int_param
 from webapp.speech.api.serializers import (
     JobPageSerializer,
     JobSerializer,
-    SpeechRequestSerializer,
     UsageSerializer,
     VoiceSerializer,
 )
 from webapp.speech.api.voice_fields import may_see_embeddings
-from webapp.speech.api.waiting import SharedAnswer, Wait, WaitingAPIView, WaitSlot, wait_view
+from webapp.speech.api.waiting import WaitingAPIView
 from webapp.speech.models import SynthesisJob, Voice
+from webapp.speech.requests import SpeechRequestSerializer
 from webapp.speech.services import queries
 from webapp.speech.services.ledger import reports
 from webapp.speech.services.queries import visible_voices
+from webapp.speech.services.waiting import SharedAnswer, Wait, WaitSlot, wait_view
 from webapp.speech.voices import delete_voice
 from webapp.tenants.api.base import TenantAPIView as KeyedAPIView
 from webapp.tenants.api.base import not_found, object_id

@@ -24,13 +24,12 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.problems import Problem
 from webapp.speech.api.serializers import VoiceSerializer
 from webapp.speech.api.views import VoiceListView
+from webapp.speech.models import Voice
 from webapp.speech.services import prompts
 from webapp.tenants.models import ApiKey
 
 # Multipart framing around the file; Nginx allows the same margin (deploy/nginx.py).
 MULTIPART_MARGIN = 64 * 1024
-MAX_TRANSCRIPT_CHARS = 2000
-MAX_NAME_CHARS = 200
 
 
 def _form(request: Request) -> Any:
@@ -103,8 +102,8 @@ class VoiceCollectionView(VoiceListView):
             )
         limit = prompts.upload_limit(self.organization)
         audio = _audio(request, limit)
-        name = _field(request, "name", MAX_NAME_CHARS, required=True)
-        transcript = _field(request, "transcript", MAX_TRANSCRIPT_CHARS)
+        name = _field(request, "name", Voice.MAX_NAME_CHARS, required=True)
+        transcript = _field(request, "transcript", Voice.MAX_TRANSCRIPT_CHARS)
         _consent(request)
         mode = _form(request).get("cloning_mode") or None
         user, label = _who(request)

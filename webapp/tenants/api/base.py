@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from webapp.errors import DomainError, ErrorCode
-from webapp.tenants.api import ratelimit
+from webapp.tenants import ratelimit
 from webapp.tenants.models import Organization
 from webapp.tenants.permissions import RoleScopePermission
 

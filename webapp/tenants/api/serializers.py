@@ -9,12 +9,11 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from webapp.api_fields import StrictCharField, StrictIntegerField, StrictSerializer
-from webapp.tenants.models import ApiKey
+from webapp.tenants.models import KEY_EXPIRY_WARNING_DAYS, ApiKey
 
 MAX_KEY_RATE = 1_000_000
 MAX_KEY_CHARACTERS = 10**15
 # Expiry warnings: a key that stops working within this many days is flagged (expires_soon).
-EXPIRY_WARNING_DAYS = 14
 
 
 class KeyRotateSerializer(StrictSerializer):
@@ -69,13 +68,13 @@ class KeySerializer(serializers.ModelSerializer):
         help_text="The key that created this one (null: a person or the operator).",
     )
     expires_soon = serializers.SerializerMethodField(
-        help_text=f"Usable now and expiring within {EXPIRY_WARNING_DAYS} days."
+        help_text=f"Usable now and expiring within {KEY_EXPIRY_WARNING_DAYS} days."
     )
 
     def get_expires_soon(self, key: ApiKey) -> bool:
         if key.expires_at is None or not key.is_usable():
             return False
-        return key.expires_at - timezone.now() <= dt.timedelta(days=EXPIRY_WARNING_DAYS)
+        return key.expires_at - timezone.now() <= dt.timedelta(days=KEY_EXPIRY_WARNING_DAYS)
 
     class Meta:
         model = ApiKey
