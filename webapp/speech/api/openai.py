@@ -88,6 +88,10 @@ FORMATS: dict[str, tuple[str, int | None]] = {
 }
 
 
+# The speech models OpenAI's clients name: aliases of the default, the voice's own model.
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+
 def resolve_voice(value: Any) -> str:
     """OpenAI names through TTS_OPENAI_VOICE_MAP; our own voice ids pass through."""
     if isinstance(value, dict):  # newer clients may send {"id": "..."}
@@ -110,9 +114,19 @@ class IgnoreAccept(BaseContentNegotiation):
 
 
 def job_body(data: dict[str, Any]) -> dict[str, Any]:
-    """Our /api/v1/speech body for a validated OpenAI body."""
+    """Our /api/v1/speech body for a validated OpenAI body.
+
+    ``model``: OpenAI's own names leave the voice's model speaking; any other is the ``engine``,
+    and the voice goes as sent (the submission tries it as that model's voice, then the map).
+    """
     fmt, rate = FORMATS[data.get("response_format") or "mp3"]
-    ours: dict[str, Any] = {"text": data["input"], "voice": resolve_voice(data["voice"]), "format": fmt}
+    model = str(data["model"])
+    if model in OPENAI_MODELS:
+        ours: dict[str, Any] = {"text": data["input"], "voice": resolve_voice(data["voice"]), "format": fmt}
+    else:
+        voice = data["voice"].get("id") if isinstance(data["voice"], dict) else data["voice"]
+        resolve_voice(voice)  # the same 400 for a voice that is not a name
+        ours = {"text": data["input"], "voice": voice, "engine": model, "format": fmt}
     if rate is not None:
         ours["sample_rate"] = rate
     for name in ("speed", "loudness"):
@@ -197,6 +211,8 @@ def _submit(request: Request, organization: Organization, data: dict[str, Any]) 
     except DomainError as error:
         if error.field == "text":
             error.field = "input"  # OpenAI's name for it
+        elif error.field == "engine":
+            error.field = "model"
         raise
 
 

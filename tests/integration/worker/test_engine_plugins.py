@@ -1,0 +1,213 @@
+"""Engines as plugins (issue 50): a package installed beside the service adds an engine.
+
+A real distribution is built from tests/engine_plugins/tiny (pip, setuptools: a dist-info
+with entry_points.txt) into a folder put on the worker's PYTHONPATH; importlib.metadata is
+not patched. The web tier (Django in this process, and gunicorn + Nginx for the OpenAI
+client) and a real Celery worker on the test stack's PostgreSQL and Redis do the rest.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import numpy as np
+import openai
+import pytest
+import soundfile
+
+from deploy.provision import ROOT
+from tests.integration.api.conftest import ApiClient, base_url, problem, wait_finished
+from tests.reliability.helpers import flush_queues, start_worker
+from tests.stack import TestStack
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PLUGIN_SOURCE = Path(__file__).resolve().parents[2] / "engine_plugins" / "tiny"
+QUEUES = ("synth.tiny", "synth.tinyclone", "synth.tinyclone2", "synth.espeak")
+
+
+def build_plugin(tmp: Path) -> Path:
+    """The tiny engine installed into a folder of its own, as pip installs any package."""
+    source = tmp / "source"
+    shutil.copytree(PLUGIN_SOURCE, source)  # the build writes beside its sources
+    site = tmp / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+        + ["--target", str(site), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    assert (site / "tiny_tts_engine-0.1.0.dist-info" / "entry_points.txt").is_file()
+    return site
+
+
+def python_path(site: Path) -> str:
+    # The checkout first (its own code, not another checkout's editable install), then the package.
+    return os.pathsep.join([str(ROOT), str(site)])
+
+
+def make_client() -> tuple[Any, str, ApiClient]:
+    from webapp.tenants.models import Plan
+    from webapp.tenants.services import OPERATOR, create_api_key, create_organization
+
+    plan = Plan.objects.create(
+        slug=f"plugins-{time.monotonic_ns()}",
+        name="plugins",
+        requests_per_minute=1000,
+        max_concurrent_jobs=50,
+    )
+    org = create_organization("Plugins tenant", plan=plan)
+    scopes = ["speech:read", "speech:write", "voices:write"]
+    _, raw = create_api_key(org, "plugins key", created_by=OPERATOR, scopes=scopes)
+    return org, raw, ApiClient(raw)
+
+
+def wait_no_beat_with(stack: TestStack, engine: str, timeout: float = 15) -> None:
+    """Until no live heartbeat says its host has ``engine`` (a stopped worker's lapse after their TTL)."""
+    deadline = time.monotonic() + timeout
+    while any(engine in (b.get("installed") or []) for b in stack.heartbeats()):
+        assert time.monotonic() < deadline, "a stopped worker's heartbeat outlived its TTL"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def plugin_site(stack: TestStack, tmp_path: Path) -> Iterator[Path]:
+    flush_queues(stack, *QUEUES)
+    yield build_plugin(tmp_path)
+    flush_queues(stack, *QUEUES)
+
+
+def test_an_installed_engine_package_serves_its_voices_and_models_and_goes_when_removed(
+    stack: TestStack, plugin_site: Path, web: Any
+) -> None:
+    _, raw_key, client = make_client()
+    worker = start_worker(stack, "plugin-w1", engines="tiny", PYTHONPATH=python_path(plugin_site))
+    try:
+        voices = {v["id"]: v for v in client.get("/api/v1/voices").json()["results"]}
+        assert {"tiny:beep", "tiny:boop"} <= set(voices), sorted(voices)
+        assert voices["tiny:beep"]["engine"] == "tiny"
+        models = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+        assert {"tts-1", "tts-1-hd", "gpt-4o-mini-tts", "tiny"} <= set(models)
+        caps = models["tiny"]["capabilities"]
+        assert models["tiny"]["served"] is True and models["tiny"]["voices"] == 2
+        assert caps["cloning"] is False and caps["devices"] == ["cpu"] and caps["concurrent_jobs"] == 1
+        assert caps["languages"] == ["en", "en-us"] and caps["instructions"] is False
+
+        # A job on it, through the native API: by the namespaced id, and by model + bare name.
+        r = client.post(
+            "/api/v1/speech", {"text": "Hello there. Bye.", "voice": "tiny:beep", "format": "wav"}
+        )
+        assert r.status_code == 202, r.content
+        done = wait_finished(client, r.json()["id"], timeout=60)
+        assert done["status"] == "succeeded", done
+        assert done["metrics"]["engine"] == "tiny"
+        r = client.post("/api/v1/speech", {"text": "Hi.", "voice": "boop", "engine": "tiny"})
+        assert r.status_code == 202 and r.json()["voice"] == "tiny:boop", r.content
+        assert wait_finished(client, r.json()["id"], timeout=60)["status"] == "succeeded"
+
+        # Its capabilities are read: it takes no instructions, and an unknown model is a 400.
+        r = client.post("/api/v1/speech", {"text": "Hi.", "voice": "tiny:beep", "instructions": "whisper"})
+        assert r.status_code == 400 and problem(r)["field"] == "instructions", r.content
+        r = client.post("/api/v1/speech", {"text": "Hi.", "voice": "beep", "engine": "nosuch"})
+        assert r.status_code == 400 and problem(r)["code"] == "unknown_model"
+
+        # The OpenAI client names the model, and the voice as that model calls it.
+        oai = openai.OpenAI(
+            base_url=f"{base_url(web)}/v1",
+            api_key=raw_key,
+            http_client=httpx2.Client(verify=False, trust_env=False),
+            max_retries=0,
+            timeout=60,
+        )
+        wav = oai.audio.speech.create(model="tiny", voice="boop", input="One two.", response_format="wav")
+        audio, rate = soundfile.read(io.BytesIO(wav.content))
+        assert rate == 16000 and len(audio) > 0.1 * rate
+        spectrum = np.abs(np.fft.rfft(audio[:4000]))
+        assert abs(np.argmax(spectrum) * rate / 4000 - 220) < 10  # boop's tone: the tiny engine spoke
+    finally:
+        stack.stop_service(worker)
+
+    # Installed but broken (its weights missing): the worker lives, and says so.
+    wait_no_beat_with(stack, "tiny")
+    worker = start_worker(
+        stack, "plugin-w2", engines="espeak,tiny", PYTHONPATH=python_path(plugin_site), TINY_TTS_FAIL_LOAD="1"
+    )
+    try:
+        r = client.post("/api/v1/speech", {"text": "Hi.", "voice": "tiny:beep"})
+        assert r.status_code == 503 and problem(r)["code"] == "engine_unavailable", r.content
+        assert int(r["Retry-After"]) > 0
+        (beat,) = [b for b in stack.heartbeats() if b.get("state") == "ready"]
+        assert "tiny" in beat["unavailable"] and beat["engines"] == ["espeak"]
+    finally:
+        stack.stop_service(worker)
+
+    # Removed: its voices and its model are gone.
+    shutil.rmtree(plugin_site)
+    wait_no_beat_with(stack, "tiny")
+    worker = start_worker(stack, "plugin-w3", engines="espeak", PYTHONPATH=python_path(plugin_site))
+    try:
+        left = {v["id"] for v in client.get("/api/v1/voices").json()["results"]}
+        assert "espeak-en-us" in left and not any(v.startswith("tiny:") for v in left), sorted(left)
+        model_ids = {m["id"] for m in client.get("/v1/models").json()["data"]}
+        assert "tiny" not in model_ids and "espeak" in model_ids
+    finally:
+        stack.stop_service(worker)
+
+
+def test_a_zero_shot_voice_speaks_through_any_model_that_clones(
+    stack: TestStack, plugin_site: Path, tmp_path: Path
+) -> None:
+    from django.conf import settings
+
+    from webapp.speech.models import SynthesisJob, Voice
+
+    org, _, client = make_client()
+    worker = start_worker(
+        stack, "plugin-clone", engines="tiny,tinyclone,tinyclone2", PYTHONPATH=python_path(plugin_site)
+    )
+    try:
+        # A voice as the analysis leaves a zero_shot one now: ready, bound to no engine.
+        prompt = np.sin(np.arange(16000 * 3) / 3.0).astype(np.float32) * 0.25
+        relative = f"voices/{org.pk}/zs.wav"
+        os.makedirs(Path(settings.MEDIA_ROOT) / f"voices/{org.pk}", exist_ok=True)
+        soundfile.write(Path(settings.MEDIA_ROOT) / relative, prompt, 16000)
+        Voice.objects.create(
+            voice_id="zs-test-voice",
+            organization=org,
+            name="zero shot",
+            engine="",
+            language="",
+            sample_rate=16000,
+            status=Voice.Status.READY,
+            cloning_mode="zero_shot",
+            prompt_path=relative,
+        )
+        engines = {}
+        for model in ("tinyclone", "tinyclone2"):
+            r = client.post("/api/v1/speech", {"text": "Hello.", "voice": "zs-test-voice", "engine": model})
+            assert r.status_code == 202, r.content
+            done = wait_finished(client, r.json()["id"], timeout=60)
+            assert done["status"] == "succeeded", done
+            engines[model] = SynthesisJob.objects.get(pk=done["id"]).engine
+            audio, _ = soundfile.read(
+                Path(settings.MEDIA_ROOT) / SynthesisJob.objects.get(pk=done["id"]).audio_path
+            )
+            assert np.corrcoef(audio[:8000], prompt[:8000])[0, 1] > 0.99  # the prompt reached the engine
+        assert engines == {"tinyclone": "tinyclone", "tinyclone2": "tinyclone2"}
+        r = client.post("/api/v1/speech", {"text": "Hello.", "voice": "zs-test-voice", "engine": "tiny"})
+        assert r.status_code == 422 and problem(r)["code"] == "cloning_unavailable", r.content
+        r = client.post("/api/v1/speech", {"text": "Hello.", "voice": "zs-test-voice"})
+        assert r.status_code == 202, r.content  # no model named: one that clones
+        assert SynthesisJob.objects.get(pk=r.json()["id"]).engine in ("tinyclone", "tinyclone2")
+        wait_finished(client, r.json()["id"], timeout=60)
+    finally:
+        stack.stop_service(worker)
