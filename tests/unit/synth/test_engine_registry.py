@@ -98,7 +98,29 @@ def test_a_model_needing_more_memory_than_a_child_may_hold_is_not_loaded(on_path
         synth.load()
 
 
-def test_espeak_runs_on_the_cpu_of_a_gpu_worker_because_its_devices_say_so() -> None:
-    synth = Synthesizer(device="cuda:0", engines=["espeak"])
-    assert synth._engine_device("espeak") == "cpu"
-    assert Synthesizer(device="cuda:0", engines=["piper"])._engine_device("piper") == "cuda:0"
+GPU_PLUGIN = """
+from synth.engines.plugins import EspeakPlugin
+
+
+class GpuPlugin(EspeakPlugin):  # eSpeak's voices, declared as a model that runs on CUDA too
+    def capabilities(self, options):
+        return {**super().capabilities(options), "devices": ["cpu", "cuda"]}
+
+
+plugin = GpuPlugin()
+"""
+
+
+def test_a_gpu_worker_runs_each_engine_where_its_devices_say(
+    on_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A second distribution, written by hand as any installer lays one out (no build needed).
+    (tmp_path / "gpuish_engine.py").write_text(GPU_PLUGIN)
+    info = tmp_path / "gpuish_engine-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gpuish-engine\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[tts_service.engines]\ngpuish = gpuish_engine:plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    synth = Synthesizer(device="cuda:0", engines=["gpuish", "tiny", "espeak"])
+    assert synth._engine_device("gpuish") == "cuda:0"
+    assert synth._engine_device("tiny") == "cpu" and synth._engine_device("espeak") == "cpu"
