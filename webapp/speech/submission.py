@@ -134,11 +134,22 @@ def _cloning_voice(voice: Voice, engine: str | None) -> Voice:
     return speaker
 
 
-def job_request(organization: Organization, data: dict[str, Any], source: str = "api") -> JobRequest:
-    """Check a request's fields (parsed by the API's serializer) against its voice and the text rules."""
+def job_request(
+    organization: Organization, data: dict[str, Any], source: str = "api", word_timestamps: bool = False
+) -> JobRequest:
+    """Check a request's fields (parsed by the API's serializer) against its voice and the text rules.
+
+    ``word_timestamps``: the client asked for them as it submits (OpenAI's SSE ``timestamps``).
+    """
     voice, speaker = _resolve_voice(organization, data)
     # What the model that speaks can do decides (a zero_shot voice's speaker's).
     caps: dict[str, Any] = (speaker or voice).capabilities or {}
+    if word_timestamps and caps.get("timestamps") is False:
+        raise _bad(
+            "unsupported_control",
+            "timestamps",
+            f"Model {(speaker or voice).engine} gives no word timestamps; GET /v1/models says which do.",
+        )
     text: str = data["text"]
     _check_text(text)
     fmt = _check_format(voice, caps, data.get("format") or DEFAULT_FORMAT)

@@ -107,3 +107,4 @@ class TinyPlugin:
 
 plugin = TinyPlugin(CAPABILITIES)
 clone_plugin = TinyPlugin({**CAPABILITIES, "cloning": True})
+clone_plugin_whole = TinyPlugin({**CAPABILITIES, "cloning": True, "streaming": False})

@@ -119,6 +119,9 @@ def test_an_installed_engine_package_serves_its_voices_and_models_and_goes_when_
         assert r.status_code == 400 and problem(r)["field"] == "instructions", r.content
         r = client.post("/api/v1/speech", {"text": "Hi.", "voice": "beep", "engine": "nosuch"})
         assert r.status_code == 400 and problem(r)["code"] == "unknown_model"
+        sse = {"model": "tiny", "voice": "beep", "input": "Hi.", "stream_format": "sse", "timestamps": True}
+        r = client.post("/v1/audio/speech", sse)  # it declares no word timestamps
+        assert r.status_code == 400 and r.json()["error"]["param"] == "timestamps", r.content
 
         # The OpenAI client names the model, and the voice as that model calls it.
         oai = openai.OpenAI(
@@ -167,7 +170,7 @@ def test_an_installed_engine_package_serves_its_voices_and_models_and_goes_when_
 
 
 def test_a_zero_shot_voice_speaks_through_any_model_that_clones(
-    stack: TestStack, plugin_site: Path, tmp_path: Path
+    stack: TestStack, plugin_site: Path, tmp_path: Path, web: Any
 ) -> None:
     from django.conf import settings
 
@@ -209,6 +212,19 @@ def test_a_zero_shot_voice_speaks_through_any_model_that_clones(
             audio, _ = soundfile.read(Path(settings.MEDIA_ROOT) / row.audio_path, dtype="float32")
             # The clone engine speaks the prompt's first half second: it was given the prompt.
             assert np.corrcoef(audio[:8000], canonical[:8000])[0, 1] > 0.99
+        # Asked to stream, a model that streams answers chunked; one that does not, the whole file.
+        for model, chunked in (("tinyclone", True), ("tinyclone2", False)):
+            body = {"model": model, "voice": voice_id, "input": "One. Two.", "response_format": "wav"}
+            answer = httpx2.post(
+                f"{base_url(web)}/v1/audio/speech",
+                json={**body, "stream_format": "audio"},
+                headers={"Authorization": f"Bearer {raw_key}"},
+                verify=False,
+                timeout=60,
+            )
+            assert answer.status_code == 200, answer.text
+            assert ("content-length" not in answer.headers) is chunked, (model, answer.headers)
+            assert len(soundfile.read(io.BytesIO(answer.content))[0]) >= 16000  # two half-second sentences
         r = client.post("/api/v1/speech", {"text": "Hello.", "voice": voice_id, "engine": "tiny"})
         assert r.status_code == 422 and problem(r)["code"] == "cloning_unavailable", r.content
         r = client.post("/api/v1/speech", {"text": "Hello.", "voice": voice_id})

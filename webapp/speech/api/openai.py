@@ -53,7 +53,7 @@ from webapp.speech.api.streaming import (
 )
 from webapp.speech.api.views import TenantAPIView, submit
 from webapp.speech.api.waiting import Wait, WaiterLease, WaitingAPIView, WaitSlot, keep_lease, wait_view
-from webapp.speech.models import SynthesisJob
+from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services.files import media_path
 from webapp.tenants.models import Organization
 
@@ -165,7 +165,8 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
             job, created = _submit(request, self.organization, serializer.validated_data)
             sse = serializer.validated_data.get("stream_format") == "sse"
             timestamps = bool(serializer.validated_data.get("timestamps"))
-            if (sse or wants_stream(request, serializer.validated_data)) and job.format in STREAMABLE:
+            streams = (sse or wants_stream(request, serializer.validated_data)) and job.format in STREAMABLE
+            if streams and model_streams(job):
                 stream = (SSEJobStream if sse else JobStream)(
                     job.pk,
                     job.format,
@@ -198,6 +199,13 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
         )
 
 
+def model_streams(job: SynthesisJob) -> bool:
+    """Whether the job's model sends audio as sentences finish (its ``streaming`` capability): one
+    that does not is answered whole once done, as a flac is (SSE: the file as one event)."""
+    caps = Voice.objects.filter(voice_id=job.voice_name).values_list("capabilities", flat=True).first()
+    return (caps or {}).get("streaming", True) is not False
+
+
 def _leave(job_id: Any) -> None:
     """The waiting client disconnected before its answer was sent: the job ends, nothing charged."""
     # Also a job that succeeded as it left: its answer was never sent.
@@ -207,7 +215,7 @@ def _leave(job_id: Any) -> None:
 def _submit(request: Request, organization: Organization, data: dict[str, Any]) -> tuple[SynthesisJob, bool]:
     """The job, and whether this request made it (not an Idempotency-Key replay)."""
     try:
-        return submit(request, organization, job_body(data), "openai")
+        return submit(request, organization, job_body(data), "openai", bool(data.get("timestamps")))
     except DomainError as error:
         if error.field == "text":
             error.field = "input"  # OpenAI's name for it

@@ -118,7 +118,12 @@ class SpeechRequestSerializer(StrictSerializer):
         request came from (``source``); the dashboard's form uses this serializer too.
         """
         organization = self.context["organization"]
-        attrs["job"] = submission.job_request(organization, attrs, self.context.get("source", "api"))
+        attrs["job"] = submission.job_request(
+            organization,
+            attrs,
+            self.context.get("source", "api"),
+            word_timestamps=bool(self.context.get("word_timestamps")),
+        )
         return attrs
 
 
