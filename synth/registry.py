@@ -98,6 +98,9 @@ class EngineOptions:
     solo_threads: int | None = None
     busy: Callable[[], bool] | None = None
     model_cache_dir: str | None = None
+    # TTS_MODELS_DIR/<engine>/ for the engine being created, when it exists and is verified
+    # (synth.models); an engine that needs weights reads them from there.
+    model_dir: str | None = None
 
 
 @dataclass(frozen=True)

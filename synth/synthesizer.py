@@ -10,7 +10,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from synth import registry
@@ -87,6 +88,7 @@ class Synthesizer:
         busy: Callable[[], bool] | None = None,
         model_cache_dir: str | None = None,
         tolerant: bool = False,
+        models_dir: str | None = None,
     ) -> None:
         """``tolerant`` (a worker): an engine that is not installed or fails to load is noted in
         ``unavailable`` and the others serve; otherwise it is an error at once.
@@ -118,6 +120,9 @@ class Synthesizer:
         self.threads = threads
         self.solo = (solo_threads, busy)
         self.model_cache_dir = model_cache_dir
+        self.models_dir = models_dir
+        # engine -> {"model", "checksum"} of the verified model directory it runs (synth.models).
+        self.model_info: dict[str, dict[str, str]] = {}
         self._engines: dict[str, Engine] = {}
         # Engines this synthesizer could not load (name -> why): ``load(tolerant=True)`` serves the rest.
         self.unavailable: dict[str, str] = {}
@@ -125,7 +130,26 @@ class Synthesizer:
 
     # -- engines ---------------------------------------------------------------------------
     def _new_engine(self, name: str) -> Engine:
-        return registry.plugin(name).create(self.options)
+        return registry.plugin(name).create(replace(self.options, model_dir=self._model_dir(name)))
+
+    def _model_dir(self, name: str) -> str | None:
+        """``models_dir/<name>`` when it exists, only if verified and unchanged since (raises
+        EngineUnavailable naming the command that verifies it); None when there is none."""
+        from synth import models
+
+        if not self.models_dir:
+            return None
+        directory = Path(self.models_dir) / name
+        if not directory.is_dir():
+            return None
+        record = models.recorded(directory)
+        if record is None:
+            raise EngineUnavailable(
+                f"model directory {directory} is not verified, or changed since it was: "
+                f"run `manage.py models verify {name}`"
+            )
+        self.model_info[name] = {"model": name, "checksum": str(record.get("checksum") or "")}
+        return str(directory)
 
     def capabilities(self, name: str) -> dict[str, Any]:
         """What engine ``name`` can do (synth.engines.base.CAPABILITY_DEFAULTS), as its plugin declares."""

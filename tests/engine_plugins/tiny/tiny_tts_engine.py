@@ -108,3 +108,34 @@ class TinyPlugin:
 plugin = TinyPlugin(CAPABILITIES)
 clone_plugin = TinyPlugin({**CAPABILITIES, "cloning": True})
 clone_plugin_whole = TinyPlugin({**CAPABILITIES, "cloning": True, "streaming": False})
+
+
+class WeightsEngine(TinyEngine):
+    def __init__(self, capabilities: dict[str, Any], model_dir: str | None) -> None:
+        super().__init__(capabilities)
+        self.model_dir = model_dir
+
+    def load(self, device: str = "cpu", voice_ids: list[str] | None = None) -> None:
+        from synth.errors import EngineUnavailable
+
+        if self.model_dir is None:  # the service passes it only once verified
+            raise EngineUnavailable("tinyw: no model directory TTS_MODELS_DIR/tinyw/")
+
+
+class WeightsPlugin(TinyPlugin):
+    """Its model is a Linear(hidden, hidden) layer; ``hidden`` is in the model's config.json."""
+
+    def expected_tensors(self, config: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+        import torch
+
+        from synth.models import meta_tensors
+
+        with torch.device("meta"):  # shapes and dtypes only: no memory, no weights
+            module = torch.nn.Linear(int(config["hidden"]), int(config["hidden"]))
+        return meta_tensors(module)
+
+    def create(self, options: EngineOptions) -> TinyEngine:
+        return WeightsEngine(self.caps, options.model_dir)
+
+
+weights_plugin = WeightsPlugin(CAPABILITIES)

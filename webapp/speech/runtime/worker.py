@@ -314,6 +314,7 @@ def load_models(state: WorkerState) -> None:
         # An engine that is not installed or cannot load is reported unavailable (the submits for it
         # answer 503 engine_unavailable); the others serve. Only none loading is a failed load.
         tolerant=True,
+        models_dir=settings.TTS_MODELS_DIR,
     )
     # A model that needs more than Celery's hard memory limit per child would be killed on every load.
     synthesizer.memory_limit_mb = settings.CELERY_WORKER_MAX_MEMORY_PER_CHILD / 1024 or None
@@ -334,7 +335,10 @@ def load_models(state: WorkerState) -> None:
     state.synthesizer = synthesizer
     state.engines = synthesizer.served_engines()
     state.installed = list(registry.installed())
-    state.models = {name: synthesizer.capabilities(name) for name in state.engines}
+    state.models = {
+        name: {**synthesizer.capabilities(name), **synthesizer.model_info.get(name, {})}
+        for name in state.engines
+    }
     state.voices = [v.id for v in found]
     state.loaded_at = time.time()
     state.load_seconds = time.monotonic() - load_started
