@@ -294,12 +294,7 @@ def require_worker_for_engine(engine: str, workers: list[dict[str, Any]] | None 
             workers = heartbeat.live_workers()
         except (RedisError, OSError) as exc:
             raise DomainError(ErrorCode.SERVICE_UNAVAILABLE, QUEUE_UNAVAILABLE, retry_after=5) from exc
-    reasons = [
-        str((w.get("unavailable") or {}).get(engine))
-        for w in workers
-        if engine in (w.get("unavailable") or {})
-    ]
-    if reasons:
+    if any(engine in (w.get("unavailable") or {}) for w in workers):
         raise DomainError(
             ErrorCode.ENGINE_UNAVAILABLE,
             f"The workers meant to serve model {engine} cannot load it right now; try again later.",
@@ -318,9 +313,8 @@ def require_worker_for(voice: Voice, speaker: Voice | None = None) -> None:
         workers = heartbeat.live_workers()
     except (RedisError, OSError) as exc:
         raise DomainError(ErrorCode.SERVICE_UNAVAILABLE, QUEUE_UNAVAILABLE, retry_after=5) from exc
-    speaking, engine = prompts.speaking_voice(voice, speaker)[
-        :2
-    ]  # an uploaded voice speaks through a built-in one
+    # An uploaded voice speaks through a built-in one (a zero_shot voice: the one chosen at submit).
+    speaking, engine = prompts.speaking_voice(voice, speaker)[:2]
     if speaking in heartbeat.serving_voices(workers):
         return
     if dispatch.scales_to_zero(engine) and not serving_children(engine, workers):
