@@ -159,7 +159,12 @@ def runtime_versions(engine: str, piper_runtime: str) -> dict[str, str]:
     if engine == "piper":
         runtime = "torch" if piper_runtime == "torch" else "onnxruntime"
         return {"runtime": runtime, runtime: _version(runtime), "piper-tts": _version("piper-tts")}
-    return {"runtime": engine, "espeakng-loader": _version("espeakng-loader")}
+    if engine == "espeak":
+        return {"runtime": engine, "espeakng-loader": _version("espeakng-loader")}
+    from synth.registry import engine_distribution
+
+    dist = engine_distribution(engine)  # a plugin: the package that provides it
+    return {"runtime": engine, **({dist[0]: dist[1]} if dist else {})}
 
 
 def key_basis(

@@ -1,25 +1,54 @@
-"""The voice registry: every voice of every engine, without loading any model.
+"""The engine and voice registry: every engine installed, every voice, without loading any model.
+
+Engines are found through the entry-point group ``tts_service.engines``
+(``importlib.metadata``; docs/engines.md): each entry point names an
+:class:`synth.engines.base.EnginePlugin`, and its name is the engine's name (the
+model a request names, the queue ``synth.<name>``). Piper and eSpeak NG are
+registered the same way, in this project's own pyproject.toml.
+
+Voice ids are namespaced per engine: ``<engine>:<voice>`` (``tiny:beep``). Piper's
+and eSpeak's voices keep the ids they had before engines were plugins
+(``en_US-joe-medium``, ``espeak-cmn``), so stored jobs and clients keep working;
+``piper:en_US-joe-medium`` and ``espeak:cmn`` name the same voices (aliases).
 
 Piper voices are the packaged ``en_US-joe-medium`` plus every ``.onnx`` with
 an ``.onnx.json`` beside it in the voices folder (``TTS_VOICES_DIR`` or the
-``voices_dir`` argument). eSpeak NG voices are ``espeak-<identifier>``
-(``espeak-cmn``, ``espeak-yue``, ``espeak-en-us``).
+``voices_dir`` argument).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from synth.errors import UnknownVoice
-from synth.espeak_lib import get_lib
+
+if TYPE_CHECKING:
+    from synth.engines.base import EnginePlugin
+
+log = logging.getLogger(__name__)
 
 DEFAULT_VOICE = "en_US-joe-medium"
-ENGINES = ("piper", "espeak")
+ENTRY_POINT_GROUP = "tts_service.engines"
+# The engines this project ships, as its pyproject.toml registers them. A checkout used without
+# being installed again since (an editable install made before engines were plugins) has no such
+# metadata: these then stand in, loaded exactly as an entry point is.
+BUILTIN_ENGINES = {
+    "piper": "synth.engines.plugins:piper",
+    "espeak": "synth.engines.plugins:espeak",
+}
+ENGINES = tuple(BUILTIN_ENGINES)  # the shipped ones; installed() lists what this host has
+# Engines whose voice ids predate namespacing: their ids stay, the namespaced form is an alias.
+HISTORIC_IDS = ("piper", "espeak")
+NAMESPACE_SEPARATOR = ":"
 ESPEAK_PREFIX = "espeak-"
 
 FORMATS = ("wav", "flac", "ogg", "mp3", "pcm", "aac")
@@ -42,6 +71,38 @@ SENTENCE_SILENCE_RANGE = (0.0, 10.0)
 NOISE_RANGE = (0.0, 2.0)
 
 
+# What a model can do, as the service reads it (docs/engines.md). Every engine's
+# ``capabilities()`` and every voice's ``capabilities`` carry these keys; the registry fills in
+# the defaults below for a third-party engine that leaves one out.
+CAPABILITY_DEFAULTS: dict[str, Any] = {
+    "languages": [],
+    "cloning": False,  # speaks an uploaded voice from its prompt (VoiceParams.prompt)
+    "instructions": True,  # "speak slowly, whisper": synth.instructions maps them to controls
+    "streaming": True,  # audio sentence by sentence (OpenAI streaming, /stream)
+    "timestamps": False,  # word timestamps (synthesize fills ``timings``)
+    "devices": ["cpu"],  # where it runs: "cpu", "cuda"
+    "memory_mb": 0,  # resident memory one loaded model needs (0: unknown, small)
+    "concurrent_jobs": 1,  # jobs one loaded model runs at once (a static batch-1 cache runs one)
+}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What a worker tells an engine it creates: the engine takes what it understands."""
+
+    voices_dir: str | None = None
+    threads: int | None = None
+    piper_runtime: str = "onnxruntime"
+    batch_jobs: int = 1
+    batch_wait_ms: float = 5.0
+    solo_threads: int | None = None
+    busy: Callable[[], bool] | None = None
+    model_cache_dir: str | None = None
+    # TTS_MODELS_DIR/<engine>/ for the engine being created, when it exists and is verified
+    # (synth.models); an engine that needs weights reads them from there.
+    model_dir: str | None = None
+
+
 @dataclass(frozen=True)
 class VoiceInfo:
     id: str
@@ -51,6 +112,8 @@ class VoiceInfo:
     sample_rate: int
     capabilities: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     model_path: str | None = field(default=None, compare=False)
+    # Other ids that name this voice (the namespaced form of a historic id).
+    aliases: tuple[str, ...] = field(default=(), compare=False)
 
 
 def engine_capabilities(engine: str, languages: list[str]) -> dict[str, Any]:
@@ -66,16 +129,111 @@ def engine_capabilities(engine: str, languages: list[str]) -> dict[str, Any]:
         "streaming": True,
         "cloning": False,
         "instructions": True,
+        "timestamps": True,
         "annotations": ["pinyin", "arpabet"],
+        "concurrent_jobs": 1,
     }
     if engine == "piper":
         common["controls"] = common["controls"] + ["noise_scale", "noise_w"]
         common["gpu"] = True
+        common["devices"] = ["cpu", "cuda"]
+        common["memory_mb"] = 120  # one medium voice on onnxruntime (docs/performance.md)
         common["language_switch"] = False
     else:
         common["gpu"] = False
+        common["devices"] = ["cpu"]
+        common["memory_mb"] = 20
         common["language_switch"] = True
     return common
+
+
+def with_defaults(capabilities: dict[str, Any]) -> dict[str, Any]:
+    """``capabilities`` with every key the service reads (CAPABILITY_DEFAULTS)."""
+    out = {key: (list(v) if isinstance(v, list) else v) for key, v in CAPABILITY_DEFAULTS.items()}
+    out.update(capabilities)
+    out["gpu"] = any(str(d).startswith("cuda") for d in out["devices"])
+    return out
+
+
+# -- engines ---------------------------------------------------------------------------------
+
+_PLUGINS: dict[tuple[str, ...], dict[str, metadata.EntryPoint]] = {}
+_LOADED: dict[tuple[str, str], Any] = {}
+
+
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    """The group's entry points on this ``sys.path`` (read once per path), the shipped ones first."""
+    key = tuple(sys.path)
+    with _CACHE_LOCK:
+        if key in _PLUGINS:
+            return _PLUGINS[key]
+    found: dict[str, metadata.EntryPoint] = {
+        name: metadata.EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in BUILTIN_ENGINES.items()
+    }
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in BUILTIN_ENGINES and ep.value != BUILTIN_ENGINES[ep.name]:
+            log.warning(
+                "engine entry point %s = %s ignored: the name is a shipped engine's", ep.name, ep.value
+            )
+            continue
+        if NAMESPACE_SEPARATOR in ep.name or not ep.name:
+            log.warning("engine entry point %r ignored: a name cannot hold %r", ep.name, NAMESPACE_SEPARATOR)
+            continue
+        found.setdefault(ep.name, ep)
+    with _CACHE_LOCK:
+        _PLUGINS[key] = found
+    return found
+
+
+def installed() -> tuple[str, ...]:
+    """The engines this host has: the shipped ones, then the entry points found, by name."""
+    names = list(_entry_points())
+    return tuple(names[: len(BUILTIN_ENGINES)] + sorted(names[len(BUILTIN_ENGINES) :]))
+
+
+def plugin(name: str) -> EnginePlugin:
+    """The plugin the entry point ``name`` names (raises ValueError for one not installed)."""
+    ep = _entry_points().get(name)
+    if ep is None:
+        raise ValueError(
+            f"unknown engine {name!r}: no entry point of that name in group {ENTRY_POINT_GROUP} "
+            f"(installed: {', '.join(installed())})"
+        )
+    with _CACHE_LOCK:
+        loaded = _LOADED.get((name, ep.value))
+    if loaded is None:
+        loaded = ep.load()
+        with _CACHE_LOCK:
+            _LOADED[(name, ep.value)] = loaded
+    return loaded  # type: ignore[no-any-return]
+
+
+def engine_distribution(name: str) -> tuple[str, str] | None:
+    """(distribution, version) that provides engine ``name``'s entry point (None: not from one)."""
+    ep = _entry_points().get(name)
+    dist = getattr(ep, "dist", None)
+    return (str(dist.name), str(dist.version)) if dist is not None else None
+
+
+def namespaced(engine: str, voice_id: str) -> str:
+    """``engine:voice`` (an id already so is kept)."""
+    prefix = engine + NAMESPACE_SEPARATOR
+    return voice_id if voice_id.startswith(prefix) else prefix + voice_id
+
+
+def _engine_voices(name: str, voices_dir: str | None) -> list[VoiceInfo]:
+    """The voices of engine ``name``, their ids namespaced and capabilities complete."""
+    out = []
+    for v in plugin(name).voices(EngineOptions(voices_dir=voices_dir)):
+        if name in HISTORIC_IDS:
+            vid, local = v.id, v.id.removeprefix(ESPEAK_PREFIX) if name == "espeak" else v.id
+        else:
+            vid, local = namespaced(name, v.id), v.id.removeprefix(name + NAMESPACE_SEPARATOR)
+        aliases = tuple(a for a in (namespaced(name, local), *v.aliases) if a != vid)
+        out.append(
+            replace(v, id=vid, engine=name, capabilities=with_defaults(v.capabilities), aliases=aliases)
+        )
+    return out
 
 
 def voices_dir_from_env(voices_dir: str | None) -> str | None:
@@ -100,7 +258,7 @@ def piper_voice_files(voices_dir: str | None) -> dict[str, tuple[str, str]]:
     return found
 
 
-_CACHE: dict[tuple[str | None, tuple[str, ...]], list[VoiceInfo]] = {}
+_CACHE: dict[tuple[str | None, tuple[str, ...], tuple[str, ...]], list[VoiceInfo]] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -122,6 +280,8 @@ def _piper_voices(voices_dir: str | None) -> list[VoiceInfo]:
 
 
 def _espeak_voices() -> list[VoiceInfo]:
+    from synth.espeak_lib import get_lib
+
     lib = get_lib()
     out = []
     for v in lib.voices:
@@ -141,39 +301,60 @@ def _espeak_voices() -> list[VoiceInfo]:
 
 
 def list_voices(voices_dir: str | None = None, engines: list[str] | None = None) -> list[VoiceInfo]:
-    """Every voice of the given engines (default: all), Piper first."""
-    wanted = tuple(engines) if engines else ENGINES
+    """Every voice of the given engines (default: every installed one), Piper first.
+
+    An engine whose plugin cannot list its voices (a broken package) lists none, logged:
+    the others stay usable. One named in ``engines`` that is not installed is a ValueError.
+    """
+    wanted = tuple(engines) if engines else installed()
+    known = _entry_points()
     for e in wanted:
-        if e not in ENGINES:
-            raise ValueError(f"unknown engine {e!r}; known: {', '.join(ENGINES)}")
-    key = (voices_dir_from_env(voices_dir), wanted)
+        if e not in known:
+            raise ValueError(
+                f"unknown engine {e!r}; installed: {', '.join(installed())} (entry points {ENTRY_POINT_GROUP})"
+            )
+    key = (voices_dir_from_env(voices_dir), wanted, tuple(sys.path))
     with _CACHE_LOCK:
         if key in _CACHE:
             return list(_CACHE[key])
     voices: list[VoiceInfo] = []
-    if "piper" in wanted:
-        voices.extend(_piper_voices(voices_dir))
-    if "espeak" in wanted:
-        voices.extend(_espeak_voices())
+    for name in wanted:
+        try:
+            voices.extend(_engine_voices(name, voices_dir))
+        except Exception as exc:
+            if name in BUILTIN_ENGINES:
+                raise
+            log.error("engine %s lists no voices: %s: %s", name, type(exc).__name__, exc)
     with _CACHE_LOCK:
         _CACHE[key] = voices
     return list(voices)
 
 
 def get_voice(voice_id: str, voices_dir: str | None = None, engines: list[str] | None = None) -> VoiceInfo:
-    """The voice with this id (raises UnknownVoice)."""
+    """The voice with this id or alias (raises UnknownVoice).
+
+    ``engine:voice`` looks in that engine only; any other id in each engine in turn
+    (no rule on its spelling: the engines say which ids are theirs).
+    """
     if not isinstance(voice_id, str) or not voice_id:
         raise UnknownVoice("no voice given")
-    wanted = list(engines) if engines else list(ENGINES)
-    if voice_id.startswith(ESPEAK_PREFIX):
-        wanted = [e for e in wanted if e == "espeak"]
-    else:
-        wanted = [e for e in wanted if e == "piper"]
-    if wanted:
-        for v in list_voices(voices_dir, wanted):
-            if v.id == voice_id:
+    wanted = list(engines) if engines else list(installed())
+    engine, sep, _ = voice_id.partition(NAMESPACE_SEPARATOR)
+    if sep and engine in wanted:
+        wanted = [engine]
+    for name in wanted:
+        for v in list_voices(voices_dir, [name]):
+            if v.id == voice_id or voice_id in v.aliases:
                 return v
     raise UnknownVoice(f"unknown voice {voice_id!r}")
+
+
+def engine_of(voice_id: str, voices_dir: str | None = None, engines: list[str] | None = None) -> str | None:
+    """The engine that has the voice ``voice_id`` (None: none of ``engines`` has it)."""
+    try:
+        return get_voice(voice_id, voices_dir, engines).engine
+    except UnknownVoice:
+        return None
 
 
 def espeak_voice_for_language(language: str) -> str | None:
@@ -189,4 +370,14 @@ def espeak_voice_for_language(language: str) -> str | None:
     return None
 
 
-__all__ = ["DEFAULT_VOICE", "ENGINES", "FORMATS", "VoiceInfo", "get_voice", "list_voices"]
+__all__ = [
+    "DEFAULT_VOICE",
+    "ENGINES",
+    "ENTRY_POINT_GROUP",
+    "FORMATS",
+    "VoiceInfo",
+    "get_voice",
+    "installed",
+    "list_voices",
+    "plugin",
+]

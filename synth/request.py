@@ -107,7 +107,7 @@ def _language_ok(language: str, voice: VoiceInfo) -> bool:
     lang = language.lower().replace("_", "-")
     if lang in [x.lower().replace("_", "-") for x in voice.capabilities.get("languages", [])]:
         return True
-    if voice.engine == "espeak":
+    if voice.capabilities.get("language_switch"):  # eSpeak: another of its voices speaks it
         return espeak_voice_for_language(lang) is not None
     return False
 
@@ -160,14 +160,15 @@ def _choose_voice(
     find_voice: Callable[[str], VoiceInfo | None],
     plan: Plan,
 ) -> None:
-    """Apply a requested language: eSpeak switches voice, Piper speaks only its own."""
+    """Apply a requested language: an engine with ``language_switch`` (eSpeak) switches voice,
+    the others speak only their own."""
     wanted = instr.language or request.language
     if not wanted:
         return
-    if voice.engine != "espeak":
+    if not voice.capabilities.get("language_switch"):
         if instr.language:
             plan.not_applied.append(
-                f"language: {instr.language} (Piper voice {voice.id} speaks only {voice.language})"
+                f"language: {instr.language} ({voice.engine} voice {voice.id} speaks only {voice.language})"
             )
         return
     if wanted.lower() in [x.lower() for x in voice.capabilities["languages"]]:
@@ -186,18 +187,25 @@ def _choose_voice(
 
 
 def _apply_noise(request: SynthesisRequest, plan: Plan) -> None:
-    """Noise scales reach only neural (Piper) voices."""
+    """Noise scales reach only voices whose controls name them (Piper's neural ones)."""
+    controls = plan.voice.capabilities.get("controls") or []
     for name in ("noise_scale", "noise_w"):
         value = getattr(request, name)
         if value is None:
             continue
-        if plan.voice.engine == "piper":
+        if name in controls:
             setattr(plan.params, name, value)
             plan.applied.append(f"{name}: {value:g}")
-        else:
+        elif plan.voice.engine == "espeak":
             plan.not_applied.append(f"{name}: eSpeak is not a neural voice")
-    if request.seed is not None and plan.voice.engine != "piper":
-        plan.not_applied.append("seed: eSpeak is not a neural voice")
+        else:
+            plan.not_applied.append(f"{name}: {plan.voice.engine} takes no {name}")
+    if request.seed is not None and "noise_scale" not in controls:
+        plan.not_applied.append(
+            "seed: eSpeak is not a neural voice"
+            if plan.voice.engine == "espeak"
+            else f"seed: {plan.voice.engine} draws no noise"
+        )
 
 
 def _describe_levels(request: SynthesisRequest, instr: Instructions, plan: Plan) -> None:

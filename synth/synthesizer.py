@@ -10,15 +10,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from synth import registry
 from synth.cache import CacheStats, SentenceStore, cached_sentences, key_basis, sentence_key
 from synth.engines.base import CancelFn, Engine, ProgressFn
-from synth.errors import InvalidText, SynthError, UnknownVoice
+from synth.errors import EngineUnavailable, InvalidText, SynthError, UnknownVoice
 from synth.lexicon import Rewrite, apply_lexicons
 from synth.normalize import detect_language, is_chinese_language, split_sentences
-from synth.registry import DEFAULT_VOICE, ENGINES, VoiceInfo, get_voice, list_voices
+from synth.registry import EngineOptions, VoiceInfo, get_voice, list_voices
 from synth.request import Plan, SynthesisRequest, SynthesisResult, plan_controls, validate_request
 from synth.stream import StreamWriter
 from synth.timestamps import Timeline
@@ -28,38 +30,7 @@ if TYPE_CHECKING:
 
 MAX_CHUNK_CHARS = 300  # bounds memory per inference step whatever the text length
 PIPER_RUNTIMES = ("onnxruntime", "torch")
-
-
-def _make_engine(
-    name: str,
-    voices_dir: str | None,
-    threads: int | None,
-    piper_runtime: str,
-    batch: tuple[int, float],
-    solo: tuple[int | None, Callable[[], bool] | None] = (None, None),
-    model_cache_dir: str | None = None,
-) -> Engine:
-    if name == "piper" and piper_runtime == "torch":
-        from synth.engines.piper_torch import PiperTorchEngine
-
-        return PiperTorchEngine(
-            voices_dir=voices_dir, threads=threads, batch_jobs=batch[0], batch_wait_ms=batch[1]
-        )
-    if name == "piper":
-        from synth.engines.piper import PiperEngine
-
-        return PiperEngine(
-            voices_dir=voices_dir,
-            threads=threads,
-            solo_threads=solo[0],
-            busy=solo[1],
-            cache_dir=model_cache_dir,
-        )
-    if name == "espeak":
-        from synth.engines.espeak import EspeakEngine
-
-        return EspeakEngine(voices_dir=voices_dir, threads=threads)
-    raise UnknownVoice(f"unknown engine {name!r}")
+ENGINES = registry.ENGINES  # the shipped ones (compatibility); registry.installed() has the rest
 
 
 def _remove(path: str | None) -> None:
@@ -116,40 +87,82 @@ class Synthesizer:
         solo_threads: int | None = None,
         busy: Callable[[], bool] | None = None,
         model_cache_dir: str | None = None,
+        tolerant: bool = False,
+        models_dir: str | None = None,
     ) -> None:
-        """``solo_threads`` and ``busy``: Piper (onnxruntime) uses that many inference threads
+        """``tolerant`` (a worker): an engine that is not installed or fails to load is noted in
+        ``unavailable`` and the others serve; otherwise it is an error at once.
+
+        ``solo_threads`` and ``busy``: Piper (onnxruntime) uses that many inference threads
         for a sentence while ``busy()`` says no other job runs on the host (synth.hostjobs).
         ``model_cache_dir``: where Piper keeps its voices patched to report durations (word timestamps)."""
         self.device = device
         self.voices_dir = voices_dir
-        self.engine_names = list(engines) if engines else list(ENGINES)
-        for e in self.engine_names:
-            if e not in ENGINES:
-                raise ValueError(f"unknown engine {e!r}; known: {', '.join(ENGINES)}")
+        self.engine_names = list(engines) if engines else list(registry.installed())
+        self.tolerant = tolerant
+        if not tolerant:
+            for e in self.engine_names:
+                registry.plugin(e)  # raises ValueError naming the installed engines
         if piper_runtime not in PIPER_RUNTIMES:
             raise ValueError(f"unknown Piper runtime {piper_runtime!r}; known: {', '.join(PIPER_RUNTIMES)}")
         self.piper_runtime = piper_runtime
+        self.options = EngineOptions(
+            voices_dir=voices_dir,
+            threads=threads,
+            piper_runtime=piper_runtime,
+            batch_jobs=batch_jobs,
+            batch_wait_ms=batch_wait_ms,
+            solo_threads=solo_threads,
+            busy=busy,
+            model_cache_dir=model_cache_dir,
+        )
         self.batch = (batch_jobs, batch_wait_ms)
         self.threads = threads
         self.solo = (solo_threads, busy)
         self.model_cache_dir = model_cache_dir
+        self.models_dir = models_dir
+        # engine -> {"model", "checksum"} of the verified model directory it runs (synth.models).
+        self.model_info: dict[str, dict[str, str]] = {}
         self._engines: dict[str, Engine] = {}
+        # Engines this synthesizer could not load (name -> why): ``load(tolerant=True)`` serves the rest.
+        self.unavailable: dict[str, str] = {}
         self._lock = threading.Lock()
 
     # -- engines ---------------------------------------------------------------------------
     def _new_engine(self, name: str) -> Engine:
-        return _make_engine(
-            name,
-            self.voices_dir,
-            self.threads,
-            self.piper_runtime,
-            self.batch,
-            self.solo,
-            self.model_cache_dir,
-        )
+        return registry.plugin(name).create(replace(self.options, model_dir=self._model_dir(name)))
+
+    def _model_dir(self, name: str) -> str | None:
+        """``models_dir/<name>`` when it exists, only if verified and unchanged since (raises
+        EngineUnavailable naming the command that verifies it); None when there is none."""
+        from synth import models
+
+        if not self.models_dir:
+            return None
+        directory = Path(self.models_dir) / name
+        if not directory.is_dir():
+            return None
+        record = models.recorded(directory)
+        if record is None:
+            raise EngineUnavailable(
+                f"model directory {directory} is not verified, or changed since it was: "
+                f"run `manage.py models verify {name}`"
+            )
+        self.model_info[name] = {"model": name, "checksum": str(record.get("checksum") or "")}
+        return str(directory)
+
+    def capabilities(self, name: str) -> dict[str, Any]:
+        """What engine ``name`` can do (synth.engines.base.CAPABILITY_DEFAULTS), as its plugin declares."""
+        return registry.with_defaults(registry.plugin(name).capabilities(self.options))
 
     def _engine_device(self, name: str) -> str:
-        return self.device if name == "piper" else "cpu"
+        """The worker's device where the engine runs there, else the CPU (eSpeak on a GPU worker)."""
+        devices = self.capabilities(name)["devices"]
+        if self.device == "cpu" or any(self.device.startswith(str(d)) for d in devices):
+            return self.device
+        if self.device == "auto":
+            return "auto" if any(str(d).startswith("cuda") for d in devices) else "cpu"
+        return "cpu"
 
     def engine(self, name: str) -> Engine:
         with self._lock:
@@ -157,48 +170,84 @@ class Synthesizer:
             if eng is None:
                 if name not in self.engine_names:
                     raise UnknownVoice(f"engine {name!r} is not served here")
+                if name in self.unavailable:
+                    raise EngineUnavailable(f"engine {name} could not be loaded: {self.unavailable[name]}")
                 eng = self._new_engine(name)
                 eng.load(self._engine_device(name), [])
                 self._engines[name] = eng
             return eng
 
-    def load(self, voice_ids: list[str] | None = None) -> None:
-        """Load engines (and the given voices, or every voice) up front."""
+    def load(self, voice_ids: list[str] | None = None, tolerant: bool | None = None) -> None:
+        """Load engines (and the given voices, or every voice) up front.
+
+        ``tolerant``: an engine that fails to load (its package broken, its model missing, more
+        memory than ``memory_limit_mb`` allows) is noted in ``unavailable`` and the others load; the
+        error is raised only when none loads. Otherwise the first failure is raised.
+        """
+        tolerant = self.tolerant if tolerant is None else tolerant
+        errors: list[BaseException] = []
         for name in self.engine_names:
             wanted: list[str] | None = None
-            if voice_ids is not None:
-                wanted = [v for v in voice_ids if self._serves(v, name)]
-                if not wanted:
-                    continue
-                for v in wanted:
-                    self.voice(v)  # raises UnknownVoice
-            with self._lock:
-                eng = self._engines.get(name) or self._new_engine(name)
-                eng.load(self._engine_device(name), wanted)
-                self._engines[name] = eng
+            try:
+                if voice_ids is not None:
+                    wanted = [v for v in voice_ids if self._serves(v, name)]
+                    if not wanted:
+                        continue
+                    for v in wanted:
+                        self.voice(v)  # raises UnknownVoice
+                self._check_memory(name)
+                with self._lock:
+                    eng = self._engines.get(name) or self._new_engine(name)
+                    eng.load(self._engine_device(name), wanted)
+                    self._engines[name] = eng
+                self.unavailable.pop(name, None)
+            except Exception as exc:
+                if not tolerant:
+                    raise
+                self.unavailable[name] = f"{type(exc).__name__}: {exc}"[:500]
+                errors.append(exc)
+        if tolerant and errors and not self._engines:
+            raise errors[0]
 
-    @staticmethod
-    def _serves(voice_id: str, engine: str) -> bool:
-        return voice_id.startswith("espeak-") == (engine == "espeak")
+    memory_limit_mb: float | None = None  # a worker child's RSS limit: a model needing more is not loaded
+
+    def _check_memory(self, name: str) -> None:
+        need = float(self.capabilities(name).get("memory_mb") or 0)
+        if self.memory_limit_mb and need > self.memory_limit_mb:
+            raise EngineUnavailable(
+                f"a loaded {name} model needs {need:g} MB, more than this child's limit of "
+                f"{self.memory_limit_mb:g} MB (TTS_WORKER_MAX_RSS_MB)"
+            )
+
+    def _serves(self, voice_id: str, engine: str) -> bool:
+        return registry.engine_of(voice_id, self.voices_dir, [engine]) == engine
 
     def warm_up(self) -> None:
         """One short synthesis per loaded engine, so the first request is not the slow one."""
         from synth.engines.base import VoiceParams
 
-        preferred = {"piper": DEFAULT_VOICE, "espeak": "espeak-en-us"}
         for name, eng in list(self._engines.items()):
             ids = [v.id for v in eng.voices()]
             if not ids:
                 continue
-            vid = preferred[name] if preferred.get(name) in ids else ids[0]
+            preferred = getattr(registry.plugin(name), "warm_up_voice", None)
+            vid = preferred if preferred in ids else ids[0]
             for _ in eng.synthesize(["Hello."], VoiceParams(voice=vid)):
                 pass
 
+    def served_engines(self) -> list[str]:
+        """The engines named here less those that could not be loaded."""
+        return [e for e in self.engine_names if e not in self.unavailable]
+
     def voices(self) -> list[VoiceInfo]:
-        return list_voices(self.voices_dir, self.engine_names)
+        served = self.served_engines()
+        return list_voices(self.voices_dir, served) if served else []
 
     def voice(self, voice_id: str) -> VoiceInfo:
-        return get_voice(voice_id, self.voices_dir, self.engine_names)
+        served = self.served_engines()
+        if not served:
+            raise UnknownVoice(f"unknown voice {voice_id!r}")
+        return get_voice(voice_id, self.voices_dir, served)
 
     def _served_voice(self, voice_id: str) -> VoiceInfo | None:
         return next((v for v in self.voices() if v.id == voice_id), None)

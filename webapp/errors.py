@@ -19,6 +19,7 @@ class ErrorCode(StrEnum):
     # 400: bad input
     INVALID_REQUEST = "invalid_request"
     UNKNOWN_VOICE = "unknown_voice"
+    UNKNOWN_MODEL = "unknown_model"
     UNSUPPORTED_FORMAT = "unsupported_format"
     UNSUPPORTED_SAMPLE_RATE = "unsupported_sample_rate"
     UNSUPPORTED_CONTROL = "unsupported_control"
@@ -74,6 +75,7 @@ class ErrorCode(StrEnum):
     SERVER_ERROR = "server_error"
     JOB_FAILED = "job_failed"
     NO_WORKER = "no_worker"
+    ENGINE_UNAVAILABLE = "engine_unavailable"  # a worker lives but cannot load the model
     QUEUE_FULL = "queue_full"
     DECODER_BUSY = "decoder_busy"
     SERVICE_UNAVAILABLE = "service_unavailable"

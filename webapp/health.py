@@ -102,14 +102,29 @@ def check() -> tuple[dict[str, object], int]:
 
 
 def check_ready() -> tuple[dict[str, object], int]:
-    """The body and status of a /healthz/ready answer: workers reported, not checked."""
+    """The body and status of a /healthz/ready answer: workers reported, not checked.
+
+    ``engines_unavailable``: the engines a live worker is meant to serve but cannot load (names
+    only: why is for the operators, on the operations page and in the worker's log).
+    """
     checks = {"db": _check_db(), "redis": _check_redis()}
     body, status = _answer(checks)
     if not checks["redis"]:
         body["workers"] = "unknown"
     else:
         body["workers"] = "ok" if _check_workers() else "none"
+        unavailable = _unavailable_engines()
+        if unavailable:
+            body["engines_unavailable"] = unavailable
     return body, status
+
+
+def _unavailable_engines() -> list[str]:
+    try:
+        beats = heartbeat.live_workers()
+    except Exception:
+        return []
+    return sorted({str(e) for b in beats if isinstance(b.get("unavailable"), dict) for e in b["unavailable"]})
 
 
 def check_live() -> tuple[dict[str, object], int]:

@@ -32,6 +32,7 @@ STATUS: dict[ErrorCode, int] = {
         (
             C.INVALID_REQUEST,
             C.UNKNOWN_VOICE,
+            C.UNKNOWN_MODEL,
             C.UNSUPPORTED_FORMAT,
             C.UNSUPPORTED_SAMPLE_RATE,
             C.UNSUPPORTED_CONTROL,
@@ -86,6 +87,7 @@ STATUS: dict[ErrorCode, int] = {
     C.SERVER_ERROR: 500,
     C.JOB_FAILED: 500,
     C.NO_WORKER: 503,
+    C.ENGINE_UNAVAILABLE: 503,
     C.QUEUE_FULL: 503,
     C.DECODER_BUSY: 503,
     C.SERVICE_UNAVAILABLE: 503,

@@ -258,6 +258,9 @@ TTS_SENTENCE_CACHE_MIN_FREE_BYTES = env_int("TTS_SENTENCE_CACHE_MIN_FREE_BYTES",
 TTS_ACCEL_REDIRECT_PREFIX = env_str("TTS_ACCEL_REDIRECT_PREFIX", "/_protected/media/")
 LOG_DIR = TTS_VAR_LAYOUT.log_dir
 TTS_VOICES_DIR = str(TTS_VAR_LAYOUT.voices_dir)
+# Model directories an operator manages, TTS_MODELS_DIR/<engine>/ (synth.models, docs/engines.md):
+# never created here; a worker runs one only as `manage.py models verify` recorded it.
+TTS_MODELS_DIR = env_str("TTS_MODELS_DIR", str(TTS_VAR_LAYOUT.var_dir / "models"))
 
 # Edge and TLS. Nginx terminates TLS and overwrites X-Forwarded-Proto/-For.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -6,10 +6,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from synth.registry import CAPABILITY_DEFAULTS, EngineOptions
+
 if TYPE_CHECKING:
     import numpy as np
 
     from synth.registry import VoiceInfo
+
+__all__ = ["CAPABILITY_DEFAULTS", "EngineOptions", "EnginePlugin"]  # re-exported for plugin authors
 
 ProgressFn = Callable[[int, int], None]
 CancelFn = Callable[[], bool]
@@ -82,6 +86,22 @@ class Engine(Protocol):
         should_cancel: CancelFn | None = None,
         total: int | None = None,
     ) -> Iterator[np.ndarray]: ...
+
+
+@runtime_checkable
+class EnginePlugin(Protocol):
+    """What an entry point of the group ``tts_service.engines`` names (docs/engines.md).
+
+    ``voices`` and ``capabilities`` answer without loading a model (the worker lists them
+    before it loads, the analysis worker to pick candidates); ``create`` builds the
+    :class:`Engine`, which the worker then loads on its device.
+    """
+
+    def voices(self, options: EngineOptions) -> list[VoiceInfo]: ...
+
+    def capabilities(self, options: EngineOptions) -> dict[str, Any]: ...
+
+    def create(self, options: EngineOptions) -> Engine: ...
 
 
 def _onnxruntime_has_cuda() -> bool:

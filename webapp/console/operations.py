@@ -118,6 +118,9 @@ def page_data(now: float | None = None) -> dict[str, Any]:
         "recycles": recycles,
         "recycles_by_kind": sorted(by_kind.items(), key=lambda kv: (-kv[1], kv[0])),
         "plan": _plan_status(beats),
+        # An engine a live child is meant to serve but could not load (its package, its model
+        # directory, its memory): the child serves the rest and backs off none (docs/engines.md).
+        "unavailable_engines": sorted(operations.unavailable_engines(beats).items()),
     }
 
 

@@ -45,6 +45,17 @@ def queue_names(beats: list[dict[str, Any]]) -> list[str]:
     return [*FIXED_QUEUES, *(f"synth.{e}" for e in sorted(engines))]
 
 
+def unavailable_engines(beats: list[dict[str, Any]]) -> dict[str, str]:
+    """Engine -> why, for each engine a live child names in its heartbeat as unavailable."""
+    out: dict[str, str] = {}
+    for beat in beats:
+        unavailable = beat.get("unavailable")
+        if isinstance(unavailable, dict):
+            for engine, reason in unavailable.items():
+                out.setdefault(str(engine), str(reason))
+    return out
+
+
 def queue_depths(client: Any, queues: list[str]) -> dict[str, int]:
     """Messages waiting in the broker, per queue (all priority lists added up)."""
     pipe = client.pipeline()

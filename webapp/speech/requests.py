@@ -59,6 +59,13 @@ class SpeechRequestSerializer(StrictSerializer):
         trim_whitespace=False, allow_blank=True, help_text="Text to speak (annotations allowed)."
     )
     voice = StrictCharField(required=False, max_length=200, help_text="Voice id from GET /api/v1/voices.")
+    engine = StrictCharField(
+        required=False,
+        max_length=100,
+        help_text="The model (engine) that speaks, from GET /v1/models; default: the voice's own. "
+        "A name not found as given is tried as that engine's voice (engine:voice); an uploaded "
+        "zero_shot voice speaks through any engine that clones.",
+    )
     format = serializers.ChoiceField(choices=FORMATS, required=False, help_text="Audio format (default wav).")
     sample_rate = StrictIntegerField(required=False, min_value=1, max_value=384_000)
     speed = StrictNumberField(required=False, help_text="0.25 - 4.0")
@@ -106,5 +113,10 @@ class SpeechRequestSerializer(StrictSerializer):
         request came from (``source``); the dashboard's form uses this serializer too.
         """
         organization = self.context["organization"]
-        attrs["job"] = submission.job_request(organization, attrs, self.context.get("source", "api"))
+        attrs["job"] = submission.job_request(
+            organization,
+            attrs,
+            self.context.get("source", "api"),
+            word_timestamps=bool(self.context.get("word_timestamps")),
+        )
         return attrs

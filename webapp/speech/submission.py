@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Case, When
 from redis.exceptions import RedisError
 
 from synth.errors import AnnotationError, InvalidText
@@ -29,7 +30,7 @@ from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import dispatch, prompts
 from webapp.speech.services.eta import serving_children
 from webapp.speech.services.pins import DictionaryPins, dictionary_pins
-from webapp.speech.services.queries import visible_voice
+from webapp.speech.services.queries import visible_voice, visible_voices
 from webapp.tenants.models import ApiKey, Organization
 
 FORMATS = ("wav", "flac", "ogg", "mp3", "pcm", "aac")
@@ -52,15 +53,103 @@ def _bad(code: str, field: str, detail: str, **extra: Any) -> DomainError:
     return DomainError(ErrorCode(code), detail, field=field, extra=extra or None)
 
 
-def job_request(organization: Organization, data: dict[str, Any], source: str = "api") -> JobRequest:
-    """Check a request's fields (parsed by the API's serializer) against its voice and the text rules."""
-    voice_id = data.get("voice") or settings.TTS_DEFAULT_VOICE
+def _find_voice(organization: Organization, voice_id: str) -> Voice | None:
+    """The voice by its id, else by an alias (``piper:en_US-joe-medium`` for ``en_US-joe-medium``)."""
     voice = visible_voice(organization, voice_id)
+    if voice is None and ":" in voice_id:
+        voice = visible_voices(organization).filter(capabilities__aliases__contains=[voice_id]).first()
+    return voice
+
+
+def _resolve_voice(organization: Organization, data: dict[str, Any]) -> tuple[Voice, Voice | None]:
+    """(the voice asked for, the built-in voice that speaks it when another: a zero_shot voice's).
+
+    With ``engine`` (the OpenAI endpoint's ``model``) a name not found as given is tried as that
+    engine's voice (``engine:name``: vLLM-Omni's clients name a model's voices bare), then through
+    ``TTS_OPENAI_VOICE_MAP``. A voice of another engine is refused; an uploaded zero_shot voice
+    speaks through any engine that clones.
+    """
+    voice_id = data.get("voice") or settings.TTS_DEFAULT_VOICE
+    engine = data.get("engine")
+    if engine:
+        _check_model(engine)
+    candidates = [voice_id]
+    if engine:
+        mapped = settings.TTS_OPENAI_VOICE_MAP.get(voice_id.lower())
+        candidates += [f"{engine}:{voice_id}", *([str(mapped)] if mapped else [])]
+    voice = next((v for c in candidates if (v := _find_voice(organization, c)) is not None), None)
     if voice is None:
+        where = f"model {engine} has" if engine else "there is"
         raise _bad(
-            "unknown_voice", "voice", f"There is no voice {voice_id!r}; GET /api/v1/voices lists them."
+            "unknown_voice",
+            "voice",
+            f"{where.capitalize()} no voice {voice_id!r}; GET /api/v1/voices lists them.",
         )
-    caps: dict[str, Any] = voice.capabilities or {}
+    if voice.cloning_mode == prompts.ZERO_SHOT:
+        return voice, _cloning_voice(voice, engine)
+    if engine and prompts.speaking_voice(voice)[1] != engine:
+        raise _bad(
+            "unknown_voice",
+            "voice",
+            f"Voice {voice.voice_id} is a voice of model {voice.engine}, not {engine}; "
+            "GET /api/v1/voices lists each model's voices.",
+        )
+    return voice, None
+
+
+def _check_model(engine: str) -> None:
+    """A model (an engine) some worker installed: its voices are listed, or a live worker names it."""
+    if Voice.objects.filter(organization__isnull=True, status=Voice.Status.READY, engine=engine).exists():
+        return
+    require_worker_for_engine(engine)  # a live worker that cannot load it: 503 engine_unavailable
+    raise _bad(
+        "unknown_model",
+        "engine",
+        f"There is no model {engine!r}; GET /v1/models lists the installed ones.",
+    )
+
+
+def _cloning_voice(voice: Voice, engine: str | None) -> Voice:
+    """The built-in voice a zero_shot voice speaks through: the named engine's, else one that clones.
+
+    Not bound at analysis: any model that clones speaks it (issue 50). Voices analysed before kept
+    the engine they were bound to, which stays their default.
+    """
+    cloning = Voice.objects.filter(
+        organization__isnull=True, status=Voice.Status.READY, capabilities__cloning=True
+    ).order_by("engine", "voice_id")
+    if engine:
+        cloning = cloning.filter(engine=engine)
+    elif voice.engine:
+        cloning = cloning.order_by(Case(When(engine=voice.engine, then=0), default=1), "engine", "voice_id")
+    speaker = cloning.first()
+    if speaker is None:
+        raise DomainError(
+            ErrorCode.CLONING_UNAVAILABLE,
+            f"Model {engine} cannot clone a voice from a prompt; GET /v1/models says which models clone."
+            if engine
+            else "No installed model can clone a voice from a prompt right now.",
+            field="engine" if engine else "voice",
+        )
+    return speaker
+
+
+def job_request(
+    organization: Organization, data: dict[str, Any], source: str = "api", word_timestamps: bool = False
+) -> JobRequest:
+    """Check a request's fields (parsed by the API's serializer) against its voice and the text rules.
+
+    ``word_timestamps``: the client asked for them as it submits (OpenAI's SSE ``timestamps``).
+    """
+    voice, speaker = _resolve_voice(organization, data)
+    # What the model that speaks can do decides (a zero_shot voice's speaker's).
+    caps: dict[str, Any] = (speaker or voice).capabilities or {}
+    if word_timestamps and caps.get("timestamps") is False:
+        raise _bad(
+            "unsupported_control",
+            "timestamps",
+            f"Model {(speaker or voice).engine} gives no word timestamps; GET /v1/models says which do.",
+        )
     text: str = data["text"]
     _check_text(text)
     fmt = _check_format(voice, caps, data.get("format") or DEFAULT_FORMAT)
@@ -70,6 +159,12 @@ def job_request(organization: Organization, data: dict[str, Any], source: str = 
     if language is not None:
         params["language"] = _check_language(voice, caps, language)
     if data.get("instructions"):
+        if caps.get("instructions") is False:
+            raise _bad(
+                "unsupported_control",
+                "instructions",
+                f"Voice {voice.voice_id} ({voice.engine}) takes no instructions.",
+            )
         params["instructions"] = data["instructions"]
     if data.get("loudness") is not None:
         params["loudness"] = data["loudness"]
@@ -79,6 +174,7 @@ def job_request(organization: Organization, data: dict[str, Any], source: str = 
     return JobRequest(
         text=text,
         voice=voice,
+        speaker=speaker,
         format=fmt,
         sample_rate=rate,
         params=params,
@@ -188,7 +284,25 @@ NO_WORKER_RETRY_AFTER = 30
 QUEUE_UNAVAILABLE = "The job queue is unavailable; try again shortly."
 
 
-def require_worker_for(voice: Voice) -> None:
+ENGINE_UNAVAILABLE_RETRY_AFTER = 60
+
+
+def require_worker_for_engine(engine: str, workers: list[dict[str, Any]] | None = None) -> None:
+    """503 ``engine_unavailable`` when a live worker is meant to serve ``engine`` but cannot load it."""
+    if workers is None:
+        try:
+            workers = heartbeat.live_workers()
+        except (RedisError, OSError) as exc:
+            raise DomainError(ErrorCode.SERVICE_UNAVAILABLE, QUEUE_UNAVAILABLE, retry_after=5) from exc
+    if any(engine in (w.get("unavailable") or {}) for w in workers):
+        raise DomainError(
+            ErrorCode.ENGINE_UNAVAILABLE,
+            f"The workers meant to serve model {engine} cannot load it right now; try again later.",
+            retry_after=ENGINE_UNAVAILABLE_RETRY_AFTER,
+        )
+
+
+def require_worker_for(voice: Voice, speaker: Voice | None = None) -> None:
     """A submit for a voice no live worker serves is a 503, not a job that waits forever.
 
     Except on a queue whose pool may scale to zero (``TTS_SCALE_TO_ZERO_QUEUES``) while no
@@ -199,11 +313,13 @@ def require_worker_for(voice: Voice) -> None:
         workers = heartbeat.live_workers()
     except (RedisError, OSError) as exc:
         raise DomainError(ErrorCode.SERVICE_UNAVAILABLE, QUEUE_UNAVAILABLE, retry_after=5) from exc
-    speaking, engine = prompts.speaking_voice(voice)[:2]  # an uploaded voice speaks through a built-in one
+    # An uploaded voice speaks through a built-in one (a zero_shot voice: the one chosen at submit).
+    speaking, engine = prompts.speaking_voice(voice, speaker)[:2]
     if speaking in heartbeat.serving_voices(workers):
         return
     if dispatch.scales_to_zero(engine) and not serving_children(engine, workers):
         return
+    require_worker_for_engine(engine, workers)
     raise DomainError(
         ErrorCode.NO_WORKER,
         f"No synthesis worker serving voice {speaking} is running right now; try again later.",
@@ -230,7 +346,7 @@ def submit(
         replay = lifecycle.idempotent_replay(organization, idempotency_key, fingerprint)
         if replay is not None:
             return replay, False
-    require_worker_for(request.voice)
+    require_worker_for(request.voice, request.speaker)
     try:
         return lifecycle.submit_job(
             organization,

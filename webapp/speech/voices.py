@@ -30,12 +30,30 @@ def sync_builtin_voices(voices: Iterable[VoiceInfo]) -> int:
                     "engine": info.engine,
                     "language": info.language,
                     "sample_rate": info.sample_rate,
-                    "capabilities": info.capabilities,
+                    "capabilities": {**info.capabilities, "aliases": list(info.aliases)},
                     "status": Voice.Status.READY,
+                    "status_reason": "",
                 },
             )
             count += 1
     return count
+
+
+def retire_engines(installed: set[str]) -> set[str]:
+    """Built-in voices of engines outside ``installed`` stop being ready; returns those engines.
+
+    Kept as rows (stored jobs name them); a worker that serves the engine again makes them
+    ready again (``sync_builtin_voices``).
+    """
+    with transaction.atomic(durable=True):
+        gone = Voice.objects.filter(organization__isnull=True, status=Voice.Status.READY).exclude(
+            engine__in=installed
+        )
+        engines = set(gone.values_list("engine", flat=True))
+        gone.update(
+            status=Voice.Status.DELETED, status_reason="its engine is not installed on any live worker"
+        )
+    return engines
 
 
 def delete_voice(organization: Organization, voice: Voice) -> None:

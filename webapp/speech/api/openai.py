@@ -53,7 +53,7 @@ from webapp.speech.api.streaming import (
 )
 from webapp.speech.api.views import TenantAPIView, submit
 from webapp.speech.api.waiting import WaitingAPIView
-from webapp.speech.models import SynthesisJob
+from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services.files import media_path
 from webapp.speech.services.waiting import Wait, WaiterLease, WaitSlot, keep_lease, wait_view
 from webapp.tenants.models import Organization
@@ -89,6 +89,10 @@ FORMATS: dict[str, tuple[str, int | None]] = {
 }
 
 
+# The speech models OpenAI's clients name: aliases of the default, the voice's own model.
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+
 def resolve_voice(value: Any) -> str:
     """OpenAI names through TTS_OPENAI_VOICE_MAP; our own voice ids pass through."""
     if isinstance(value, dict):  # newer clients may send {"id": "..."}
@@ -111,9 +115,19 @@ class IgnoreAccept(BaseContentNegotiation):
 
 
 def job_body(data: dict[str, Any]) -> dict[str, Any]:
-    """Our /api/v1/speech body for a validated OpenAI body."""
+    """Our /api/v1/speech body for a validated OpenAI body.
+
+    ``model``: OpenAI's own names leave the voice's model speaking; any other is the ``engine``,
+    and the voice goes as sent (the submission tries it as that model's voice, then the map).
+    """
     fmt, rate = FORMATS[data.get("response_format") or "mp3"]
-    ours: dict[str, Any] = {"text": data["input"], "voice": resolve_voice(data["voice"]), "format": fmt}
+    model = str(data["model"])
+    if model in OPENAI_MODELS:
+        ours: dict[str, Any] = {"text": data["input"], "voice": resolve_voice(data["voice"]), "format": fmt}
+    else:
+        voice = data["voice"].get("id") if isinstance(data["voice"], dict) else data["voice"]
+        resolve_voice(voice)  # the same 400 for a voice that is not a name
+        ours = {"text": data["input"], "voice": voice, "engine": model, "format": fmt}
     if rate is not None:
         ours["sample_rate"] = rate
     for name in ("speed", "loudness"):
@@ -152,7 +166,8 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
             job, created = _submit(request, self.organization, serializer.validated_data)
             sse = serializer.validated_data.get("stream_format") == "sse"
             timestamps = bool(serializer.validated_data.get("timestamps"))
-            if (sse or wants_stream(request, serializer.validated_data)) and job.format in STREAMABLE:
+            streams = (sse or wants_stream(request, serializer.validated_data)) and job.format in STREAMABLE
+            if streams and model_streams(job):
                 stream = (SSEJobStream if sse else JobStream)(
                     job.pk,
                     job.format,
@@ -185,6 +200,13 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
         )
 
 
+def model_streams(job: SynthesisJob) -> bool:
+    """Whether the job's model sends audio as sentences finish (its ``streaming`` capability): one
+    that does not is answered whole once done, as a flac is (SSE: the file as one event)."""
+    caps = Voice.objects.filter(voice_id=job.voice_name).values_list("capabilities", flat=True).first()
+    return (caps or {}).get("streaming", True) is not False
+
+
 def _leave(job_id: Any) -> None:
     """The waiting client disconnected before its answer was sent: the job ends, nothing charged."""
     # Also a job that succeeded as it left: its answer was never sent.
@@ -194,10 +216,12 @@ def _leave(job_id: Any) -> None:
 def _submit(request: Request, organization: Organization, data: dict[str, Any]) -> tuple[SynthesisJob, bool]:
     """The job, and whether this request made it (not an Idempotency-Key replay)."""
     try:
-        return submit(request, organization, job_body(data), "openai")
+        return submit(request, organization, job_body(data), "openai", bool(data.get("timestamps")))
     except DomainError as error:
         if error.field == "text":
             error.field = "input"  # OpenAI's name for it
+        elif error.field == "engine":
+            error.field = "model"
         raise
 
 

@@ -162,7 +162,9 @@ class VoiceSerializer(serializers.Serializer):
             "sample_rate": voice.sample_rate,
             "builtin": voice.organization_id is None,
             "status": voice.status,
-            "capabilities": voice.capabilities or {},
+            "capabilities": {k: v for k, v in (voice.capabilities or {}).items() if k != "aliases"},
+            # Other ids that name this voice (synth.registry: the namespaced form of a historic id).
+            "aliases": list((voice.capabilities or {}).get("aliases") or []),
             "created_at": _iso(voice.created_at),
             # The view says whether the caller may see embeddings (voice_fields.may_see_embeddings).
             **uploaded_voice_fields(voice, with_embedding=bool(self.context.get("with_embedding"))),
@@ -186,7 +188,11 @@ class UsageSerializer(serializers.Serializer):
 class OpenAISpeechSerializer(serializers.Serializer):
     """OpenAI's body: unknown fields are ignored (newer clients send more)."""
 
-    model = StrictCharField(max_length=100)
+    model = StrictCharField(
+        max_length=100,
+        help_text="tts-1, tts-1-hd and gpt-4o-mini-tts: the voice's own model; any other id of "
+        "GET /v1/models names the model (engine) that speaks.",
+    )
     input = SpeechTextField(trim_whitespace=False, allow_blank=True, max_length=4096)
     voice = serializers.JSONField(
         help_text="An OpenAI voice name (alloy, echo, ...) or one of our voice ids."

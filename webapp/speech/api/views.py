@@ -137,13 +137,15 @@ def _idempotency_key(request: Request) -> str | None:
     return raw
 
 
-def submit(request: Request, organization: Organization, data: Any, source: str) -> tuple[SynthesisJob, bool]:
+def submit(
+    request: Request, organization: Organization, data: Any, source: str, word_timestamps: bool = False
+) -> tuple[SynthesisJob, bool]:
     """Shared by /api/v1/speech and /v1/audio/speech: parse the body, then the one submit service."""
     if not isinstance(data, dict):
         raise DomainError(
             ErrorCode.INVALID_REQUEST, 'The body must be a JSON object, e.g. {"text": "Hello"}.'
         )
-    context = {"organization": organization, "source": source}
+    context = {"organization": organization, "source": source, "word_timestamps": word_timestamps}
     serializer = SpeechRequestSerializer(data=data, context=context)
     serializer.is_valid(raise_exception=True)
     auth = request.auth if isinstance(request.auth, ApiKey) else None

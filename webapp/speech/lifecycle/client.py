@@ -67,6 +67,9 @@ class JobRequest:
     # Characters the engine will be given (the text after its dictionaries; None: the billable
     # ones): its time limits are sized on them.
     synth_chars: int | None = None
+    # The built-in voice that speaks ``voice`` when it is another one chosen at submit: a zero_shot
+    # voice's, of the model the request named or one that clones (services.prompts.speaking_voice).
+    speaker: Voice | None = None
 
 
 def request_fingerprint(payload: Any) -> str:
@@ -145,7 +148,9 @@ def submit_job(
             if existing is not None:
                 return existing, False
         period = ledger.check_limits(org, request.billable_chars, now, request.voice.engine)
-        voice_name, engine, params, mode = prompts.job_voice(request.voice, request.params, now)
+        voice_name, engine, params, mode = prompts.job_voice(
+            request.voice, request.params, now, request.speaker
+        )
         job = SynthesisJob(
             organization=org,
             api_key=api_key,

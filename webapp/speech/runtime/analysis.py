@@ -90,21 +90,22 @@ def _analyse(voice_pk: str) -> str:
     if refused is not None:
         prompts.reject_voice(voice_pk, *refused)
         return f"rejected:{refused[0]}"
-    builtin, closest = _speaking_voice(voice, profile)
+    if voice.cloning_mode == prompts.ZERO_SHOT:
+        # Bound to no engine: any model that clones speaks it, chosen per request at submit
+        # (submission._cloning_voice); the analysis only checked the prompt is usable.
+        return "ready" if prompts.finish_analysis(voice_pk, profile, None, None) else "deleted"
+    builtin, closest = _closest_voice(profile)
     if builtin is None:
         prompts.reject_voice(voice_pk, "analysis_failed", "no built-in voice is available to speak with")
         return "rejected:no_voice"
     return "ready" if prompts.finish_analysis(voice_pk, profile, closest, builtin) else "deleted"
 
 
-def _speaking_voice(voice: Any, profile: Any) -> tuple[Any, Any]:
-    """The built-in voice row that will speak, and the closest-voice choice (approximate)."""
+def _closest_voice(profile: Any) -> tuple[Any, Any]:
+    """approximate: the built-in voice row that will speak, and how close it comes."""
     from synth import speaker
 
     builtins = Voice.objects.filter(organization__isnull=True, status=Voice.Status.READY)
-    if voice.cloning_mode == prompts.ZERO_SHOT:
-        engine = builtins.filter(capabilities__cloning=True).first()
-        return engine, speaker.ClosestVoice(engine.voice_id if engine else "", 0.0, 0.0)
     synth = _synthesizer()
     known = set(builtins.values_list("voice_id", flat=True))
     ids = speaker.candidate_voice_ids(v for v in synth.voices() if v.id in known)

@@ -347,7 +347,14 @@ def _metrics(
         "child_rss_before_mb": rss_before,
         "chunks": result.chunks,
         "batch_sizes": result.batch_sizes,  # per sentence, on a batching child; [] elsewhere
+        # The verified model directory it ran on (TTS_MODELS_DIR/<engine>/; synth.models), if any.
+        **_model_of(state, result.engine),
     }
+
+
+def _model_of(state: worker.WorkerState, engine: str) -> dict[str, str]:
+    info = getattr(state.synthesizer, "model_info", {}).get(engine)
+    return {"model": info["model"], "model_checksum": info["checksum"]} if info else {}
 
 
 def _settle_failure(attempt: Attempt, exc: Exception) -> Outcome:

@@ -65,7 +65,10 @@ class _Group:
     def __init__(self, state: worker.WorkerState, engine: str) -> None:
         self.state = state
         self.engine = engine
-        self.size = settings.TTS_WORKER_BATCH_JOBS
+        # No more at once than one loaded model of the engine runs (its concurrent_jobs capability:
+        # eSpeak's one on a batching GPU worker, a heavy model with a batch-1 cache one).
+        model = state.models.get(engine) or {}
+        self.size = max(1, min(settings.TTS_WORKER_BATCH_JOBS, int(model.get("concurrent_jobs") or 1)))
         self.started = time.monotonic()
         self.lost = False
 

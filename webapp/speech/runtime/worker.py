@@ -30,7 +30,7 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 from django.conf import settings
 from django.db import connection, connections
 
-from synth import Synthesizer
+from synth import Synthesizer, registry
 from synth.hostjobs import HostJobs
 from webapp import redis_clients
 from webapp.speech import heartbeat, lifecycle, owners, voices
@@ -52,6 +52,12 @@ class WorkerState:
         self.started_at = time.time()
         self.tasks_done = 0
         self.voices: list[str] = []
+        # The engines this child serves once loaded (TTS_WORKER_ENGINES less the unavailable ones),
+        # what each can do (synth.registry.CAPABILITY_DEFAULTS) and why the others cannot serve.
+        self.engines: list[str] = list(settings.TTS_WORKER_ENGINES)
+        self.models: dict[str, dict[str, Any]] = {}
+        self.unavailable: dict[str, str] = {}
+        self.installed: list[str] = []  # every engine this host has (entry points), served or not
         self.device = settings.TTS_WORKER_DEVICE
         self.error = ""
         self.load_attempts = 0
@@ -90,7 +96,10 @@ class WorkerState:
             "pid": self.pid,
             "state": self.state,
             "device": self.device,
-            "engines": settings.TTS_WORKER_ENGINES,
+            "engines": self.engines,
+            "models": self.models,
+            "unavailable": self.unavailable,
+            "installed": self.installed,
             "voices": self.voices,
             "started_at": self.started_at,
             "loaded_at": self.loaded_at,
@@ -302,8 +311,19 @@ def load_models(state: WorkerState) -> None:
         busy=lambda: state.host_jobs.others() > 0,
         # Piper's voices patched to report their durations (word timestamps), kept for the next child.
         model_cache_dir=str(settings.TTS_VAR_LAYOUT.cache_dir),
+        # An engine that is not installed or cannot load is reported unavailable (the submits for it
+        # answer 503 engine_unavailable); the others serve. Only none loading is a failed load.
+        tolerant=True,
+        models_dir=settings.TTS_MODELS_DIR,
     )
-    synthesizer.load()
+    # A model that needs more than Celery's hard memory limit per child would be killed on every load.
+    synthesizer.memory_limit_mb = settings.CELERY_WORKER_MAX_MEMORY_PER_CHILD / 1024 or None
+    try:
+        synthesizer.load()
+    finally:
+        state.unavailable = dict(synthesizer.unavailable)
+    for name, reason in synthesizer.unavailable.items():
+        log.error("engine %s is unavailable on this worker: %s", name, reason)
     hooks.after_load(synthesizer)
     state.state = "warming_up"
     synthesizer.warm_up()
@@ -313,6 +333,12 @@ def load_models(state: WorkerState) -> None:
     devices.discard("cpu")
     state.device = sorted(devices)[0] if devices else "cpu"
     state.synthesizer = synthesizer
+    state.engines = synthesizer.served_engines()
+    state.installed = list(registry.installed())
+    state.models = {
+        name: {**synthesizer.capabilities(name), **synthesizer.model_info.get(name, {})}
+        for name in state.engines
+    }
     state.voices = [v.id for v in found]
     state.loaded_at = time.time()
     state.load_seconds = time.monotonic() - load_started
@@ -340,9 +366,29 @@ def _sync_builtin_voices(state: WorkerState, found: list[Any]) -> None:
     missing = found if first_of_node else [v for v in found if v.id not in known]
     if missing:
         voices.sync_builtin_voices(missing)
+    if first_of_node:
+        _retire_engines_gone()
     with contextlib.suppress(Exception):
         redis_clients.heartbeats().hset(synced_key, "voices_synced", 1)
         redis_clients.heartbeats().expire(synced_key, recycling.NODE_KEY_TTL)
+
+
+def _retire_engines_gone() -> None:
+    """Built-in voices of an engine this host no longer has, and no live worker announces, go.
+
+    An engine is a package installed beside the service (synth.registry): removed, its voices
+    must leave /api/v1/voices and /v1/models. Another host that still has it restores them
+    when its next child loads (its first child of a node upserts every voice).
+    """
+    with contextlib.suppress(Exception):  # Redis away: the next node start retires them
+        announced = {
+            str(e)
+            for beat in heartbeat.live_workers()
+            for e in [*(beat.get("engines") or []), *(beat.get("installed") or [])]
+        }
+        gone = voices.retire_engines(set(registry.installed()) | announced)
+        if gone:
+            log.warning("voices of engines no longer installed retired: %s", ", ".join(sorted(gone)))
 
 
 def load_with_backoff(state: WorkerState) -> bool:

@@ -285,16 +285,24 @@ def claim_analysis(voice_pk: Any) -> Voice | None:
     return voice
 
 
-def finish_analysis(voice_pk: Any, profile: Any, closest: Any, builtin: Voice) -> bool:
-    """Store the analysis and make the voice ready (False if it was deleted meanwhile)."""
-    with transaction.atomic(durable=True):
-        updated = Voice.objects.filter(pk=voice_pk, status=Voice.Status.PROCESSING).update(
-            status=Voice.Status.READY,
-            status_reason="",
-            embedding=profile.embedding,
-            pitch_median_hz=profile.median_f0,
-            pitch_low_hz=profile.f0_low,
-            pitch_high_hz=profile.f0_high,
+def finish_analysis(voice_pk: Any, profile: Any, closest: Any, builtin: Voice | None) -> bool:
+    """Store the analysis and make the voice ready (False if it was deleted meanwhile).
+
+    ``builtin``: the built-in voice an approximate voice speaks through (``closest`` says how
+    close); None for a zero_shot voice, which no engine is bound to (the submit picks one).
+    """
+    fields: dict[str, Any] = {
+        "status": Voice.Status.READY,
+        "status_reason": "",
+        "embedding": profile.embedding,
+        "pitch_median_hz": profile.median_f0,
+        "pitch_low_hz": profile.f0_low,
+        "pitch_high_hz": profile.f0_high,
+        "analysis_lease_until": None,
+        "updated_at": timezone.now(),
+    }
+    if builtin is not None:
+        fields.update(
             closest_voice=closest.voice_id,
             closest_similarity=closest.similarity,
             pitch_shift=closest.pitch_shift,
@@ -302,9 +310,9 @@ def finish_analysis(voice_pk: Any, profile: Any, closest: Any, builtin: Voice) -
             language=builtin.language,
             sample_rate=builtin.sample_rate,
             capabilities={**(builtin.capabilities or {}), "cloning": False},
-            analysis_lease_until=None,
-            updated_at=timezone.now(),
         )
+    with transaction.atomic(durable=True):
+        updated = Voice.objects.filter(pk=voice_pk, status=Voice.Status.PROCESSING).update(**fields)
         if updated:
             announce_voice(Voice.objects.get(pk=voice_pk))
     return bool(updated)
@@ -341,17 +349,25 @@ def reject_voice(voice_pk: Any, code: str, reason: str) -> bool:
 # --------------------------------------------------------------------- using and deleting
 
 
-def speaking_voice(voice: Voice) -> tuple[str, str, float, str]:
-    """(voice id, engine, pitch shift, cloning mode) a job with ``voice`` is synthesised with."""
+def speaking_voice(voice: Voice, speaker: Voice | None = None) -> tuple[str, str, float, str]:
+    """(voice id, engine, pitch shift, cloning mode) a job with ``voice`` is synthesised with.
+
+    ``speaker``: for a zero_shot voice, the cloning voice chosen at submit (any model that
+    clones: the submission picks it); without one, the engine it was analysed with, if any.
+    """
     if voice.organization_id is None or not voice.cloning_mode:
         return voice.voice_id, voice.engine, 0.0, ""
     if voice.cloning_mode == APPROXIMATE:
         return voice.closest_voice, voice.engine, float(voice.pitch_shift), APPROXIMATE
     # zero_shot: the engine's cloning voice speaks, given the prompt (runtime/attempt.py, voice_prompt).
+    if speaker is not None:
+        return speaker.voice_id, speaker.engine, 0.0, ZERO_SHOT
     return voice.closest_voice, voice.engine, 0.0, ZERO_SHOT
 
 
-def job_voice(voice: Voice, params: dict[str, Any], now: dt.datetime) -> tuple[str, str, dict[str, Any], str]:
+def job_voice(
+    voice: Voice, params: dict[str, Any], now: dt.datetime, speaker: Voice | None = None
+) -> tuple[str, str, dict[str, Any], str]:
     """Inside submit's transaction: (voice id, engine, params, cloning mode) the job is created with.
 
     ``approximate`` adds the voice's pitch shift to the request's own (within
@@ -359,7 +375,7 @@ def job_voice(voice: Voice, params: dict[str, Any], now: dt.datetime) -> tuple[s
     """
     from synth.registry import PITCH_RANGE
 
-    name, engine, shift, mode = speaking_voice(voice)
+    name, engine, shift, mode = speaking_voice(voice, speaker)
     if shift:
         pitch = float(params.get("pitch", 0.0)) + shift
         params = {**params, "pitch": round(min(max(pitch, PITCH_RANGE[0]), PITCH_RANGE[1]), 2)}
