@@ -58,12 +58,13 @@ fi
 stamp=.venv/.installed
 # Every dependency of every extra, bench included (`make bench-peer` runs Piper's own server from
 # this install), at the versions deploy/requirements.lock pins (`make lock` refreshes it); then the project
-# itself, editable, without resolving again. The stamp holds the lock's hash: a new lock installs again.
+# itself, editable, without resolving again. The stamp holds the lock's and pyproject.toml's hashes: a
+# new lock installs again, and a changed pyproject.toml (its entry points: the engines) the project.
 LOCK=deploy/requirements.lock
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-want="$(sha256sum "$LOCK" | cut -d' ' -f1)"
+want="$(cat "$LOCK" pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "bootstrap: installing $LOCK and the project into .venv"
   .venv/bin/pip install -q -r "$LOCK"
