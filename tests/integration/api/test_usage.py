@@ -12,25 +12,31 @@ from django.utils import timezone
 pytestmark = pytest.mark.usefixtures("synth_worker", "builtin_voices")
 
 
-def test_usage_shows_plan_period_characters_jobs_storage_and_days(make_tenant: Any) -> None:
+def _complete(job_id: str, **done: Any) -> None:
+    """The job claimed and completed as a worker would, with ``done``'s audio bytes (and cache hits)."""
     from webapp.speech import lifecycle
+
+    claimed = lifecycle.claim_job(job_id, "w1")
+    assert claimed is not None
+    assert lifecycle.complete_job(
+        job_id,
+        claimed.claim_token,
+        audio_path="a.wav",
+        duration_seconds=1.0,
+        metrics={},
+        applied_instructions={},
+        **done,
+    )
+
+
+def test_usage_shows_plan_period_characters_jobs_storage_and_days(make_tenant: Any) -> None:
     from webapp.speech.models import SynthesisJob
     from webapp.speech.services import ledger
 
     t = make_tenant(monthly_characters=1000, max_concurrent_jobs=7)
     charged = t.client.post("/api/v1/speech", {"text": "Twenty characters!!"}).json()  # 19 billable
     t.client.post("/api/v1/speech", {"text": "abcde"})
-    claimed = lifecycle.claim_job(charged["id"], "w1")
-    assert claimed
-    lifecycle.complete_job(
-        charged["id"],
-        claimed.claim_token,
-        audio_path="a.wav",
-        audio_bytes=4096,
-        duration_seconds=1.0,
-        metrics={},
-        applied_instructions={},
-    )
+    _complete(charged["id"], audio_bytes=4096)
     assert SynthesisJob.objects.get(id=charged["id"]).status == "succeeded"
     usage = t.client.get("/api/v1/usage").json()
     assert usage["plan"]["monthly_characters"] == 1000 and usage["plan"]["max_concurrent_jobs"] == 7
@@ -55,7 +61,6 @@ def test_the_usage_kept_per_day_and_key_is_what_a_recount_of_the_ledger_finds(ma
     from django.core.management import call_command
 
     from tests.usage_data import billed_job
-    from webapp.speech import lifecycle
     from webapp.speech.models import KeyUsage, UsageDay
 
     t = make_tenant(monthly_characters=10_000)
@@ -65,18 +70,7 @@ def test_the_usage_kept_per_day_and_key_is_what_a_recount_of_the_ledger_finds(ma
     canceled = t.client.post("/api/v1/speech", {"text": "Canceled before it ran."}).json()
     t.client.delete(f"/api/v1/speech/{canceled['id']}")
     cached = t.client.post("/api/v1/speech", {"text": "Half of it came from the cache."}).json()
-    claimed = lifecycle.claim_job(cached["id"], "w1")
-    assert claimed is not None
-    lifecycle.complete_job(
-        cached["id"],
-        claimed.claim_token,
-        audio_path="a.wav",
-        audio_bytes=10,
-        duration_seconds=1.0,
-        metrics={},
-        applied_instructions={},
-        cached_characters=15,
-    )
+    _complete(cached["id"], audio_bytes=10, cached_characters=15)
     t.client.post("/api/v1/speech", {"text": "Still queued."})  # reserved, not settled
 
     def rows() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
