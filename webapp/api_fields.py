@@ -11,6 +11,13 @@ from typing import Any
 
 from rest_framework import serializers
 
+_DATETIME = serializers.DateTimeField()
+
+
+def iso(value: Any) -> str | None:
+    """A datetime as every response writes it (DRF's ISO 8601, in the site's time zone)."""
+    return None if value is None else str(_DATETIME.to_representation(value))
+
 
 class StrictCharField(serializers.CharField):
     """A string and only a string (DRF would turn 12 into "12")."""

@@ -73,3 +73,41 @@ def test_it_sees_a_tenant_locked_by_the_orm_or_by_sql() -> None:
         1
     ]
     assert tenant_locks("Voice.objects.select_for_update().get(pk=1)\n") == []
+
+
+JOB_OWNER = Path("webapp/speech/services/jobview.py")
+# Keys only a job's rendering writes: a dictionary with one of them is a job shown on some wire.
+JOB_KEYS = {"audio_url", "queue_position", "eta_seconds", "download_url"}
+
+
+def job_renderings(source: str) -> list[int]:
+    """Lines of ``source`` that write a job for a wire: a dict literal or a subscript store with one of
+    ``JOB_KEYS``, or an error object made of a job's ``error_code``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            from_job = any(isinstance(v, ast.Attribute) and v.attr == "error_code" for v in node.values)
+            if keys & JOB_KEYS or (from_job and "code" in keys):
+                found.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.slice, ast.Constant) and node.slice.value in JOB_KEYS:
+                found.append(node.lineno)
+    return found
+
+
+def test_only_the_job_view_renders_a_job() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted((ROOT / "webapp").rglob("*.py"))
+        if path.relative_to(ROOT) != JOB_OWNER and "migrations" not in path.parts
+        for line in job_renderings(path.read_text())
+    ]
+    assert offenders == [], f"render a job through webapp.speech.services.jobview.JobView, not: {offenders}"
+
+
+def test_it_sees_a_job_rendered_by_a_literal_or_a_store() -> None:
+    assert job_renderings('d = {"id": 1, "eta_seconds": eta}\n') == [1]
+    assert job_renderings('data["audio_url"] = origin + path\n') == [1]
+    assert job_renderings('e = {"code": job.error_code, "message": job.error_message}\n') == [1]
+    assert job_renderings('d = {"id": 1, "status": "ok"}\nx = data["audio_url"]\n') == []

@@ -10,21 +10,24 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.urls import reverse
 
 from webapp.rawrows import fetch_one
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import events
+from webapp.speech.services.jobview import JobView
 from webapp.speech.services.ledger import Settlement
 from webapp.webhooks import outbox
 from webapp.webhooks.models import EventType, WebhookEndpoint
 
-Status = SynthesisJob.Status
 
-# What a job's event needs, in one statement: the job and the tenant's enabled endpoints.
+# What a job's event needs, in one statement: the job's facts its payload shows and the tenant's enabled
+# endpoints.
+_JOB_FIELDS = (
+    "id", "organization_id", "status", "voice_name", "format", "text_chars", "webhook_url",
+    "audio_path", "duration_seconds", "error_code", "error_message",
+)  # fmt: skip
 _JOB_FACTS = f"""
-    SELECT j.organization_id, j.status, j.voice_name, j.format, j.text_chars, j.webhook_url,
-        j.duration_seconds, j.error_code, j.error_message, {outbox.endpoints_sql("j.organization_id")}
+    SELECT {", ".join("j." + f for f in _JOB_FIELDS)}, {outbox.endpoints_sql("j.organization_id")}
     FROM {SynthesisJob._meta.db_table} j WHERE j.id = %s"""
 
 
@@ -34,25 +37,20 @@ def job_ended(event: events.JobEnded) -> None:
     row = fetch_one(_JOB_FACTS, [event.job_id])
     if row is None:
         return
-    org, status, voice, fmt, chars, url, seconds, code, message, endpoints_json = row
+    *facts, endpoints_json = row
+    job = SynthesisJob(**dict(zip(_JOB_FIELDS, facts, strict=True)))  # the row as read, never saved
     endpoints = outbox.endpoints_from(endpoints_json)
     if event.settlement is not None:
         _usage_levels(event.settlement, endpoints)
-    origin = settings.TTS_PUBLIC_ORIGIN
-    data: dict[str, Any] = {
-        "id": str(event.job_id),
-        "status": str(status),
-        "voice": voice,
-        "format": fmt,
-        "text_chars": chars,
-        "url": origin + reverse("api-speech-detail", args=[event.job_id]),
-    }
-    if status == Status.SUCCEEDED:
-        data["audio_url"] = origin + reverse("api-speech-audio", args=[event.job_id])
-        data["duration_seconds"] = seconds
-    if status == Status.FAILED:
-        data["error"] = {"code": code, "message": message}
-    outbox.record(org, f"job.{status}", data, subject=str(event.job_id), job_url=url, endpoints=endpoints)
+    data = JobView(job).for_webhook(settings.TTS_PUBLIC_ORIGIN)
+    outbox.record(
+        job.organization_id,
+        f"job.{job.status}",
+        data,
+        subject=str(event.job_id),
+        job_url=job.webhook_url,
+        endpoints=endpoints,
+    )
 
 
 def job_settled(event: events.JobSettled) -> None:

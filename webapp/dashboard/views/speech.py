@@ -39,7 +39,8 @@ from webapp.problems import Problem
 from webapp.speech import lifecycle, submission
 from webapp.speech.models import JobTimestamps, SynthesisJob, Voice
 from webapp.speech.requests import SpeechRequestSerializer
-from webapp.speech.services import captions, eta, queries
+from webapp.speech.services import captions, queries
+from webapp.speech.services.jobview import JobView
 from webapp.speech.services.ledger import reports
 from webapp.speech.services.ledger.reports import Report
 from webapp.speech.services.waiting import Prepare, SharedAnswer, Wait, WaitSlot, wait_view
@@ -100,24 +101,6 @@ def _prefill(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
     }
 
 
-def job_json(job: SynthesisJob) -> dict[str, Any]:
-    """What the page's script needs of a job; audio URLs are the dashboard's own (session, not key)."""
-    done = job.status == SynthesisJob.Status.SUCCEEDED and bool(job.audio_path)
-    audio = reverse("dashboard:job-audio", args=[job.id])
-    eta_seconds, position = eta.estimate(job)
-    return {
-        "id": str(job.id),
-        "status": job.status,
-        "progress": round(float(job.progress), 4),
-        "queue_position": position,
-        "eta_seconds": eta_seconds,
-        "duration_seconds": job.duration_seconds,
-        "audio_url": audio if done else None,
-        "download_url": f"{audio}?download=1" if done else None,
-        "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,
-    }
-
-
 # The page's script reads the same problem+json as the API's clients (webapp/problems.py).
 def _error(request: HttpRequest, status: int, message: str) -> JsonResponse:
     return problems.render(request, Problem(status, problems.code_for_status(status), message))
@@ -155,7 +138,7 @@ def submit(request: HttpRequest, tenant: Tenant) -> JsonResponse:
         return _service_error(request, exc)
     except RedisError:
         return _error(request, 503, "The job queue is unavailable; try again in a few seconds.")
-    return JsonResponse(job_json(job), status=202)
+    return JsonResponse(JobView(job).for_dashboard(), status=202)
 
 
 def _job(tenant: Tenant, job_id: uuid.UUID) -> SynthesisJob:
@@ -175,7 +158,7 @@ def _job_status_or_wait(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID)
     job = _job(tenant, job_id)
     wait = _wait_seconds(request.GET.get("wait", ""))
     if not wait or job.is_finished:
-        return JsonResponse(job_json(job))
+        return JsonResponse(JobView(job).for_dashboard())
     seen = (str(job.status), float(job.progress))
     # The tenant's cap on concurrent waits, as for the API's long-polls (429 too_many_waits).
     try:
@@ -183,7 +166,7 @@ def _job_status_or_wait(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID)
     except DomainError as exc:
         return _service_error(request, exc)
     # The job as it was is the answer if it is deleted meanwhile.
-    return Wait(job.pk, wait, lambda state: state != seen, slot=slot, seen=job_json(job))
+    return Wait(job.pk, wait, lambda state: state != seen, slot=slot, seen=JobView(job).for_dashboard())
 
 
 def _wait_seconds(raw: str) -> int:
@@ -201,7 +184,7 @@ def _wait_seconds(raw: str) -> int:
 
 def _job_status_data(request: HttpRequest, job_id: Any) -> dict[str, Any] | None:
     job = SynthesisJob.objects.filter(pk=job_id).first()  # the tenant was checked before the wait
-    return None if job is None else job_json(job)
+    return None if job is None else JobView(job).for_dashboard()
 
 
 def _job_status_answer(request: HttpRequest, wait: Wait, data: dict[str, Any] | None) -> HttpResponseBase:
@@ -223,7 +206,7 @@ def job_cancel(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> JsonR
         job = lifecycle.cancel_job(job)
     except (DomainError, Problem) as exc:
         return _service_error(request, exc)
-    return JsonResponse(job_json(job))
+    return JsonResponse(JobView(job).for_dashboard())
 
 
 @tenant_page()
@@ -250,8 +233,7 @@ def job_captions(request: HttpRequest, tenant: Tenant, job_id: uuid.UUID) -> Htt
     row = JobTimestamps.objects.filter(job_id=job.id).first()
     if fmt not in CAPTION_TYPES or job.status != SynthesisJob.Status.SUCCEEDED or row is None:
         return HttpResponse("This job has no captions.", status=404, content_type="text/plain")
-    data = {"job_id": str(job.id), "duration_seconds": job.duration_seconds, "words": row.words}
-    data["sentences"] = row.sentences
+    data = JobView(job).for_timestamps(row.words, row.sentences)
     body = captions.srt_captions(data) if fmt == "srt" else captions.vtt_captions(data)
     response = HttpResponse(body, content_type=CAPTION_TYPES[fmt])
     response["Content-Disposition"] = f'attachment; filename="{job.id}.{fmt}"'

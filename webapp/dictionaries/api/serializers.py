@@ -7,14 +7,8 @@ from typing import Any
 from rest_framework import serializers
 
 from synth.lexicon import ALPHABETS, MAX_ALIAS_CHARS, MAX_GRAPHEME_CHARS, MAX_PHONEMES_CHARS
-from webapp.api_fields import StrictBooleanField, StrictCharField, StrictSerializer
+from webapp.api_fields import StrictBooleanField, StrictCharField, StrictSerializer, iso
 from webapp.dictionaries.models import Dictionary, DictionaryVersion, Rule
-
-_dt = serializers.DateTimeField()
-
-
-def _iso(value: Any) -> str | None:
-    return None if value is None else str(_dt.to_representation(value))
 
 
 class RuleSerializer(StrictSerializer):
@@ -76,7 +70,7 @@ class DictionarySerializer(serializers.Serializer):
             "description": d.description,
             "is_default": d.is_default,
             "latest_version": d.latest_version,
-            "created_at": _iso(d.created_at),
+            "created_at": iso(d.created_at),
         }
 
 
@@ -95,7 +89,7 @@ class VersionSerializer(serializers.Serializer):
             "version": v.number,
             "language": v.language,
             "rule_count": v.rule_count,
-            "created_at": _iso(v.created_at),
+            "created_at": iso(v.created_at),
         }
         if self.context.get("with_rules"):
             data["rules"] = [rule_data(r) for r in v.rules.all()]

@@ -7,29 +7,22 @@ form alike). Validation is strict: unknown fields are refused, numbers must be J
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-from django.urls import reverse
 from rest_framework import serializers
 
 from webapp.api_fields import (
     StrictBooleanField,
     StrictCharField,
     StrictNumberField,
+    iso,
 )
 from webapp.speech.api.voice_fields import uploaded_voice_fields
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.requests import CACHE_HELP, SpeechTextField
-from webapp.speech.services.eta import estimate
+from webapp.speech.services.jobview import JobView
 
 # --------------------------------------------------------------------- responses
-
-_dt = serializers.DateTimeField()
-
-
-def _iso(value: Any) -> str | None:
-    return None if value is None else str(_dt.to_representation(value))
 
 
 class JobMetricsSerializer(serializers.Serializer):
@@ -46,35 +39,6 @@ class JobMetricsSerializer(serializers.Serializer):
 class JobErrorSerializer(serializers.Serializer):
     code = serializers.CharField()
     message = serializers.CharField()
-
-
-METRIC_KEYS = ("queue_ms", "synth_ms", "rtf", "peak_rss_mb", "peak_gpu_mb", "engine", "device", "worker")
-
-
-def public_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """What a tenant sees of a run: no host names or pids (they stay in the row, for logs and the admin).
-
-    ``worker`` is an opaque label of the worker process, enough to tell runs apart.
-    """
-    public = {k: metrics.get(k) for k in METRIC_KEYS}
-    if public["worker"]:
-        public["worker"] = "w-" + hashlib.sha256(str(public["worker"]).encode()).hexdigest()[:12]
-    return public
-
-
-def pinned_dictionaries(job: SynthesisJob) -> list[dict[str, Any]]:
-    """The job's pinned versions, with what the run applied of each once it ran."""
-    ran = {
-        (d.get("id"), d.get("version")): d for d in (job.applied_instructions or {}).get("dictionaries", [])
-    }
-    out = []
-    for pin in job.dictionaries or []:
-        entry = {"id": pin["id"], "version": pin["version"], "name": pin["name"]}
-        done = ran.get((pin["id"], pin["version"]))
-        if done is not None:
-            entry.update(rules_applied=done.get("rules_applied"), replacements=done.get("replacements"))
-        out.append(entry)
-    return out
 
 
 class JobSerializer(serializers.Serializer):
@@ -106,34 +70,8 @@ class JobSerializer(serializers.Serializer):
     error = JobErrorSerializer(allow_null=True)
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
-        job: SynthesisJob = instance
         request = self.context.get("request")
-        # The engine's basis (rolling mean, heartbeats) is read once a second per process.
-        eta, position = estimate(job)
-        audio_url = None
-        if job.status == SynthesisJob.Status.SUCCEEDED and job.audio_path:
-            path = reverse("api-speech-audio", args=[job.id])
-            audio_url = request.build_absolute_uri(path) if request is not None else path
-        return {
-            "id": str(job.id),
-            "status": job.status,
-            "text_chars": job.text_chars,
-            "voice": job.voice_name,
-            "format": job.format,
-            "progress": round(float(job.progress), 4),
-            "queue_position": position,
-            "eta_seconds": eta,
-            "created_at": _iso(job.created_at),
-            "started_at": _iso(job.started_at),
-            "finished_at": _iso(job.finished_at),
-            "expires_at": _iso(job.expires_at),
-            "audio_url": audio_url,
-            "duration_seconds": job.duration_seconds,
-            "pronunciation_dictionaries": pinned_dictionaries(job),
-            "cached_characters": job.cached_characters,
-            "metrics": public_metrics(job.metrics or {}),
-            "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None,
-        }
+        return JobView(instance).for_api(request.build_absolute_uri if request is not None else None)
 
 
 class JobPageSerializer(serializers.Serializer):
@@ -165,7 +103,7 @@ class VoiceSerializer(serializers.Serializer):
             "capabilities": {k: v for k, v in (voice.capabilities or {}).items() if k != "aliases"},
             # Other ids that name this voice (synth.registry: the namespaced form of a historic id).
             "aliases": list((voice.capabilities or {}).get("aliases") or []),
-            "created_at": _iso(voice.created_at),
+            "created_at": iso(voice.created_at),
             # The view says whether the caller may see embeddings (voice_fields.may_see_embeddings).
             **uploaded_voice_fields(voice, with_embedding=bool(self.context.get("with_embedding"))),
         }

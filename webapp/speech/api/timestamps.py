@@ -22,6 +22,7 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.speech.api.views import TenantAPIView
 from webapp.speech.models import JobTimestamps, SynthesisJob
 from webapp.speech.services.captions import srt_captions, vtt_captions
+from webapp.speech.services.jobview import JobView
 
 CAPTION_FORMATS = ("json", "srt", "vtt")
 LEVELS = ("sentence", "word")
@@ -130,12 +131,7 @@ class SpeechTimestampsView(TenantAPIView):
         row = JobTimestamps.objects.filter(job_id=job.id).first()
         if row is None:
             raise DomainError(ErrorCode.NOT_FOUND, f"Job {job.id} has no timestamps recorded.")
-        data = {
-            "job_id": str(job.id),
-            "duration_seconds": job.duration_seconds,
-            "words": row.words,
-            "sentences": row.sentences,
-        }
+        data = JobView(job).for_timestamps(row.words, row.sentences)
         if fmt == "json":
             return Response(data, headers={"Cache-Control": "private, no-store"})
         body = srt_captions(data, level) if fmt == "srt" else vtt_captions(data, level)
