@@ -41,6 +41,8 @@ class ErrorCode(StrEnum):
     AUDIO_TOO_LONG = "audio_too_long"
     SAMPLE_RATE_TOO_LOW = "sample_rate_too_low"
     CONSENT_REQUIRED = "consent_required"
+    CONSENT_PHRASE_REQUIRED = "consent_phrase_required"
+    CONSENT_ATTESTATION_REQUIRED = "consent_attestation_required"
     INVALID_DICTIONARY = "invalid_dictionary"
     INVALID_PLS = "invalid_pls"
     # 401 / 403 / 404 / 405 / 406 / 415
@@ -57,10 +59,15 @@ class ErrorCode(StrEnum):
     JOB_CANCELED = "job_canceled"
     IDEMPOTENCY_KEY_IN_USE = "idempotency_key_in_use"
     DICTIONARY_IN_USE = "dictionary_in_use"
+    CONSENT_PHRASE_USED = "consent_phrase_used"
+    CONSENT_REVOKED = "consent_revoked"
+    CONSENT_PHRASE_EXPIRED = "consent_phrase_expired"
     AUDIO_EXPIRED = "audio_expired"
     REQUEST_TOO_LARGE = "request_too_large"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     CLONING_UNAVAILABLE = "cloning_unavailable"
+    CONSENT_MISMATCH = "consent_mismatch"
+    CONSENT_UNCLEAR = "consent_unclear"
     DICTIONARY_LIMIT = "dictionary_limit"
     # 429: limits
     RATE_LIMITED = "rate_limited"
@@ -124,6 +131,7 @@ class JobFailureCode(StrEnum):
     DISK_FULL = "disk_full"  # the audio storage is full (ENOSPC, EDQUOT or EFBIG while writing)
     STORAGE_ERROR = "storage_error"  # any other failure to write the audio
     VOICE_DELETED = "voice_deleted"  # its voice was deleted while the job was still queued
+    CONSENT_REVOKED = "consent_revoked"  # its cloned voice's consent was revoked before it finished
     SYNTHESIS_FAILED = "synthesis_failed"  # an unexpected error (a bug, a failed sentence); the fallback
     # Raised by synth as SynthError.code (same values as synth.errors)
     ENGINE_UNAVAILABLE = "engine_unavailable"  # the engine cannot run here (library, device, voice load)

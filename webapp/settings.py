@@ -486,6 +486,11 @@ TTS_DEFAULT_VOICE = env_str("TTS_DEFAULT_VOICE", "en_US-joe-medium")
 # child process with these limits; the analysis runs on the `analysis` queue.
 TTS_PROMPT_DECODE_TIMEOUT_SECONDS = env_float("TTS_PROMPT_DECODE_TIMEOUT_SECONDS", 20.0)
 TTS_PROMPT_DECODE_MEMORY_MB = env_int("TTS_PROMPT_DECODE_MEMORY_MB", 1024)
+# Consent recordings (webapp/speech/services/consents.py): how long an issued phrase may be
+# recorded, and the length a recording of it may have.
+TTS_CONSENT_PHRASE_MINUTES = env_int("TTS_CONSENT_PHRASE_MINUTES", 10)
+TTS_CONSENT_MIN_SECONDS = env_float("TTS_CONSENT_MIN_SECONDS", 2.0)
+TTS_CONSENT_MAX_SECONDS = env_float("TTS_CONSENT_MAX_SECONDS", 30.0)
 # Bounds on those children (webapp/speech/services/decodes.py): uploads per tenant and
 # minute (refused ones count), uploads in progress per tenant (all hosts), decode
 # children at once per host (every web process of it), uploads queued for one, and the

@@ -15,6 +15,83 @@ from django.utils import timezone
 from webapp.tenants.models import ApiKey, Organization
 
 
+class ConsentPhrase(models.Model):
+    """A phrase issued for a speaker to read: a random code, valid for a few minutes, read once.
+
+    The consent recording must say its code (``VoiceConsent``); an expired or used phrase
+    records nothing.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="consent_phrases")
+    language = models.CharField(max_length=35)
+    text = models.TextField()
+    code = models.CharField(max_length=6)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["organization", "expires_at"])]
+
+    def __str__(self) -> str:
+        return self.phrase_id
+
+    @property
+    def phrase_id(self) -> str:
+        return f"phr_{self.id.hex}"
+
+
+class VoiceConsent(models.Model):
+    """A speaker's recorded consent to a synthetic voice: what cloning a voice requires.
+
+    Kept for audit after revocation and after its voices are deleted (the recording
+    itself goes with the voice; its checksum stays).
+    """
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        REVOKED = "revoked"
+
+    MAX_NAME_CHARS = 200
+
+    class Check(models.TextChoices):
+        RECOGNISED = "recognised"  # speech recognition heard the phrase's code
+        ATTESTED = "attested"  # a language the recogniser cannot check: an owner attested it
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="voice_consents")
+    name = models.CharField(max_length=200)
+    language = models.CharField(max_length=35)
+    phrase_text = models.TextField()
+    code = models.CharField(max_length=6)
+    checked_by = models.CharField(max_length=12, choices=Check.choices)
+    heard_code = models.CharField(max_length=32, blank=True)
+    recording_path = models.CharField(max_length=500, blank=True)
+    recording_sha256 = models.CharField(max_length=64)
+    recording_bytes = models.PositiveBigIntegerField(default=0)
+    recording_seconds = models.FloatField(default=0.0)
+    embedding = models.JSONField(null=True, blank=True)  # the speaker's, set by the analysis worker
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by_label = models.CharField(max_length=300)
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by_label = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["organization", "created_at"])]
+
+    def __str__(self) -> str:
+        return self.consent_id
+
+    @property
+    def consent_id(self) -> str:
+        return f"cons_{self.id.hex}"
+
+
 class Voice(models.Model):
     """A voice a job can use: built-in (organization is null) or a tenant's own."""
 
@@ -52,6 +129,10 @@ class Voice(models.Model):
     )
     consent_by_label = models.CharField(max_length=300, blank=True)  # user or API key, kept if that goes
     consent_at = models.DateTimeField(null=True, blank=True)
+    # The checked consent that lets a zero_shot voice be cloned (docs/voices.md, "Consent").
+    consent = models.ForeignKey(
+        VoiceConsent, null=True, blank=True, on_delete=models.PROTECT, related_name="voices"
+    )
     cloning_mode = models.CharField(max_length=12, blank=True)  # zero_shot | approximate; "" for built-ins
     rejected_code = models.CharField(max_length=50, blank=True)
     prompt_stats = models.JSONField(default=dict, blank=True)  # levels measured on the upload

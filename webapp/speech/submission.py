@@ -86,6 +86,7 @@ def _resolve_voice(organization: Organization, data: dict[str, Any]) -> tuple[Vo
             f"{where.capitalize()} no voice {voice_id!r}; GET /api/v1/voices lists them.",
         )
     if voice.cloning_mode == prompts.ZERO_SHOT:
+        _check_consent(voice)
         return voice, _cloning_voice(voice, engine)
     if engine and prompts.speaking_voice(voice)[1] != engine:
         raise _bad(
@@ -106,6 +107,24 @@ def _check_model(engine: str) -> None:
         "unknown_model",
         "engine",
         f"There is no model {engine!r}; GET /v1/models lists the installed ones.",
+    )
+
+
+def _check_consent(voice: Voice) -> None:
+    """A voice is cloned only under a recorded consent in force (docs/voices.md, "Consent")."""
+    refusal = prompts.consent_refusal(voice)
+    if refusal is None:
+        return
+    why = (
+        "its consent was revoked"
+        if refusal == "consent_revoked"
+        else "it has no recorded consent (POST /v1/audio/voice_consents, then name it on the voice)"
+    )
+    raise DomainError(
+        ErrorCode.CLONING_UNAVAILABLE,
+        f"Voice {voice.voice_id} cannot be cloned: {why}.",
+        field="voice",
+        extra={"reason": refusal},
     )
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
+from django.utils import timezone
 
+from webapp.audit import services as audit
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech import lifecycle
-from webapp.speech.models import Voice
-from webapp.speech.services import prompts, sentence_cache
+from webapp.speech.models import Voice, VoiceConsent
+from webapp.speech.services import consents, files, prompts, sentence_cache
 from webapp.tenants.models import Organization
 
 if TYPE_CHECKING:
@@ -67,6 +69,51 @@ def delete_voice(organization: Organization, voice: Voice) -> None:
         # Biometric data: its queued jobs fail `voice_deleted`, its files go at commit.
         lifecycle.fail_jobs_of_deleted_voice(locked)
         prompts.remove_voice_files(locked)
+        _drop_consent_recording(locked)
         org_id, voice_pk = locked.organization_id, locked.pk
         transaction.on_commit(lambda: sentence_cache.purge_voice(org_id, voice_pk))  # its rendered sentences
         locked.delete()
+
+
+def _drop_consent_recording(voice: Voice) -> None:
+    """Inside a voice's deletion: its consent's recording goes with the last voice naming it (the
+    consent row stays for audit, with the recording's checksum)."""
+    if (
+        voice.consent_id is None
+        or Voice.objects.filter(consent_id=voice.consent_id).exclude(pk=voice.pk).exists()
+    ):
+        return
+    consent = VoiceConsent.objects.select_for_update().get(pk=voice.consent_id)
+    path = consent.recording_path
+    consent.recording_path, consent.embedding = "", None  # biometric data, as the prompt's
+    consent.save(update_fields=["recording_path", "embedding"])
+    if path:
+        transaction.on_commit(lambda: files.remove_file(path))
+
+
+def revoke_consent(organization: Organization, consent_id: str, label: str, actor: Any) -> VoiceConsent:
+    """Revoke a tenant's consent: no voice naming it is cloned from now on, and the queued and running
+    jobs that clone one end ``consent_revoked`` (a running one at its next sentence). Idempotent; the
+    record is kept for audit.
+
+    One transaction, locks in the order consent, job, tenant (a voice upload naming the consent
+    locks it before its tenant too). ``actor``: who revokes it (a user or an API key), for the audit log.
+    """
+    found = consents.get_consent(organization, consent_id)
+    with transaction.atomic(durable=True):
+        consent = VoiceConsent.objects.select_for_update().get(pk=found.pk)
+        if consent.status == VoiceConsent.Status.REVOKED:
+            return consent
+        consent.status = VoiceConsent.Status.REVOKED
+        consent.revoked_at = timezone.now()
+        consent.revoked_by_label = label[:300]
+        consent.save(update_fields=["status", "revoked_at", "revoked_by_label"])
+        ended = lifecycle.fail_jobs_of_revoked_consent(consent)
+        audit.record(
+            "voice_consent.revoked",
+            target=consent,
+            organization=organization,
+            actor=actor,
+            details={"consent": consent.consent_id, "jobs_ended": ended},
+        )
+    return consent

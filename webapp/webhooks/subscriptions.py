@@ -19,7 +19,6 @@ from webapp.speech.services.ledger import Settlement
 from webapp.webhooks import outbox
 from webapp.webhooks.models import EventType, WebhookEndpoint
 
-
 # What a job's event needs, in one statement: the job's facts its payload shows and the tenant's enabled
 # endpoints.
 _JOB_FIELDS = (

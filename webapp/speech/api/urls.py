@@ -1,6 +1,6 @@
 from django.urls import URLPattern, URLResolver, include, path
 
-from webapp.speech.api import openai, openai_catalog, streaming, timestamps, views, voices
+from webapp.speech.api import consents, openai, openai_catalog, streaming, timestamps, views, voices
 from webapp.speech.api.cache import SentenceCacheView
 
 # The sub-resources of one job: api/v1/speech/<job_id>/...
@@ -16,6 +16,9 @@ _v1_routes: list[URLPattern | URLResolver] = [
     path("speech", views.SpeechListView.as_view(), name="api-speech"),
     path("speech/<str:job_id>", views.speech_detail, name="api-speech-detail"),
     path("speech/<str:job_id>/", include(_job_routes)),
+    path("voice_consents", consents.ConsentCollectionView.as_view(), name="api-consents"),
+    path("voice_consents/phrase", consents.ConsentPhraseView.as_view(), name="api-consent-phrase"),
+    path("voice_consents/<str:consent_id>", consents.ConsentDetailView.as_view(), name="api-consent-detail"),
     path("usage", views.UsageView.as_view(), name="api-usage"),
     path("cache", SentenceCacheView.as_view(), name="api-sentence-cache"),
     path("schema", views.PublicSchemaView.as_view(), name="api-schema"),
@@ -25,6 +28,13 @@ _openai_routes: list[URLPattern | URLResolver] = [
     path("audio/speech", openai.openai_speech, name="openai-speech"),
     path("audio/voices", openai_catalog.OpenAIVoicesView.as_view(), name="openai-voices"),
     path("models", openai_catalog.OpenAIModelsView.as_view(), name="openai-models"),
+    path("audio/voice_consents", consents.ConsentCollectionView.as_view(), name="openai-consents"),
+    path("audio/voice_consents/phrase", consents.ConsentPhraseView.as_view(), name="openai-consent-phrase"),
+    path(
+        "audio/voice_consents/<str:consent_id>",
+        consents.ConsentDetailView.as_view(),
+        name="openai-consent-detail",
+    ),
 ]
 
 urlpatterns: list[URLPattern | URLResolver] = [

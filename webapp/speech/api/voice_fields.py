@@ -58,6 +58,8 @@ def uploaded_voice_fields(voice: Voice, with_embedding: bool = False) -> dict[st
         "consent": {
             "by": voice.consent_by_label,
             "at": voice.consent_at.isoformat() if voice.consent_at else None,
+            # The recorded consent cloning needs (cons_...), None for a voice confirmed by consent=true.
+            "id": f"cons_{voice.consent_id.hex}" if voice.consent_id else None,
         },
         "rejected_code": voice.rejected_code or None,
         "status_reason": voice.status_reason,

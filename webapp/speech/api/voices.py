@@ -24,8 +24,8 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.problems import Problem
 from webapp.speech.api.serializers import VoiceSerializer
 from webapp.speech.api.views import VoiceListView
-from webapp.speech.models import Voice
-from webapp.speech.services import prompts
+from webapp.speech.models import Voice, VoiceConsent
+from webapp.speech.services import consents, prompts
 from webapp.tenants.models import ApiKey
 
 # Multipart framing around the file; Nginx allows the same margin (deploy/nginx.py).
@@ -45,13 +45,29 @@ def _field(request: Request, name: str, limit: int, required: bool = False) -> s
     return value.strip()
 
 
-def _consent(request: Request) -> None:
-    if str(_form(request).get("consent", "")).lower() not in ("true", "1", "yes", "on"):
+def _consent(request: Request, organization: Any) -> VoiceConsent | None:
+    """``consent=cons_…`` names a recorded consent (cloning needs one); ``consent=true`` is the
+    uploader's own word that the speaker agreed, enough for a voice that is not cloned."""
+    value = str(_form(request).get("consent", "")).strip()
+    if value.startswith("cons_"):
+        consent = consents.get_consent(organization, value)
+        if consent.status != VoiceConsent.Status.ACTIVE:
+            raise DomainError(ErrorCode.CONSENT_REVOKED, f"Consent {value} was revoked.", field="consent")
+        if not consent.recording_path:
+            raise DomainError(
+                ErrorCode.CONSENT_REVOKED,
+                f"Consent {value}'s recording was deleted with its voice; record a new consent.",
+                field="consent",
+            )
+        return consent
+    if value.lower() not in ("true", "1", "yes", "on"):
         raise DomainError(
             ErrorCode.CONSENT_REQUIRED,
-            "Set consent=true to confirm that you have the speaker's permission to use their voice.",
+            "Name a recorded consent (consent=cons_...), or set consent=true to confirm that you have "
+            "the speaker's permission to use their voice (a voice that is not cloned).",
             field="consent",
         )
+    return None
 
 
 def _audio(request: Request, limit: int) -> UploadedFile:
@@ -69,7 +85,7 @@ def _audio(request: Request, limit: int) -> UploadedFile:
     return audio
 
 
-def _who(request: Request) -> tuple[Any, str]:
+def who(request: Request) -> tuple[Any, str]:
     """The user who confirmed consent (the key's user for an API key), and a label that outlives them."""
     key = request.auth if isinstance(request.auth, ApiKey) else None
     user = key.user if key is not None else request.user
@@ -104,10 +120,10 @@ class VoiceCollectionView(VoiceListView):
         audio = _audio(request, limit)
         name = _field(request, "name", Voice.MAX_NAME_CHARS, required=True)
         transcript = _field(request, "transcript", Voice.MAX_TRANSCRIPT_CHARS)
-        _consent(request)
+        consent = _consent(request, self.organization)
         mode = _form(request).get("cloning_mode") or None
-        user, label = _who(request)
-        upload = prompts.VoiceUpload(name, transcript, mode, user, label)
+        user, label = who(request)
+        upload = prompts.VoiceUpload(name, transcript, mode, user, label, consent)
         try:
             voice = prompts.create_voice_from_file(self.organization, audio, upload, admitted)
         except DomainError as exc:

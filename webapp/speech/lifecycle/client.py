@@ -41,7 +41,7 @@ from webapp.speech.lifecycle._core import (
     _transition,
 )
 from webapp.speech.lifecycle.retention import expire_audio
-from webapp.speech.models import IdempotencyKey, SynthesisJob, Voice
+from webapp.speech.models import IdempotencyKey, SynthesisJob, Voice, VoiceConsent
 from webapp.speech.services import dispatch, files, ledger, prompts
 from webapp.speech.services.pins import NO_PINS, DictionaryPins
 from webapp.tenants import locks
@@ -366,6 +366,21 @@ def fail_jobs_of_deleted_voice(voice: Voice) -> int:
     for job_id in SynthesisJob.objects.filter(queued, voice=voice).values_list("id", flat=True):
         if _fail(
             job_id, JobFailureCode.VOICE_DELETED, "The voice this job used was deleted.", allowed=queued
+        ):
+            failed += 1
+    return failed
+
+
+def fail_jobs_of_revoked_consent(consent: VoiceConsent) -> int:
+    """A step of a consent's revocation, inside its transaction: the queued and running jobs that clone
+    a voice under it end ``consent_revoked``. A running one's attempt finds its job ended at its next
+    sentence's fenced write and stops there; what its streams delivered is charged.
+    """
+    cloning = SynthesisJob.objects.filter(ACTIVE, voice__consent=consent, cloning_mode=prompts.ZERO_SHOT)
+    failed = 0
+    for job_id in cloning.values_list("id", flat=True):
+        if _fail(
+            job_id, JobFailureCode.CONSENT_REVOKED, "The consent of the voice this job clones was revoked."
         ):
             failed += 1
     return failed

@@ -20,7 +20,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 from django.conf import settings
 
-from webapp.speech.models import Voice
+from webapp.speech.models import Voice, VoiceConsent
 from webapp.speech.runtime import recycling
 from webapp.speech.services import prompts
 from webapp.speech.services.files import media_path
@@ -90,6 +90,11 @@ def _analyse(voice_pk: str) -> str:
     if refused is not None:
         prompts.reject_voice(voice_pk, *refused)
         return f"rejected:{refused[0]}"
+    if voice.consent_id is not None:
+        mismatch = _consent_mismatch(voice, profile.embedding)
+        if mismatch is not None:
+            prompts.reject_voice(voice_pk, "consent_mismatch", mismatch)
+            return "rejected:consent_mismatch"
     if voice.cloning_mode == prompts.ZERO_SHOT:
         # Bound to no engine: any model that clones speaks it, chosen per request at submit
         # (submission._cloning_voice); the analysis only checked the prompt is usable.
@@ -119,3 +124,32 @@ def _closest_voice(profile: Any) -> tuple[Any, Any]:
         profile, candidates, lambda s: speaker.synthesizer_fn(synth, work, pitch=s)
     )
     return builtins.get(voice_id=closest.voice_id), closest
+
+
+def _consent_mismatch(voice: Voice, embedding: list[float]) -> str | None:
+    """Why the voice's consent recording is not its prompt's speaker, or None when it is.
+
+    The consent's embedding is computed once, from its recording, and kept beside it.
+    """
+    import soundfile as sf
+
+    from synth import consent as consent_check
+    from synth import speaker
+
+    consent = voice.consent
+    if consent is None:
+        return None
+    if consent.embedding is None:
+        if not consent.recording_path:
+            return "the consent's recording was deleted; record a new consent"
+        audio, rate = sf.read(media_path(consent.recording_path), dtype="float32")
+        consent.embedding = speaker.embed(audio, int(rate))
+        VoiceConsent.objects.filter(pk=consent.pk).update(embedding=consent.embedding)
+    similarity = consent_check.speaker_similarity(consent.embedding, embedding)
+    log.info("voice %s: consent %s speaker similarity %.3f", voice.pk, consent.consent_id, similarity)
+    if similarity >= consent_check.SAME_SPEAKER_THRESHOLD:
+        return None
+    return (
+        f"the consent recording ({consent.consent_id}) is not the prompt's speaker "
+        f"(similarity {similarity:.2f}, at least {consent_check.SAME_SPEAKER_THRESHOLD:.2f} needed)"
+    )

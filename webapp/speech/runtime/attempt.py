@@ -65,6 +65,10 @@ class AttemptLost(Exception):
     """A write of this attempt matched no row: another attempt owns the job now, or it ended."""
 
 
+class ConsentWithdrawn(Exception):
+    """The voice this job clones may not be cloned any more (its consent revoked)."""
+
+
 class SoftLimitReached(Exception):
     """The job used up its CPU-time budget (the soft limit): stop before the next sentence."""
 
@@ -272,6 +276,11 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
         if done < total and attempt.cpu_seconds > attempt.cpu_budget:
             raise SoftLimitReached()
 
+    if job.cloning_mode == prompts.ZERO_SHOT and job.voice is not None:
+        # Revoked after submit, before the revocation failed this job (or while it did).
+        refusal = prompts.consent_refusal(job.voice)
+        if refusal is not None:
+            raise ConsentWithdrawn(refusal)
     os.makedirs(os.path.dirname(attempt.out_path), exist_ok=True)
     request = SynthesisRequest(
         text=job.text,
@@ -375,6 +384,10 @@ def _settle_failure(attempt: Attempt, exc: Exception) -> Outcome:
     if isinstance(exc, Cancelled):
         canceled = db_retry(lifecycle.finish_canceled, job.id, attempt.token)
         return Outcome("canceled" if canceled else "lost")
+    if isinstance(exc, ConsentWithdrawn):
+        return _failed(
+            attempt, JobFailureCode.CONSENT_REVOKED, "The consent of the voice this job clones was revoked."
+        )
     if isinstance(exc, SoftLimitReached):
         message = (
             f"Synthesis needed more than the {attempt.soft:g} s of CPU time allowed "

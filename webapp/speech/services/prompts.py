@@ -10,12 +10,14 @@ at once (docs/voices.md).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import logging
 import os
 import tempfile
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +30,7 @@ from django.utils import timezone
 
 from synth.prompt import UPLOAD_CODES, PromptLimits, PromptRejected, prepare_prompt, sandbox_mode
 from webapp.errors import DomainError, ErrorCode
-from webapp.speech.models import Voice
+from webapp.speech.models import Voice, VoiceConsent
 from webapp.speech.services import decodes, dispatch, events, files
 from webapp.tenants import locks
 from webapp.tenants.models import Organization
@@ -52,6 +54,7 @@ class VoiceUpload:
     cloning_mode: str | None  # None: the best mode the installed engines offer
     consent_by: Any  # the user, or None for a key without one
     consent_label: str  # who confirmed consent, in words that outlive the user row
+    consent: VoiceConsent | None = None  # the recorded consent it names (zero_shot needs one)
 
 
 @functools.cache
@@ -80,10 +83,11 @@ def cloning_modes() -> dict[str, bool]:
     return {ZERO_SHOT: cloning, APPROXIMATE: True}
 
 
-def _mode(requested: str | None) -> str:
+def _mode(requested: str | None, consented: bool) -> str:
+    """The voice's mode: the one asked for, else zero_shot where a model clones and a consent is named."""
     available = cloning_modes()
     if requested is None:
-        return ZERO_SHOT if available[ZERO_SHOT] else APPROXIMATE
+        return ZERO_SHOT if available[ZERO_SHOT] and consented else APPROXIMATE
     if requested not in MODES:
         raise DomainError(
             ErrorCode.INVALID_REQUEST,
@@ -115,7 +119,7 @@ def _check_room(organization: Organization) -> None:
         )
 
 
-def _upload_error(code: str) -> ErrorCode:
+def upload_error(code: str) -> ErrorCode:
     """The API error for a refusal of synth.prompt (HTTP statuses in webapp/problems.py).
 
     Its upload codes are API codes too, except the size limit, which the API calls
@@ -140,23 +144,32 @@ def admit_upload(organization: Organization) -> Admitted:
     return Admitted(organization.pk)
 
 
+@contextlib.contextmanager
+def spooled(upload: File) -> Iterator[str]:
+    """A path to the uploaded file: Django's temporary file, or the file spooled to disk when it is
+    still in memory (removed after the block)."""
+    path = getattr(upload, "temporary_file_path", None)
+    if callable(path):
+        yield str(path())
+        return
+    folder = os.path.join(str(settings.MEDIA_ROOT), "tmp")
+    os.makedirs(folder, exist_ok=True)
+    fd, spooled_path = tempfile.mkstemp(prefix="upload-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in upload.chunks():
+                fh.write(chunk)
+        yield spooled_path
+    finally:
+        os.remove(spooled_path)
+
+
 def create_voice_from_file(
     organization: Organization, audio: File, upload: VoiceUpload, admitted: Admitted
 ) -> Voice:
-    """:func:`create_voice` for an uploaded file, spooled to disk when it is still in memory."""
-    path = getattr(audio, "temporary_file_path", None)
-    if callable(path):
-        return create_voice(organization, str(path()), upload, admitted)
-    folder = os.path.join(str(settings.MEDIA_ROOT), "tmp")
-    os.makedirs(folder, exist_ok=True)
-    fd, spooled = tempfile.mkstemp(prefix="upload-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            for chunk in audio.chunks():
-                fh.write(chunk)
-        return create_voice(organization, spooled, upload, admitted)
-    finally:
-        os.remove(spooled)
+    """:func:`create_voice` for an uploaded file."""
+    with spooled(audio) as path:
+        return create_voice(organization, path, upload, admitted)
 
 
 def create_voice(
@@ -170,7 +183,14 @@ def create_voice(
     """
     if admitted.organization_id != organization.pk:
         raise ValueError("an upload admitted for another tenant")
-    mode = _mode(upload.cloning_mode)
+    mode = _mode(upload.cloning_mode, upload.consent is not None)
+    if mode == ZERO_SHOT and upload.consent is None:
+        raise DomainError(
+            ErrorCode.CONSENT_REQUIRED,
+            "A voice cloned zero-shot needs a recorded consent: record one (POST /v1/audio/voice_consents) "
+            "and name it (consent=cons_...).",
+            field="consent",
+        )
     _check_room(organization)
     if not connection.in_atomic_block:
         # Back to the pool (ASGI) while the upload waits for a decoder and decodes: a connection
@@ -195,7 +215,7 @@ def create_voice(
         with decodes.decode_slot(organization.pk):
             stats = prepare_prompt(upload_path, target, limits)
     except PromptRejected as exc:
-        raise DomainError(_upload_error(exc.code), exc.message, field="audio") from exc
+        raise DomainError(upload_error(exc.code), exc.message, field="audio") from exc
     original = _keep_original(upload_path, organization, voice_uuid, stats.container)
     try:
         voice = _insert(organization, voice_uuid, relative, original, stats.to_json(), mode, upload)
@@ -230,6 +250,8 @@ def _insert(
     now = timezone.now()
     with transaction.atomic(durable=True):
         # The tenant row is the lock: parallel uploads cannot both take the last voice slot.
+        if upload.consent is not None:
+            _consent_active(upload.consent)  # before the tenant: a revocation locks it before jobs and tenant
         org = locks.lock_tenant(organization.pk)
         _check_room(org)
         voice = Voice.objects.create(
@@ -250,12 +272,22 @@ def _insert(
             consent_by_label=upload.consent_label[:300],
             consent_at=now,
             cloning_mode=mode,
+            consent=upload.consent,
             prompt_stats=stats,
             created_at=now,
         )
         pk = voice.pk
         transaction.on_commit(lambda: dispatch.send_analysis(pk))
     return voice
+
+
+def _consent_active(consent: VoiceConsent) -> None:
+    """The consent a voice names is still in force (its row locked: a revocation waits for the commit)."""
+    active = VoiceConsent.objects.select_for_update().filter(pk=consent.pk, status=VoiceConsent.Status.ACTIVE)
+    if not active.exists():
+        raise DomainError(
+            ErrorCode.CONSENT_REVOKED, f"Consent {consent.consent_id} was revoked.", field="consent"
+        )
 
 
 # --------------------------------------------------------------------- analysis (worker side)
@@ -382,6 +414,16 @@ def job_voice(
     if voice.organization_id is not None:
         Voice.objects.filter(pk=voice.pk).update(last_used_at=now)
     return name, engine, params, mode
+
+
+def consent_refusal(voice: Voice) -> str | None:
+    """Why ``voice`` may not be cloned now (``no_consent``, ``consent_revoked``), or None when it may."""
+    if voice.consent_id is None:
+        return "no_consent"
+    consent = VoiceConsent.objects.filter(pk=voice.consent_id).values_list("status", flat=True).first()
+    if consent is None:
+        return "no_consent"
+    return None if consent == VoiceConsent.Status.ACTIVE else "consent_revoked"
 
 
 def voice_prompt(voice: Voice | None) -> VoicePrompt | None:
