@@ -27,9 +27,12 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import logging
 import sys
 import types
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 CHECKED_ON = "2.0.3"
 # config.json's ``architecture`` -> the model module (``voxcpm.core`` reads the same field).
@@ -74,9 +77,21 @@ def model_module(architecture: str) -> Any:
     except ImportError as exc:
         raise PackageMissing(f"{name} does not import: {type(exc).__name__}: {exc}") from exc
     tqdm = getattr(module, "tqdm", None)
-    if tqdm is not None and not isinstance(tqdm, functools.partial):
+    if tqdm is None:
+        log.warning(
+            "%s has no tqdm (checked on voxcpm %s): its progress bar may reach the log", name, CHECKED_ON
+        )
+    elif not isinstance(tqdm, functools.partial):
         setattr(module, "tqdm", functools.partial(tqdm, disable=True))  # noqa: B010
     return module
 
 
-__all__ = ["CHECKED_ON", "MODULES", "PackageMissing", "model_module"]
+def module_named(name: str) -> Any:
+    """The model module ``name`` (``voxcpm.model.voxcpm2``) as :func:`model_module` imports it."""
+    by_module = {module: arch for arch, module in MODULES.items()}
+    if name not in by_module:
+        raise ValueError(f"not a voxcpm model module: {name}")
+    return model_module(by_module[name])
+
+
+__all__ = ["CHECKED_ON", "MODULES", "PackageMissing", "model_module", "module_named"]
