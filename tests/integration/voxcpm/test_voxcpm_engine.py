@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
 
-from synth.engines.base import VoicePrompt, VoiceParams
+from synth.engines.base import VoiceParams, VoicePrompt
 from synth.engines.voxcpm import VoxCPMEngine
 from synth.errors import Cancelled, EngineUnavailable
 from tests.integration.voxcpm.conftest import copy_model
