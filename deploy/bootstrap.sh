@@ -61,13 +61,16 @@ stamp=.venv/.installed
 # itself, editable, without resolving again. The stamp holds the lock's and pyproject.toml's hashes: a
 # new lock installs again, and a changed pyproject.toml (its entry points: the engines) the project.
 LOCK=deploy/requirements.lock
+# Packages installed without their declared requirements (voxcpm: docs/engines.md, "VoxCPM").
+NODEPS=deploy/requirements-nodeps.lock
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-want="$(cat "$LOCK" pyproject.toml | sha256sum | cut -d' ' -f1)"
+want="$(cat "$LOCK" "$NODEPS" pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "bootstrap: installing $LOCK and the project into .venv"
   .venv/bin/pip install -q -r "$LOCK"
+  .venv/bin/pip install -q --no-deps -r "$NODEPS"
   .venv/bin/pip install -q --no-deps --no-build-isolation -e .
   echo "$want" > "$stamp"
 fi

@@ -101,6 +101,8 @@ class EngineOptions:
     # TTS_MODELS_DIR/<engine>/ for the engine being created, when it exists and is verified
     # (synth.models); an engine that needs weights reads them from there.
     model_dir: str | None = None
+    # TTS_MODELS_DIR itself: a plugin may read its directory's config to list voices (not verified).
+    models_dir: str | None = None
 
 
 @dataclass(frozen=True)

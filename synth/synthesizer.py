@@ -115,6 +115,7 @@ class Synthesizer:
             solo_threads=solo_threads,
             busy=busy,
             model_cache_dir=model_cache_dir,
+            models_dir=models_dir,
         )
         self.batch = (batch_jobs, batch_wait_ms)
         self.threads = threads

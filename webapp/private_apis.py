@@ -12,7 +12,10 @@ falls back to the library's stock behaviour. ``tests/unit/test_private_apis.py``
 checks that every name exists in the installed versions, and each fallback.
 
 This module sits low in the site's layers: it imports no part of the site,
-and a library only when a name of it is checked.
+and a library only when a name of it is checked. A name whose module cannot be imported
+the ordinary way names the function that imports it (``importer``): voxcpm's model module,
+which the VoxCPM engine imports without the package's ``__init__``
+(synth/engines/voxcpm_package.py). ``checked_on`` is the version a use was last read against.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ class PrivateName:
     without: str  # what runs when it is missing
     # For an attribute set on instances: owner -> an instance to look at.
     instance: Callable[[Any], Any] | None = None
+    # "module:function" that imports the owner's module (given its name), where a plain import cannot.
+    importer: str | None = None
+    checked_on: str | None = None  # the library's version the use was checked against
 
     @property
     def where(self) -> str:
@@ -45,7 +51,11 @@ class PrivateName:
 
     def holder(self) -> Any:
         module_name, _, qualname = self.owner.partition(":")
-        obj: Any = importlib.import_module(module_name)
+        if self.importer is not None:
+            where, _, function = self.importer.partition(":")
+            obj: Any = getattr(importlib.import_module(where), function)(module_name)
+        else:
+            obj = importlib.import_module(module_name)
         for part in qualname.split(".") if qualname else ():
             obj = getattr(obj, part)
         return self.instance(obj) if self.instance is not None else obj
@@ -136,6 +146,20 @@ SOUNDFILE_FFI = PrivateName(
     used_by="webapp/speech/services/outputs.py (storage_error_code reads the C errno of a failed write)",
     without="a failed audio write is reported as storage_error, a full disk included",
 )
+# The package's layout: the model module imported with ``voxcpm/__init__`` (and its torchaudio
+# import) skipped, and its module-level ``tqdm`` replaced to silence the per-patch bar.
+VOXCPM_MODEL_MODULES = PrivateName(
+    "voxcpm",
+    "voxcpm.model.voxcpm2",
+    "tqdm",
+    used_by=(
+        "synth/engines/voxcpm_package.py (imports voxcpm.model.voxcpm2 without the package's __init__, "
+        "which imports torchaudio; replaces the module's tqdm with a disabled one)"
+    ),
+    without="the voxcpm engine is unavailable (its model module does not import), or logs a progress bar",
+    importer="synth.engines.voxcpm_package:module_named",
+    checked_on="2.0.3",
+)
 
 ALL: tuple[PrivateName, ...] = (
     POOL_EVENT_PROCESS_EXIT,
@@ -145,6 +169,7 @@ ALL: tuple[PrivateName, ...] = (
     DJANGO_RESOURCE_CLOSERS,
     DRF_REQUEST,
     SOUNDFILE_FFI,
+    VOXCPM_MODEL_MODULES,
 )
 
 # Names reported missing in this process (a forked child inherits its parent's).
@@ -173,8 +198,13 @@ def check(private: PrivateName) -> bool:
 
 
 def check_all(**_: Any) -> list[PrivateName]:
-    """Check every listed name (at a process's start); the missing ones."""
-    return [private for private in ALL if not check(private)]
+    """Check every listed name (at a process's start); the missing ones.
+
+    Names with an ``importer`` are left to the code that uses them (their import is a model's:
+    torch and more, never in the web tier): the VoxCPM engine reports its own failure to import as
+    engine_unavailable, and tests/unit/test_private_apis.py checks them against the installed version.
+    """
+    return [private for private in ALL if private.importer is None and not check(private)]
 
 
 signals.worker_init.connect(check_all, weak=False)

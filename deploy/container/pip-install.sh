@@ -23,4 +23,9 @@ python3 "$build/requirements.py" "$build/pyproject.toml" "$@" > /tmp/requirement
 # compiler involved); every other package comes as a wheel.
 /opt/venv/bin/pip install --only-binary=:all: --no-binary=srt ${TTS_WHEELS:+--find-links "$TTS_WHEELS"} \
   -c "$lock" -r /tmp/requirements.txt
+# The voxcpm extra: the package itself without its declared requirements (gradio, funasr,
+# modelscope, datasets, torchaudio, torchcodec...: its demo, training and hub code, never imported).
+case " $* " in
+  *" voxcpm "*) /opt/venv/bin/pip install --only-binary=:all: --no-deps -r "$build/requirements-nodeps.lock" ;;
+esac
 rm -f /tmp/requirements.txt /tmp/lock.cuda

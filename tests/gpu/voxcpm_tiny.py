@@ -5,12 +5,13 @@ package's real loading and generation code on the device (memory, leaks, recycli
 :func:`build_tiny_voxcpm2` writes what ``voxcpm.model.VoxCPM2Model.from_local(path)``
 reads, with the real architecture shrunk to a few hundred thousand parameters:
 
-- ``config.json``: validated there by voxcpm's pydantic ``VoxCPMConfig``; the real
-  model's structure (MiniCPM-4 text LM with LongRoPE, residual LM, local encoder,
-  local DiT with its flow-matching sampler, the 16 kHz -> 48 kHz causal AudioVAE V2
-  with the same strides) with small widths and one or two layers each;
-- ``model.safetensors`` and ``audiovae.safetensors``: seeded random weights, made by
-  voxcpm's own modules so the names and shapes are exactly the ones it loads;
+- ``config.json``: voxcpm's pydantic ``VoxCPMConfig`` as it dumps itself (no nulls), with
+  ``architecture``; the real model's structure (MiniCPM-4 text LM with LongRoPE, residual
+  LM, local encoder, local DiT with its flow-matching sampler, the 16 kHz -> 48 kHz causal
+  AudioVAE V2 with the same strides) with widths of tens and one layer each;
+- ``model.safetensors`` (bfloat16, the config's dtype) and ``audiovae.safetensors``
+  (float32): seeded random weights, made by voxcpm's own modules so the names and shapes
+  are exactly the ones it loads;
 - ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``: a
   Llama-style BPE tokenizer (``<unk>``, ``<s>``, ``</s>``, the 256 byte-fallback
   tokens, ``▁`` and printable ASCII) built offline with the ``tokenizers`` library,
@@ -18,7 +19,10 @@ reads, with the real architecture shrunk to a few hundred thousand parameters:
 
 The audio it makes is noise: use it for memory and leak figures only, never for
 quality or speed. Building needs torch, voxcpm (and its imports), tokenizers and
-safetensors; it runs on the CPU in a second or two.
+safetensors; it runs on the CPU in a second or two. The package's model module is imported
+through synth.engines.voxcpm_package (no torchaudio needed), as the engine imports it.
+Used by the device check (tests/gpu/voxcpm_check.py) and the tests' ``voxcpm_model``
+fixture (tests/integration/voxcpm/conftest.py).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ def tiny_config(vocab_size: int) -> dict[str, Any]:
             "intermediate_size": 128,
             "max_position_embeddings": 4096,
             "num_attention_heads": 4,
-            "num_hidden_layers": 2,
+            "num_hidden_layers": 1,
             "num_key_value_heads": 2,
             "rms_norm_eps": 1e-05,
             "rope_theta": 10000.0,
@@ -154,31 +158,39 @@ def build_tiny_voxcpm2(path: str | Path, seed: int = 0) -> dict[str, Any]:
     """Write a tiny random-weight VoxCPM2 model directory at ``path``; returns its description.
 
     The weights come from voxcpm's own modules, initialised under ``torch.manual_seed(seed)``
-    on the CPU in float32, so the same seed and voxcpm/torch versions give the same files.
+    on the CPU in float32 (the LM's saved in bfloat16), so the same seed and voxcpm/torch
+    versions give the same files.
     """
+    import contextlib
+    import io
+
     import torch
     from safetensors.torch import save_file
     from transformers import LlamaTokenizerFast
-    from voxcpm.model.voxcpm2 import AudioVAEConfigV2, AudioVAEV2, VoxCPM2Model, VoxCPMConfig
 
+    from synth.engines.voxcpm_package import model_module
+
+    v2 = model_module("voxcpm2")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     vocab = tiny_vocab()
     _write_tokenizer(out, vocab)
-    config = tiny_config(len(vocab))
+    parsed = v2.VoxCPMConfig.model_validate(tiny_config(len(vocab)))
+    # The package's own dump, nulls left out (a null would not validate as an int field back).
+    config = {"architecture": "voxcpm2", **parsed.model_dump(mode="json", exclude_none=True)}
     (out / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
 
     # Build through the package's constructor (as from_local does), on the CPU in float32.
-    parsed = VoxCPMConfig.model_validate(config)
     parsed.dtype = "float32"
     tokenizer = LlamaTokenizerFast.from_pretrained(str(out))
     torch.manual_seed(seed)
-    audio_vae = AudioVAEV2(config=AudioVAEConfigV2.model_validate(config["audio_vae_config"]))
-    model = VoxCPM2Model(parsed, tokenizer, audio_vae, device="cpu")
+    audio_vae = v2.AudioVAEV2(config=v2.AudioVAEConfigV2.model_validate(config["audio_vae_config"]))
+    with contextlib.redirect_stderr(io.StringIO()):  # "Running on device: ..."
+        model = v2.VoxCPM2Model(parsed, tokenizer, audio_vae, device="cpu")
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     vae = {k[len("audio_vae.") :]: v for k, v in state.items() if k.startswith("audio_vae.")}
-    # The KV caches are rebuilt at load, not weights; the VAE goes to its own file.
-    main = {k: v for k, v in state.items() if not k.startswith("audio_vae.")}
+    # The KV caches are rebuilt at load, not weights; the VAE goes to its own file, in float32.
+    main = {k: v.to(torch.bfloat16) for k, v in state.items() if not k.startswith("audio_vae.")}
     save_file(main, str(out / "model.safetensors"))
     save_file(vae, str(out / "audiovae.safetensors"))
     files = sorted(p for p in out.iterdir() if p.is_file())

@@ -212,3 +212,15 @@ def test_a_child_with_the_exit_hook_keeps_the_settings_policy(monkeypatch: pytes
     health = recycling.health_for_child()
     assert health.policy == recycling.RecyclePolicy.from_settings()
     assert getattr(pool.mem_rss, "_tts_hook", False)  # type: ignore[attr-defined]
+
+
+def test_voxcpms_model_module_is_found_through_its_importer_and_left_out_of_the_start_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name = private_apis.VOXCPM_MODEL_MODULES
+    if name.version() is None:
+        pytest.skip("voxcpm is not installed")
+    assert name.present() and name.checked_on == "2.0.3"
+    monkeypatch.setattr(private_apis, "ALL", (name,))
+    monkeypatch.setattr(private_apis.PrivateName, "present", lambda self: False)
+    assert private_apis.check_all() == []  # a model's import is never run at a web process's start
