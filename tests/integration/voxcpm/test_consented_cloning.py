@@ -1,0 +1,120 @@
+"""Cloning under a checked consent, end to end on the tiny VoxCPM (issue 52).
+
+phrase -> flite reads it -> consent recorded -> a voice uploaded naming it (the analysis worker
+checks it is the same speaker) -> a zero_shot job on the VoxCPM model -> revoke -> the running
+job ends ``consent_revoked`` at its next sentence and the next submit is refused. Real web tier,
+real analysis and VoxCPM workers, on the test stack's PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import prompt_files as pf
+from tests.integration.api.conftest import ApiClient, problem, wait_finished
+from tests.integration.voxcpm.conftest import worker_path
+from tests.plugin_builds import make_client
+from tests.reliability.helpers import flush_queues, start_worker, wait_until
+from tests.stack import TestStack
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def consent(client: ApiClient, tmp: Path, reader: str) -> str:
+    """A consent recorded with ``reader`` (a flite voice) reading a fresh phrase: its id."""
+    phrase = client.get("/v1/audio/voice_consents/phrase").json()
+    wav = pf.flite(reader, tmp / f"consent-{reader}.wav", phrase["text"])
+    with open(wav, "rb") as fh:
+        form = {"name": reader, "language": "en", "recording": fh}
+        r = client.client.post("/api/v1/voice_consents", form, **client._headers(None))
+    assert r.status_code == 201, r.content
+    return str(r.json()["id"])
+
+
+def voice(client: ApiClient, tmp: Path, speaker: str, consent_id: str) -> dict[str, Any]:
+    """A zero_shot voice of ``speaker`` naming the consent, once its analysis decided it."""
+    with open(pf.flite(speaker, tmp / f"prompt-{speaker}.wav"), "rb") as fh:
+        form = {"name": speaker, "consent": consent_id, "cloning_mode": "zero_shot", "audio": fh}
+        r = client.client.post("/api/v1/voices", form, **client._headers(None))
+    assert r.status_code == 202, r.content
+    url = f"/api/v1/voices/{r.json()['id']}"
+    decided: dict[str, Any] = wait_until(
+        lambda: (v := client.get(url).json())["status"] != "processing" and v, 120, "the analysis"
+    )
+    return decided
+
+
+@pytest.fixture
+def workers(
+    stack: TestStack, voxcpm_models: Path, voxcpm_site: Path, no_session_worker: None
+) -> Iterator[None]:
+    flush_queues(stack, "synth.voxcpm", "analysis")
+    synth = start_worker(
+        stack,
+        "voxcpm-clone",
+        engines="voxcpm",
+        PYTHONPATH=worker_path(voxcpm_site),
+        TTS_MODELS_DIR=str(voxcpm_models),
+    )
+    analysis = stack.start_worker(
+        "consent-analysis", queues="analysis", env={"TTS_WORKER_ROLE": "analysis"}, wait_ready=False
+    )
+    try:
+        yield
+    finally:
+        stack.stop_service(analysis)
+        stack.stop_service(synth)
+
+
+def test_a_consented_voice_is_cloned_until_its_consent_is_revoked(
+    stack: TestStack, workers: None, tmp_path: Path
+) -> None:
+    from webapp.speech.models import SynthesisJob
+
+    _, _raw, client = make_client()
+    cons = consent(client, tmp_path, "slt")
+    ready = voice(client, tmp_path, "slt", cons)
+    assert ready["status"] == "ready" and ready["cloning_mode"] == "zero_shot", ready
+    assert ready["consent"]["id"] == cons
+
+    r = client.post("/api/v1/speech", {"text": "Hello there.", "voice": ready["id"], "engine": "voxcpm"})
+    assert r.status_code == 202, r.content
+    done = wait_finished(client, r.json()["id"], timeout=90)
+    assert done["status"] == "succeeded", done
+    assert SynthesisJob.objects.get(pk=done["id"]).cloning_mode == "zero_shot"
+
+    long_text = " ".join(f"Sentence number {n} is here." for n in range(40))
+    r = client.post("/api/v1/speech", {"text": long_text, "voice": ready["id"], "engine": "voxcpm"})
+    running = r.json()["id"]
+    wait_until(
+        lambda: (j := client.get(f"/api/v1/speech/{running}").json())["progress"] > 0 and j, 90, "progress"
+    )
+    revoked = client.delete(f"/v1/audio/voice_consents/{cons}")
+    assert revoked.status_code == 200 and revoked.json()["status"] == "revoked"
+    ended = client.get(f"/api/v1/speech/{running}").json()
+    assert ended["status"] == "failed" and ended["error"]["code"] == "consent_revoked", ended
+    # Its attempt stopped at the next sentence: the worker's one child takes the next job at once.
+    started = time.monotonic()
+    r = client.post("/api/v1/speech", {"text": "Plain.", "voice": "voxcpm:default"})
+    assert wait_finished(client, r.json()["id"], timeout=60)["status"] == "succeeded"
+    assert time.monotonic() - started < 20
+
+    refused = client.post("/api/v1/speech", {"text": "Again.", "voice": ready["id"], "engine": "voxcpm"})
+    body = problem(refused)
+    assert refused.status_code == 422 and body["code"] == "cloning_unavailable", body
+    assert body["reason"] == "consent_revoked"
+
+
+def test_a_consent_read_by_another_speaker_does_not_clone_the_prompt(
+    stack: TestStack, workers: None, tmp_path: Path
+) -> None:
+    _, _raw, client = make_client()
+    cons = consent(client, tmp_path, "awb")
+    rejected = voice(client, tmp_path, "slt", cons)
+    assert rejected["status"] == "rejected" and rejected["rejected_code"] == "consent_mismatch", rejected
+    assert "not the prompt's speaker" in rejected["status_reason"]
