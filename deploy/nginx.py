@@ -21,7 +21,8 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from deploy.provision import APP_SYSTEM_USER, StackConfig, app_user, ensure_certificate
+from deploy.privileges import APP_SYSTEM_USER, app_user
+from deploy.provision import StackConfig, ensure_certificate
 from webapp.env import ALLOWED_HOSTS_DEFAULT, EnvError, env_float, env_int, env_list
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,23 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from deploy.privileges import (
-    APP_SYSTEM_USER,
     PG_SYSTEM_USER,
-    app_user,
     as_user,
     chown_tree,
     pg_user,
-    process_user,
 )
 from webapp import provisioning
-from webapp.env import (
-    WORKER_ENGINES_DEFAULT,
-    env_int,
-    env_list,
-    env_str,
-    worker_queues,
-    write_private,
-)
+from webapp.env import env_int, env_str, write_private
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -492,57 +482,6 @@ def ensure_certificate(cfg: StackConfig) -> tuple[Path, Path]:
 def venv_bin(name: str) -> str:
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.exists() else name
-
-
-def gunicorn_command(
-    cfg: StackConfig, workers: int | None = None, drop_privileges: bool = False
-) -> list[str]:
-    """gunicorn with deploy/gunicorn.conf.py, as tts-web.service runs it; only the socket is ours."""
-    command = [
-        venv_bin("gunicorn"),
-        "--config",
-        str(ROOT / "deploy" / "gunicorn.conf.py"),
-        "--bind",
-        f"unix:{cfg.gunicorn_socket}",
-        # Not in $HOME, where two stacks on one machine would fight over it.
-        "--control-socket",
-        str(cfg.path("run", "gunicorn.ctl")),
-        "--chdir",
-        str(ROOT),
-    ]
-    user = app_user()
-    if user is not None:
-        # Nginx's workers run as nobody in the app user's group: the socket (0660) is shared through it.
-        command += ["--group", APP_SYSTEM_USER]
-        if drop_privileges and process_user() is not None:  # the master binds the socket as root
-            command += ["--user", APP_SYSTEM_USER]
-    if workers is not None:
-        command += ["--workers", str(workers)]
-    return command  # the application (webapp.asgi) is named in gunicorn.conf.py
-
-
-def worker_command(
-    cfg: StackConfig, queues: str | None = None, concurrency: str | None = None, name: str = "synth"
-) -> list[str]:
-    """A Celery worker; without ``concurrency`` it takes CELERY_WORKER_CONCURRENCY from settings."""
-    engines = env_list("TTS_WORKER_ENGINES", WORKER_ENGINES_DEFAULT)
-    queue_list = queues or ",".join(worker_queues("synth", engines))
-    command = [venv_bin("celery"), "-A", "webapp", "worker", "--loglevel", "INFO", "--pool", "prefork"]
-    if concurrency is not None:
-        command += ["--concurrency", concurrency]
-    return [*command, "-Q", queue_list, "-n", f"{name}@%h", "--without-mingle", "--without-gossip"]
-
-
-def housekeeping_worker_command(cfg: StackConfig) -> list[str]:
-    """Run with TTS_WORKER_ROLE=housekeeping, which sets its queues' concurrency in settings."""
-    return worker_command(cfg, queues=",".join(worker_queues("housekeeping", [])), name="housekeeping")
-
-
-def beat_command(cfg: StackConfig) -> list[str]:
-    schedule = str(cfg.path("cache", "celerybeat-schedule"))  # beat runs as the app user: its folder
-    # No pid file: after a crash a stale one would keep the restarted beat from starting.
-    command = [venv_bin("celery"), "-A", "webapp", "beat", "--loglevel", "INFO", "--schedule", schedule]
-    return [*command, "--pidfile", ""]
 
 
 def django_env_for(cfg: StackConfig, process: str) -> dict[str, str]:

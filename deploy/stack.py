@@ -2,9 +2,11 @@
 
 Used by ``make run`` (``python -m deploy.stack run``), ``make stop``
 (``python -m deploy.stack stop``) and by the test suite (``tests/stack.py``
-starts the same services on other ports under var/test/). Provisioning and
-command lines are in deploy/provision.py, the supervisor in deploy/supervisor.py;
-the names the tests use are re-exported here.
+starts the same services on other ports under var/test/). The processes and
+their commands come from the table of process roles (deploy/roles.py); this
+module only places them (sockets, files, users). Provisioning is in
+deploy/provision.py, the supervisor in deploy/supervisor.py; the names the
+tests use are re-exported here.
 """
 
 from __future__ import annotations
@@ -18,19 +20,17 @@ import subprocess
 import sys
 import time
 
+from deploy import roles
 from deploy.nginx import nginx_command
-from deploy.privileges import as_app_user, process_user, secure_var_dir
+from deploy.privileges import APP_SYSTEM_USER, app_user, as_app_user, process_user, secure_var_dir
 from deploy.provision import (
     ROOT,
     StackConfig,
     StackError,
-    beat_command,
     check_ports,
     create_database,
     django_env_for,
     ensure_certificate,
-    gunicorn_command,
-    housekeeping_worker_command,
     init_postgres,
     manage,
     port_in_use,
@@ -38,8 +38,9 @@ from deploy.provision import (
     prepare_django,
     prepare_var,
     redis_command,
-    worker_command,
+    venv_bin,
 )
+from deploy.roles import WORKER_STOP_MARGIN_SECONDS
 from deploy.supervisor import (
     DATA_SERVICES,
     Service,
@@ -50,7 +51,7 @@ from deploy.supervisor import (
     signals_stop,
     stop_pids,
 )
-from webapp.env import ALLOWED_HOSTS_DEFAULT, env_int, env_str
+from webapp.env import ALLOWED_HOSTS_DEFAULT, WORKER_ENGINES_DEFAULT, env_int, env_list, env_str
 
 __all__ = [
     "ROOT",
@@ -58,6 +59,7 @@ __all__ = [
     "StackConfig",
     "StackError",
     "Supervisor",
+    "WORKER_STOP_MARGIN_SECONDS",
     "beat_command",
     "check_ports",
     "django_env_for",
@@ -68,17 +70,18 @@ __all__ = [
     "postgres_command",
     "prepare_var",
     "redis_command",
+    "role_service",
     "start_data_services",
     "worker_command",
+    "worker_service",
 ]
 
 ALL_PORTS = ["pg_port", "redis_port", "http_port", "https_port"]
-# Time a worker may still need after the grace period: re-queue what was cut off, exit.
-WORKER_STOP_MARGIN_SECONDS = 15
 
 
 def worker_stop_timeout() -> float:
-    return env_int("TTS_WORKER_STOP_GRACE", 60) + WORKER_STOP_MARGIN_SECONDS
+    """A warm-stopping worker's grace period and the time it needs after it (deploy/roles.py)."""
+    return roles.stop_timeout_floor(env_int("TTS_WORKER_STOP_GRACE", roles.WORKER_STOP_GRACE_DEFAULT))
 
 
 def postgres_service(cfg: StackConfig) -> Service:
@@ -125,26 +128,92 @@ def wait_for_redis_data(cfg: StackConfig, timeout: float = 120) -> None:
         client.close()
 
 
-# Workers the stack serves without, and what is missing while one is held back (deploy/supervisor.py).
-OPTIONAL_ROLES = {
-    "analysis": "uploaded voices stay processing",
-    "housekeeping": "no stuck job is reaped or re-sent and no old file is removed",
-    "webhooks": "no webhook is sent (they wait in the outbox)",
-}
+# ----------------------------------------------------------------------------- the roles' processes
+
+
+def _located(argv: list[str]) -> list[str]:
+    """A role's command with its program from this venv (deploy/roles.py names it bare)."""
+    return [venv_bin(argv[0]), *argv[1:]]
+
+
+def gunicorn_command(
+    cfg: StackConfig, workers: int | None = None, drop_privileges: bool = False
+) -> list[str]:
+    """The web role (deploy/gunicorn.conf.py, as tts-web.service runs it); only the socket is ours."""
+    command = _located(roles.role("web").argv(root=ROOT))
+    command += ["--bind", f"unix:{cfg.gunicorn_socket}"]
+    # Not in $HOME, where two stacks on one machine would fight over it.
+    command += ["--control-socket", str(cfg.path("run", "gunicorn.ctl")), "--chdir", str(ROOT)]
+    if app_user() is not None:
+        # Nginx's workers run as nobody in the app user's group: the socket (0660) is shared through it.
+        command += ["--group", APP_SYSTEM_USER]
+        if drop_privileges and process_user() is not None:  # the master binds the socket as root
+            command += ["--user", APP_SYSTEM_USER]
+    if workers is not None:
+        command += ["--workers", str(workers)]
+    return command  # the application (webapp.asgi) is named in gunicorn.conf.py
+
+
+def worker_command(
+    cfg: StackConfig,
+    queues: str | None = None,
+    concurrency: str | None = None,
+    name: str = "",
+    role: str = "synth",
+) -> list[str]:
+    """A Celery worker of ``role``: its queues (a synthesis pool's by TTS_WORKER_ENGINES) unless
+    ``queues`` replaces them, its node ``name`` (a synthesis pool's; the role's own by default);
+    without ``concurrency`` it takes its role's children from settings."""
+    engines = env_list("TTS_WORKER_ENGINES", WORKER_ENGINES_DEFAULT)
+    command = _located(roles.role(role).argv(engines=engines, node=name))
+    at = command.index("-Q")
+    if queues is not None:
+        command[at + 1] = queues
+    if concurrency is not None:
+        command[at:at] = ["--concurrency", concurrency]
+    return command
+
+
+def beat_command(cfg: StackConfig) -> list[str]:
+    schedule = str(cfg.path("cache", "celerybeat-schedule"))  # beat runs as the app user: its folder
+    return [*_located(roles.role("beat").argv()), "--schedule", schedule]
 
 
 def worker_service(cfg: StackConfig, name: str = "worker", role: str = "synth") -> Service:
     """A Celery worker as the stack runs it: stopped warm, through its parent only."""
-    if role in ("analysis", "webhooks"):
-        # Queues of their own: a slow upload or webhook receiver never holds a synthesis worker.
-        command = worker_command(cfg, queues=role, name=role)
+    spec = roles.role(role)
+    env = {**django_env_for(cfg, name), **spec.env}
+    service = Service(name, worker_command(cfg, role=role), env=env)
+    if spec.warm_stop:
+        service.stop_group = False
+        service.stop_timeout = worker_stop_timeout()
+    return service
+
+
+def role_service(cfg: StackConfig, spec: roles.Role) -> Service:
+    """The stack's process of one role, under the role's name in the stack."""
+    name = spec.stack_service or spec.name
+    if spec.name == "web":
+        service = Service(
+            name,
+            gunicorn_command(cfg, drop_privileges=True),
+            env=django_env_for(cfg, name),
+            before_start=lambda: cfg.gunicorn_socket.unlink(missing_ok=True),
+        )
+        if process_user() is not None:
+            service.env["HOME"] = str(cfg.path("home"))
+            # Its workers' files (voice prompts) as Celery's: the socket's mode is set in gunicorn.conf.py.
+            service.popen_kwargs["umask"] = 0o027
+    elif spec.name == "edge":  # its config rendered by deploy/nginx.py
+        tcp = roles.Probe("readiness", "tcp: https") in spec.probes
+        service = Service(name, nginx_command(cfg), ready_port=cfg.https_port if tcp else None)
+    elif spec.name == "beat":
+        service = Service(name, beat_command(cfg), env={**django_env_for(cfg, name), **spec.env})
     else:
-        command = housekeeping_worker_command(cfg) if role == "housekeeping" else worker_command(cfg)
-    env = {**django_env_for(cfg, name), "TTS_WORKER_ROLE": role}
-    service = Service(name, command, env=env, stop_group=False, stop_timeout=worker_stop_timeout())
-    if role in OPTIONAL_ROLES:  # the stack serves without it: crash-looping, it is held back
+        service = worker_service(cfg, name, spec.name)
+    if spec.missing_means:  # the stack serves without it: crash-looping, it is held back
         service.required = False
-        service.missing_means = OPTIONAL_ROLES[role]
+        service.missing_means = spec.missing_means
     return service
 
 
@@ -158,32 +227,16 @@ def _as_app_user(cfg: StackConfig, service: Service) -> Service:
 
 
 def app_services(cfg: StackConfig) -> list[Service]:
-    """gunicorn, the workers, beat and Nginx, in start order (data services run already)."""
-    gunicorn = Service(
-        "gunicorn",
-        gunicorn_command(cfg, drop_privileges=True),
-        env=django_env_for(cfg, "gunicorn"),
-        before_start=lambda: cfg.gunicorn_socket.unlink(missing_ok=True),
-    )
-    if process_user() is not None:
-        gunicorn.env["HOME"] = str(cfg.path("home"))
-        # Its workers' files (voice prompts) as Celery's: the socket's mode is set in gunicorn.conf.py.
-        gunicorn.popen_kwargs["umask"] = 0o027
-    celery = [
-        worker_service(cfg, "worker"),
-        worker_service(cfg, "housekeeping", role="housekeeping"),
-        worker_service(cfg, "analysis", role="analysis"),
-        worker_service(cfg, "webhooks", role="webhooks"),
-        Service(
-            "beat",
-            beat_command(cfg),
-            env=django_env_for(cfg, "beat"),
-            required=False,
-            missing_means="no housekeeping is scheduled",
-        ),
-    ]
-    nginx = Service("nginx", nginx_command(cfg), ready_port=cfg.https_port)
-    return [gunicorn, *[_as_app_user(cfg, s) for s in celery], nginx]
+    """One process of each role the stack runs, in the table's order, which is the start order
+    (data services run already). gunicorn drops its privileges itself, Celery's are dropped here."""
+    services = []
+    for spec in roles.ROLES:
+        if spec.stack_service is None:
+            continue
+        service = role_service(cfg, spec)
+        celery = spec.django and spec.name != "web"
+        services.append(_as_app_user(cfg, service) if celery else service)
+    return services
 
 
 def _start_everything(sup: Supervisor, cfg: StackConfig) -> None:

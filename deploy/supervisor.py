@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.provision import ROOT, StackConfig, StackError, wait_for_port
+from deploy.roles import DATA_SERVICES
 from webapp.env import env_int
 
-DATA_SERVICES = ("postgres", "redis")
 # A service that crashes this many times within the window is given up on (the stack
 # stops), or, if the stack serves without it, held back this long before it is tried again.
 MAX_CRASHES = 5

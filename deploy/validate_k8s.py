@@ -9,7 +9,8 @@ For every overlay of deploy/k8s/overlays:
    Operator's ServiceMonitor) are validated with jsonschema against deploy/k8s/schemas/;
 4. the project's own rules (:func:`project_problems`): image tags, Secret keys, settings names,
    worker shutdown, probes, memory, queues and backlog queries, who reaches the data services,
-   every app Deployment waiting for its schema.
+   every app Deployment waiting for its schema, every workload as the table of process roles
+   (deploy/roles.py) says.
 
 Then checkov scans deploy/k8s (plain manifests and kustomize) and deploy/container/Dockerfile when
 it exists, skipping only the checks deploy/k8s/checkov-skips.yaml justifies; its summary names
@@ -37,6 +38,9 @@ from typing import Any
 
 import jsonschema
 import yaml
+
+from deploy import role_forms
+from deploy.roles import WORKER_STOP_MARGIN_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
@@ -74,8 +78,6 @@ NON_SETTINGS = {"DJANGO_SETTINGS_MODULE", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBY
 # The pods that reach PostgreSQL and Redis (NetworkPolicy tts-data-clients), by component label.
 DATA_CLIENTS = {"web", "beat", "housekeeping", "analysis", "webhooks", "migrate"}
 DATA_CLIENT_LABEL = "tts-data-client"
-# Time a worker may still need after TTS_WORKER_STOP_GRACE (deploy/stack.py WORKER_STOP_MARGIN_SECONDS).
-WORKER_STOP_MARGIN_SECONDS = 15
 # Memory of a Celery parent beside its children (Mi), in the workers' requests and limits.
 WORKER_PARENT_MI = 256
 PROBE_MODULE = "webapp.speech.runtime.probe"
@@ -356,6 +358,10 @@ def project_problems(
     for name in settings:
         if not known_setting(name):
             report.fail(where, f"ConfigMap tts-settings: {name} is not a setting in the README's table")
+
+    # Every workload as the table of process roles says (deploy/roles.py): command, queues, role, probes.
+    for problem in role_forms.k8s_problems(docs, complete=True):
+        report.fail(where, problem)
 
     for secret_where, secret, key, optional in secret_refs(docs):
         if secret not in secret_keys:
