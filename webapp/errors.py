@@ -60,6 +60,8 @@ class ErrorCode(StrEnum):
     IDEMPOTENCY_KEY_IN_USE = "idempotency_key_in_use"
     DICTIONARY_IN_USE = "dictionary_in_use"
     CONSENT_PHRASE_USED = "consent_phrase_used"
+    CONSENT_NOT_READY = "consent_not_ready"
+    VOICE_NOT_READY = "voice_not_ready"
     CONSENT_REVOKED = "consent_revoked"
     CONSENT_PHRASE_EXPIRED = "consent_phrase_expired"
     AUDIO_EXPIRED = "audio_expired"

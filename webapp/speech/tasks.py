@@ -12,7 +12,7 @@ from __future__ import annotations
 # configured broker.
 from webapp.celery import app
 from webapp.speech.runtime import analysis, delivery
-from webapp.speech.services.dispatch import ANALYSE_VOICE, SYNTHESIZE_JOB
+from webapp.speech.services.dispatch import ANALYSE_VOICE, EMBED_CONSENT, SYNTHESIZE_JOB
 
 
 @app.task(name=SYNTHESIZE_JOB, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -25,3 +25,9 @@ def synthesize_job(job_id: str, limits: list[float] | None = None) -> str:
 def analyse_voice(voice_pk: str) -> str:
     """Speaker analysis of an uploaded voice prompt."""
     return analysis.analyse(voice_pk)
+
+
+@app.task(name=EMBED_CONSENT, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def embed_consent(consent_pk: str) -> str:
+    """The speaker embedding of a consent recording, which voices naming it are compared with."""
+    return analysis.embed_consent(consent_pk)

@@ -117,3 +117,19 @@ def revoke_consent(organization: Organization, consent_id: str, label: str, acto
             details={"consent": consent.consent_id, "jobs_ended": ended},
         )
     return consent
+
+
+def add_consent(organization: Organization, voice: Voice, consent_id: str, actor: Any) -> Voice:
+    """Name a recorded consent on one of the tenant's ready voices: it may be cloned from now on."""
+    consent = consents.get_consent(organization, consent_id)
+    if consent.status != VoiceConsent.Status.ACTIVE:
+        raise DomainError(ErrorCode.CONSENT_REVOKED, f"Consent {consent_id} was revoked.", field="consent")
+    updated = prompts.attach_consent(organization, voice, consent)
+    audit.record(
+        "voice.consent_added",
+        target=updated,
+        organization=organization,
+        actor=actor,
+        details={"consent": consent.consent_id, "cloning_mode": updated.cloning_mode},
+    )
+    return updated

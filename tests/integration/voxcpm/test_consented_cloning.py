@@ -118,3 +118,36 @@ def test_a_consent_read_by_another_speaker_does_not_clone_the_prompt(
     rejected = voice(client, tmp_path, "slt", cons)
     assert rejected["status"] == "rejected" and rejected["rejected_code"] == "consent_mismatch", rejected
     assert "not the prompt's speaker" in rejected["status_reason"]
+
+
+def test_a_voice_uploaded_before_becomes_cloneable_by_naming_a_consent_of_its_speaker(
+    stack: TestStack, workers: None, tmp_path: Path
+) -> None:
+    _, _raw, client = make_client()
+    with open(pf.flite("slt", tmp_path / "prompt.wav"), "rb") as fh:
+        form = {"name": "Before", "consent": "true", "audio": fh}
+        r = client.client.post("/api/v1/voices", form, **client._headers(None))
+    assert r.status_code == 202, r.content
+    url = f"/api/v1/voices/{r.json()['id']}"
+    before = wait_until(lambda: (v := client.get(url).json())["status"] == "ready" and v, 120, "the analysis")
+    assert before["cloning_mode"] == "approximate" and before["consent"]["id"] is None
+
+    other = consent(client, tmp_path, "awb")
+    wait_until(lambda: _embedded(other), 60, "the consent's embedding")
+    refused = client.post(f"{url}/consent", {"consent": other})
+    assert refused.status_code == 422 and problem(refused)["check"] == "speaker", refused.content
+
+    own = consent(client, tmp_path, "slt")
+    wait_until(lambda: _embedded(own), 60, "the consent's embedding")
+    added = client.post(f"{url}/consent", {"consent": own})
+    assert added.status_code == 200, added.content
+    assert added.json()["cloning_mode"] == "zero_shot" and added.json()["consent"]["id"] == own
+    r = client.post("/api/v1/speech", {"text": "Hello there.", "voice": before["id"], "engine": "voxcpm"})
+    assert r.status_code == 202, r.content
+    assert wait_finished(client, r.json()["id"], timeout=90)["status"] == "succeeded"
+
+
+def _embedded(consent_id: str) -> bool:
+    from webapp.speech.models import VoiceConsent
+
+    return VoiceConsent.objects.filter(pk=consent_id.removeprefix("cons_"), embedding__isnull=False).exists()

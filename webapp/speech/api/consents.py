@@ -23,7 +23,8 @@ from webapp.api_fields import iso
 from webapp.errors import DomainError, ErrorCode
 from webapp.problems import Problem
 from webapp.speech import voices
-from webapp.speech.api.views import TenantAPIView
+from webapp.speech.api.serializers import VoiceSerializer
+from webapp.speech.api.views import TenantAPIView, VoiceDetailView
 from webapp.speech.api.voices import MULTIPART_MARGIN, who
 from webapp.speech.models import ConsentPhrase, VoiceConsent
 from webapp.speech.services import consents, prompts
@@ -165,3 +166,20 @@ class ConsentDetailView(TenantAPIView):
         _user, label = who(request)
         consent = voices.revoke_consent(self.organization, consent_id, label, _actor(request))
         return Response(consent_json(request, consent))
+
+
+class VoiceConsentView(VoiceDetailView):
+    """``POST /api/v1/voices/{id}/consent`` ``{"consent": "cons_…"}``: an uploaded voice becomes cloneable."""
+
+    required_scopes = {"POST": "voices:write"}
+    http_method_names = ["post", "options"]
+
+    @extend_schema(responses={200: VoiceSerializer}, summary="Name a recorded consent on an uploaded voice")
+    def post(self, request: Request, voice_id: str) -> Response:
+        consent_id = request.data.get("consent") if isinstance(request.data, dict) else None
+        if not isinstance(consent_id, str) or not consent_id.startswith("cons_"):
+            raise DomainError(
+                ErrorCode.INVALID_REQUEST, "consent must be a consent id (cons_...).", field="consent"
+            )
+        voice = voices.add_consent(self.organization, self.get_voice(voice_id), consent_id, _actor(request))
+        return Response(VoiceSerializer(voice).data)

@@ -13,6 +13,7 @@ _job_routes: list[URLPattern | URLResolver] = [
 _v1_routes: list[URLPattern | URLResolver] = [
     path("voices", voices.VoiceCollectionView.as_view(), name="api-voices"),
     path("voices/<str:voice_id>", views.VoiceDetailView.as_view(), name="api-voice-detail"),
+    path("voices/<str:voice_id>/consent", consents.VoiceConsentView.as_view(), name="api-voice-consent"),
     path("speech", views.SpeechListView.as_view(), name="api-speech"),
     path("speech/<str:job_id>", views.speech_detail, name="api-speech-detail"),
     path("speech/<str:job_id>/", include(_job_routes)),

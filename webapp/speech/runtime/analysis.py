@@ -126,30 +126,42 @@ def _closest_voice(profile: Any) -> tuple[Any, Any]:
     return builtins.get(voice_id=closest.voice_id), closest
 
 
-def _consent_mismatch(voice: Voice, embedding: list[float]) -> str | None:
-    """Why the voice's consent recording is not its prompt's speaker, or None when it is.
-
-    The consent's embedding is computed once, from its recording, and kept beside it.
-    """
+def consent_embedding(consent: VoiceConsent) -> list[float] | None:
+    """The speaker embedding of the consent's recording, computed once and kept beside it (None when
+    the recording went with its last voice)."""
     import soundfile as sf
 
-    from synth import consent as consent_check
     from synth import speaker
 
+    if consent.embedding is not None:
+        return list(consent.embedding)
+    if not consent.recording_path:
+        return None
+    audio, rate = sf.read(media_path(consent.recording_path), dtype="float32")
+    embedding = speaker.embed(audio, int(rate))
+    VoiceConsent.objects.filter(pk=consent.pk, recording_path=consent.recording_path).update(
+        embedding=embedding
+    )
+    return embedding
+
+
+def embed_consent(consent_pk: str) -> str:
+    """One delivery of a consent's embedding message."""
+    try:
+        consent = VoiceConsent.objects.filter(pk=consent_pk).first()
+        outcome = "gone" if consent is None or consent_embedding(consent) is None else "embedded"
+    finally:
+        _after_task()
+    log.info("embedding of consent %s: %s", consent_pk, outcome)
+    return outcome
+
+
+def _consent_mismatch(voice: Voice, embedding: list[float]) -> str | None:
+    """Why the voice's consent recording is not its prompt's speaker, or None when it is."""
     consent = voice.consent
     if consent is None:
         return None
-    if consent.embedding is None:
-        if not consent.recording_path:
-            return "the consent's recording was deleted; record a new consent"
-        audio, rate = sf.read(media_path(consent.recording_path), dtype="float32")
-        consent.embedding = speaker.embed(audio, int(rate))
-        VoiceConsent.objects.filter(pk=consent.pk).update(embedding=consent.embedding)
-    similarity = consent_check.speaker_similarity(consent.embedding, embedding)
-    log.info("voice %s: consent %s speaker similarity %.3f", voice.pk, consent.consent_id, similarity)
-    if similarity >= consent_check.SAME_SPEAKER_THRESHOLD:
-        return None
-    return (
-        f"the consent recording ({consent.consent_id}) is not the prompt's speaker "
-        f"(similarity {similarity:.2f}, at least {consent_check.SAME_SPEAKER_THRESHOLD:.2f} needed)"
-    )
+    known = consent_embedding(consent)
+    if known is None:
+        return "the consent's recording was deleted; record a new consent"
+    return prompts.speaker_mismatch(consent, known, embedding)

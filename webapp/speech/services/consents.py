@@ -32,7 +32,7 @@ from synth.prompt import PromptLimits, PromptRejected, prepare_prompt
 from webapp.audit import services as audit
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import ConsentPhrase, VoiceConsent
-from webapp.speech.services import decodes, files, prompts
+from webapp.speech.services import decodes, dispatch, files, prompts
 from webapp.tenants.models import Organization
 
 log = logging.getLogger(__name__)
@@ -249,6 +249,8 @@ def _insert(
             created_by_label=recording.created_by_label[:300],
             created_at=now,
         )
+        pk = consent.pk
+        transaction.on_commit(lambda: dispatch.send_consent_embedding(pk))
         if verdict is None:
             audit.record(
                 "voice_consent.attested",

@@ -33,6 +33,7 @@ Status = SynthesisJob.Status
 # The task names the worker registers (webapp/speech/tasks.py) and the analysis queue.
 SYNTHESIZE_JOB = "speech.synthesize_job"
 ANALYSE_VOICE = "speech.analyse_voice"
+EMBED_CONSENT = "speech.embed_consent"
 ANALYSIS_QUEUE = "analysis"
 
 
@@ -165,6 +166,17 @@ def send_analysis(voice_pk: Any) -> bool:
         )
     except Exception as exc:  # kombu/redis errors have no common base worth naming
         log.warning("could not queue the analysis of voice %s: %s", voice_pk, exc)
+        return False
+    return True
+
+
+def send_consent_embedding(consent_pk: Any) -> bool:
+    """Queue the speaker embedding of a consent recording (after commit). Lost, it is computed when a
+    voice naming the consent is analysed (runtime/analysis.py), or asked for again by an attach."""
+    try:
+        app.send_task(EMBED_CONSENT, args=(str(consent_pk),), queue=ANALYSIS_QUEUE, time_limit=60)
+    except Exception as exc:  # kombu/redis errors have no common base worth naming
+        log.warning("could not queue the embedding of consent %s: %s", consent_pk, exc)
         return False
     return True
 

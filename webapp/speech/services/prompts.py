@@ -416,6 +416,51 @@ def job_voice(
     return name, engine, params, mode
 
 
+def speaker_mismatch(
+    consent: VoiceConsent, consent_embedding: list[float], embedding: list[float]
+) -> str | None:
+    """Why a prompt of ``embedding`` is not the speaker of the consent's recording, or None when it is."""
+    from synth import consent as consent_check
+
+    similarity = consent_check.speaker_similarity(consent_embedding, embedding)
+    log.info("consent %s: speaker similarity %.3f", consent.consent_id, similarity)
+    if similarity >= consent_check.SAME_SPEAKER_THRESHOLD:
+        return None
+    return (
+        f"the consent recording ({consent.consent_id}) is not the prompt's speaker "
+        f"(similarity {similarity:.2f}, at least {consent_check.SAME_SPEAKER_THRESHOLD:.2f} needed)"
+    )
+
+
+def attach_consent(organization: Organization, voice: Voice, consent: VoiceConsent) -> Voice:
+    """Make a ready voice cloneable under a recorded consent of the same speaker, without a re-upload.
+
+    The consent's embedding is the analysis worker's (queued when it was recorded): until it is
+    there, ``409 consent_not_ready`` with Retry-After. Another speaker's consent is ``422
+    consent_mismatch`` (``check: speaker``). The voice becomes ``zero_shot`` where a model clones.
+    """
+    if voice.organization_id != organization.pk:
+        raise DomainError(ErrorCode.BUILTIN_VOICE, "A built-in voice takes no consent.")
+    if voice.status != Voice.Status.READY or not voice.embedding:
+        raise DomainError(ErrorCode.VOICE_NOT_READY, f"Voice {voice.voice_id} is {voice.status}, not ready.")
+    if consent.embedding is None:
+        raise DomainError(
+            ErrorCode.CONSENT_NOT_READY,
+            f"Consent {consent.consent_id}'s recording is still being analysed; retry in a few seconds.",
+            retry_after=2,
+        )
+    mismatch = speaker_mismatch(consent, list(consent.embedding), list(voice.embedding))
+    if mismatch is not None:
+        raise DomainError(ErrorCode.CONSENT_MISMATCH, mismatch, field="consent", extra={"check": "speaker"})
+    with transaction.atomic(durable=True):
+        _consent_active(consent)
+        fields: dict[str, Any] = {"consent": consent, "updated_at": timezone.now()}
+        if cloning_modes()[ZERO_SHOT]:
+            fields["cloning_mode"] = ZERO_SHOT
+        Voice.objects.filter(pk=voice.pk, status=Voice.Status.READY).update(**fields)
+    return Voice.objects.get(pk=voice.pk)
+
+
 def consent_refusal(voice: Voice) -> str | None:
     """Why ``voice`` may not be cloned now (``no_consent``, ``consent_revoked``), or None when it may."""
     if voice.consent_id is None:
