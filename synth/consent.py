@@ -61,13 +61,14 @@ MIN_PHRASE_MARGIN = 10.0
 # Cosine similarity of two speaker embeddings (synth.speaker.embed) at or above which the
 # consent recording counts as the voice prompt's speaker. Chosen from the measurements of
 # tests/bench/bench_consent.py (docs/voices.md, "Consent checks").
-SAME_SPEAKER_THRESHOLD = 0.75
+SAME_SPEAKER_THRESHOLD = 0.80
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _WORD_DIGIT = {**{w: str(i) for i, w in enumerate(DIGIT_WORDS)}, "oh": "0"}
 _FILLERS = frozenset({"<s>", "</s>", "<sil>", "[NOISE]", "[SPEECH]", "SIL", "+NSN+", "+SPN+"})
 _FRAME_RATE = 100  # pocketsphinx frames per second
-_SILENT_PEAK = 8  # int16; quieter than this after peak normalisation is digital silence
+_SILENT_PEAK = 1e-4  # a recording whose peak is below this (-80 dBFS) is digital silence
+_DITHER = 3e-4  # noise (-70 dBFS) under the peak-normalised audio: exact zeros upset the features
 
 TEMPLATE_EN = (
     "I am the owner of this voice and I consent to {organization} using it to create a synthetic voice. "
@@ -122,14 +123,12 @@ def check_words(samples: np.ndarray, rate: int, phrase: str, code: str) -> Words
     ``phrase`` is the text :func:`consent_phrase` issued (its trailing code
     digits are replaced by a digit slot each).
     """
-    import numpy as np
-
     _check_code(code)
     if rate < MIN_SAMPLE_RATE:
         raise ValueError(f"sample_rate_too_low: {rate} Hz; consent recordings need {MIN_SAMPLE_RATE} Hz")
     pcm = _pcm16(samples, rate)
-    if pcm.size < RECOGNITION_RATE * MIN_SPEECH_SECONDS or int(np.abs(pcm).max()) < _SILENT_PEAK:
-        return WordsVerdict(False, None, UNCLEAR)  # too short, or digital silence
+    if pcm is None or pcm.size < RECOGNITION_RATE * MIN_SPEECH_SECONDS:
+        return WordsVerdict(False, None, UNCLEAR)  # digital silence, or too short
     decoder = _decoder()
     phone_score, speech_frames = _decode_phones(decoder, pcm)
     speech = speech_frames / _FRAME_RATE
@@ -264,8 +263,13 @@ _LETTER_PHONES = dict(
 )
 
 
-def _pcm16(samples: np.ndarray, rate: int) -> np.ndarray:
-    """Mono 16 kHz int16, peak-normalised (pocketsphinx normalises the level itself, roughly)."""
+def _pcm16(samples: np.ndarray, rate: int) -> np.ndarray | None:
+    """Mono 16 kHz int16, peak-normalised and dithered; None for digital silence.
+
+    Synthetic speech (eSpeak) holds runs of exact zeros between words, which
+    pocketsphinx's features take for something else than silence: a faint,
+    seeded noise floor (:data:`_DITHER`) makes them ordinary quiet.
+    """
     import math
 
     import numpy as np
@@ -282,8 +286,9 @@ def _pcm16(samples: np.ndarray, rate: int) -> np.ndarray:
         g = math.gcd(rate, RECOGNITION_RATE)
         audio = resample_poly(audio, RECOGNITION_RATE // g, rate // g)
     peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-    if peak > 1e-4:
-        audio = audio * (0.7 / peak)
+    if peak < _SILENT_PEAK:
+        return None
+    audio = audio * (0.7 / peak) + np.random.default_rng(0).normal(0.0, _DITHER, audio.size)
     return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2")
 
 
