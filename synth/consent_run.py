@@ -14,15 +14,12 @@ import os
 import subprocess
 import sys
 
-from synth.consent import WordsVerdict
-
-# The languages the recogniser's packaged model hears; others need an owner's attestation.
-RECOGNISED_LANGUAGES = ("en",)
+from synth.consent import LANGUAGES, WordsVerdict
 
 
 def recognises(language: str) -> bool:
     """Whether recordings in ``language`` (a tag: en, en-GB) can be checked by speech recognition."""
-    return language.lower().split("-")[0] in RECOGNISED_LANGUAGES
+    return language.lower().split("-")[0] in LANGUAGES
 
 
 def check_words_in_child(path: str, phrase: str, code: str, timeout: float) -> WordsVerdict:

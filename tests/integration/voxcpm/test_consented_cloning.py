@@ -49,10 +49,10 @@ def voice(client: ApiClient, tmp: Path, speaker: str, consent_id: str) -> dict[s
     return decided
 
 
-@pytest.fixture
-def workers(
-    stack: TestStack, voxcpm_models: Path, voxcpm_site: Path, no_session_worker: None
-) -> Iterator[None]:
+@pytest.fixture(scope="module")
+def workers(stack: TestStack, voxcpm_models: Path, voxcpm_site: Path) -> Iterator[None]:
+    """One VoxCPM worker and one analysis worker for the module's tests (each start costs seconds)."""
+    stack.stop_session_worker()
     flush_queues(stack, "synth.voxcpm", "analysis")
     synth = start_worker(
         stack,
@@ -72,7 +72,7 @@ def workers(
 
 
 def test_a_consented_voice_is_cloned_until_its_consent_is_revoked(
-    stack: TestStack, workers: None, tmp_path: Path
+    stack: TestStack, workers: None, builtin_voices: list[str], tmp_path: Path
 ) -> None:
     from webapp.speech.models import SynthesisJob
 
@@ -111,7 +111,7 @@ def test_a_consented_voice_is_cloned_until_its_consent_is_revoked(
 
 
 def test_a_consent_read_by_another_speaker_does_not_clone_the_prompt(
-    stack: TestStack, workers: None, tmp_path: Path
+    stack: TestStack, workers: None, builtin_voices: list[str], tmp_path: Path
 ) -> None:
     _, _raw, client = make_client()
     cons = consent(client, tmp_path, "awb")
@@ -121,15 +121,17 @@ def test_a_consent_read_by_another_speaker_does_not_clone_the_prompt(
 
 
 def test_a_voice_uploaded_before_becomes_cloneable_by_naming_a_consent_of_its_speaker(
-    stack: TestStack, workers: None, tmp_path: Path
+    stack: TestStack, workers: None, builtin_voices: list[str], tmp_path: Path
 ) -> None:
+    from webapp.speech.models import Voice
+
     _, _raw, client = make_client()
-    with open(pf.flite("slt", tmp_path / "prompt.wav"), "rb") as fh:
-        form = {"name": "Before", "consent": "true", "audio": fh}
-        r = client.client.post("/api/v1/voices", form, **client._headers(None))
-    assert r.status_code == 202, r.content
-    url = f"/api/v1/voices/{r.json()['id']}"
-    before = wait_until(lambda: (v := client.get(url).json())["status"] == "ready" and v, 120, "the analysis")
+    # A voice from before consents: uploaded and analysed as now, then left as such voices are (no
+    # consent, approximate). Its approximate analysis itself would take minutes on a cold profile cache.
+    first = voice(client, tmp_path, "slt", consent(client, tmp_path, "slt"))
+    Voice.objects.filter(voice_id=first["id"]).update(consent=None, cloning_mode="approximate")
+    url = f"/api/v1/voices/{first['id']}"
+    before = client.get(url).json()
     assert before["cloning_mode"] == "approximate" and before["consent"]["id"] is None
 
     other = consent(client, tmp_path, "awb")

@@ -17,7 +17,6 @@ import datetime as dt
 import hashlib
 import logging
 import os
-import secrets
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -69,16 +68,25 @@ def checked_language(language: str) -> bool:
     return consent_run.recognises(language)
 
 
+def _phrase_text(language: str, organization_name: str, code: str) -> str:
+    """The phrase in ``language`` where there is one, else in English (a recording in a language the
+    recogniser cannot check is attested by an owner instead)."""
+    try:
+        return consent_check.consent_phrase(language, organization_name, code)
+    except consent_check.Unsupported:
+        return consent_check.consent_phrase("en", organization_name, code)
+
+
 def issue_phrase(organization: Organization, language: str) -> ConsentPhrase:
     """A new phrase with a random code for the tenant, valid for TTS_CONSENT_PHRASE_MINUTES."""
     language = _language(language)
-    code = f"{secrets.randbelow(1_000_000):06d}"
+    code = consent_check.new_code()
     now = timezone.now()
     return ConsentPhrase.objects.create(
         organization=organization,
         language=language,
         code=code,
-        text=consent_check.consent_phrase(language, organization.name, code),
+        text=_phrase_text(language, organization.name, code),
         created_at=now,
         expires_at=now + dt.timedelta(minutes=settings.TTS_CONSENT_PHRASE_MINUTES),
     )
