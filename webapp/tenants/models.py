@@ -23,6 +23,9 @@ class Plan(models.Model):
     requests_per_minute = models.PositiveIntegerField(default=60)
     max_voices = models.PositiveIntegerField(default=5)
     max_upload_bytes = models.PositiveBigIntegerField(default=10 * 1024 * 1024)
+    # Every uploaded voice names a recorded consent (docs/voices.md, "Consent"); without it only
+    # voices that are cloned need one, and others take the uploader's word (consent=true).
+    voices_need_recorded_consent = models.BooleanField(default=False)
     retention_days = models.PositiveIntegerField(default=7)
     # Days after a job ends before its text is blanked (None: kept for ever). The row stays:
     # its key, voice, source and characters are the tenant's history and usage.

@@ -218,3 +218,23 @@ def test_a_key_without_voices_write_records_nothing(
     assert tenant.client.get(f"{base}/phrase").status_code == 403
     r = record(tenant.client, pf.write(tmp_path / "t.wav", np.zeros(16000 * 3, dtype=np.float32)), base)
     assert r.status_code == 403 and code_of(r) == "permission_denied"
+
+
+def test_a_plan_that_needs_recorded_consents_refuses_a_voice_on_the_uploaders_word(
+    make_tenant: Callable[..., Tenant], tmp_path: Path
+) -> None:
+    from webapp.speech.models import Voice
+
+    tenant = make_tenant(voices_need_recorded_consent=True)
+    with open(pf.flite("slt", tmp_path / "prompt.wav"), "rb") as fh:
+        form = {"name": "Ann", "consent": "true", "audio": fh}
+        r = tenant.client.client.post("/api/v1/voices", form, **tenant.client._headers(None))
+    assert r.status_code == 400 and problem(r)["code"] == "consent_required", r.content
+    assert "recorded consent" in problem(r)["detail"]
+    issued = phrase(tenant.client)
+    consent = record(tenant.client, reading(tmp_path, issued["text"])).json()["id"]
+    with open(pf.flite("slt", tmp_path / "prompt.wav"), "rb") as fh:
+        form = {"name": "Ann", "consent": consent, "audio": fh}
+        r = tenant.client.client.post("/api/v1/voices", form, **tenant.client._headers(None))
+    assert r.status_code == 202, r.content
+    assert Voice.objects.get(voice_id=r.json()["id"]).consent_id is not None

@@ -184,6 +184,13 @@ def create_voice(
     if admitted.organization_id != organization.pk:
         raise ValueError("an upload admitted for another tenant")
     mode = _mode(upload.cloning_mode, upload.consent is not None)
+    if upload.consent is None and organization.plan.voices_need_recorded_consent:
+        raise DomainError(
+            ErrorCode.CONSENT_REQUIRED,
+            "This plan needs a recorded consent for every voice: record one (POST /v1/audio/voice_consents) "
+            "and name it (consent=cons_...).",
+            field="consent",
+        )
     if mode == ZERO_SHOT and upload.consent is None:
         raise DomainError(
             ErrorCode.CONSENT_REQUIRED,
