@@ -93,10 +93,14 @@ def web(stack: TestStack, django_db_setup: None) -> Iterator[Any]:
 
 @pytest.fixture
 def builtin_voices(db: None) -> list[str]:
-    """The built-in voices as Voice rows (a flush between transactional tests removes them)."""
+    """The built-in voices of the engines a worker loads by default (TTS_WORKER_ENGINES) as Voice rows
+    (a flush between transactional tests removes them). Engines installed beside them (voxcpm,
+    which needs a model directory) are synced by the tests that start their workers."""
+    from django.conf import settings
+
     from synth.registry import list_voices
     from webapp.speech.voices import sync_builtin_voices
 
-    voices = list_voices()
+    voices = list_voices(engines=list(settings.TTS_WORKER_ENGINES))
     sync_builtin_voices(voices)
     return [v.id for v in voices]

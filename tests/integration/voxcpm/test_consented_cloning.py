@@ -71,8 +71,18 @@ def workers(stack: TestStack, voxcpm_models: Path, voxcpm_site: Path) -> Iterato
         stack.stop_service(synth)
 
 
+@pytest.fixture
+def voxcpm_voices(db: None) -> None:
+    """The VoxCPM model's voices as Voice rows, as its worker wrote them (a flush between transactional
+    tests removes them; the module's worker announced them once)."""
+    from synth.registry import list_voices
+    from webapp.speech.voices import sync_builtin_voices
+
+    sync_builtin_voices(list_voices(engines=["voxcpm"]))
+
+
 def test_a_consented_voice_is_cloned_until_its_consent_is_revoked(
-    stack: TestStack, workers: None, builtin_voices: list[str], tmp_path: Path
+    stack: TestStack, workers: None, voxcpm_voices: None, tmp_path: Path
 ) -> None:
     from webapp.speech.models import SynthesisJob
 
@@ -111,7 +121,7 @@ def test_a_consented_voice_is_cloned_until_its_consent_is_revoked(
 
 
 def test_a_consent_read_by_another_speaker_does_not_clone_the_prompt(
-    stack: TestStack, workers: None, builtin_voices: list[str], tmp_path: Path
+    stack: TestStack, workers: None, voxcpm_voices: None, tmp_path: Path
 ) -> None:
     _, _raw, client = make_client()
     cons = consent(client, tmp_path, "awb")
@@ -121,7 +131,7 @@ def test_a_consent_read_by_another_speaker_does_not_clone_the_prompt(
 
 
 def test_a_voice_uploaded_before_becomes_cloneable_by_naming_a_consent_of_its_speaker(
-    stack: TestStack, workers: None, builtin_voices: list[str], tmp_path: Path
+    stack: TestStack, workers: None, voxcpm_voices: None, tmp_path: Path
 ) -> None:
     from webapp.speech.models import Voice
 
