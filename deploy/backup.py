@@ -91,7 +91,11 @@ MEMBER_OVERHEAD = 1024
 # The columns whose rows name files of the media folder (paths relative to it):
 # a backup carries those files and no others. Django's names, which deploy/
 # cannot import (tests/unit/test_backup_media.py checks them against the models).
-MEDIA_COLUMNS = {"speech_synthesisjob": ("audio_path",), "speech_voice": ("prompt_path", "original_path")}
+MEDIA_COLUMNS = {
+    "speech_synthesisjob": ("audio_path",),
+    "speech_voice": ("prompt_path", "original_path"),
+    "speech_voiceconsent": ("recording_path",),
+}
 # Tables whose rows are credentials that a restore need not bring back.
 LEFT_OUT_TABLE_DATA = ("django_session",)
 # What rotation counts as one of its archives (and nothing else in the folder).

@@ -44,6 +44,7 @@ ENTRY_POINT_GROUP = "tts_service.engines"
 BUILTIN_ENGINES = {
     "piper": "synth.engines.plugins:piper",
     "espeak": "synth.engines.plugins:espeak",
+    "voxcpm": "synth.engines.voxcpm:plugin",  # needs a model directory (TTS_MODELS_DIR) to load
 }
 ENGINES = tuple(BUILTIN_ENGINES)  # the shipped ones; installed() lists what this host has
 # Engines whose voice ids predate namespacing: their ids stay, the namespaced form is an alias.

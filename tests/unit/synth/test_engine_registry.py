@@ -43,7 +43,7 @@ def on_path(tiny_site: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     sys.modules.pop("tiny_tts_engine", None)
 
 
-def test_the_projects_own_metadata_registers_piper_and_espeak_as_entry_points() -> None:
+def test_the_projects_own_metadata_registers_its_engines_as_entry_points() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     group = project["project"]["entry-points"][registry.ENTRY_POINT_GROUP]
     assert (
@@ -52,6 +52,7 @@ def test_the_projects_own_metadata_registers_piper_and_espeak_as_entry_points() 
         == {
             "piper": "synth.engines.plugins:piper",
             "espeak": "synth.engines.plugins:espeak",
+            "voxcpm": "synth.engines.voxcpm:plugin",
         }
     )
 
