@@ -36,13 +36,17 @@ def test_a_seed_for_a_model_that_takes_none_is_400_unsupported_control(
     assert problem(native)["code"] == "unsupported_control" and problem(native)["field"] == "seed"
     espeak = t.client.post("/api/v1/speech", {"text": "Hello.", "voice": "espeak-en-us", "seed": 7})
     assert espeak.status_code == 400 and problem(espeak)["field"] == "seed", espeak.content
-    openai = t.client.post("/v1/audio/speech", {"model": "tts-1", "voice": "alloy", "input": "Hi.", "seed": 7})
+    openai = t.client.post(
+        "/v1/audio/speech", {"model": "tts-1", "voice": "alloy", "input": "Hi.", "seed": 7}
+    )
     assert openai.status_code == 400, openai.content
     error = openai.json()["error"]
     assert error["code"] == "unsupported_control" and error["param"] == "seed"
 
 
-def test_the_models_capabilities_say_whether_they_take_a_seed(make_tenant: Any, builtin_voices: list[str]) -> None:
+def test_the_models_capabilities_say_whether_they_take_a_seed(
+    make_tenant: Any, builtin_voices: list[str]
+) -> None:
     t = make_tenant()
     models = {m["id"]: m for m in t.client.get("/v1/models").json()["data"]}
     assert models["piper"]["capabilities"]["seed"] is False
