@@ -70,6 +70,7 @@ VOLUME_RANGE = (-20.0, 6.0)
 LOUDNESS_RANGE = (-60.0, -5.0)
 SENTENCE_SILENCE_RANGE = (0.0, 10.0)
 NOISE_RANGE = (0.0, 2.0)
+SEED_RANGE = (0, 2**31 - 1)  # a request's seed: a non-negative 32-bit signed integer
 
 
 # What a model can do, as the service reads it (docs/engines.md). Every engine's
@@ -84,6 +85,7 @@ CAPABILITY_DEFAULTS: dict[str, Any] = {
     "devices": ["cpu"],  # where it runs: "cpu", "cuda"
     "memory_mb": 0,  # resident memory one loaded model needs (0: unknown, small)
     "concurrent_jobs": 1,  # jobs one loaded model runs at once (a static batch-1 cache runs one)
+    "seed": False,  # a request's seed decides its random draws: the same seed, the same audio
 }
 
 
@@ -135,6 +137,8 @@ def engine_capabilities(engine: str, languages: list[str]) -> dict[str, Any]:
         "timestamps": True,
         "annotations": ["pinyin", "arpabet"],
         "concurrent_jobs": 1,
+        # Piper's default runtime (onnxruntime) draws its own noise; its plugin says True on torch.
+        "seed": False,
     }
     if engine == "piper":
         common["controls"] = common["controls"] + ["noise_scale", "noise_w"]

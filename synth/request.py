@@ -23,6 +23,7 @@ from synth.registry import (
     LOUDNESS_RANGE,
     NOISE_RANGE,
     PITCH_RANGE,
+    SEED_RANGE,
     SENTENCE_SILENCE_RANGE,
     SPEED_RANGE,
     VOLUME_RANGE,
@@ -50,7 +51,7 @@ class SynthesisRequest:
     sentence_silence: float | None = None
     noise_scale: float | None = None
     noise_w: float | None = None
-    seed: int | None = None  # noise seed; the torch runtime honours it (same seed, same audio)
+    seed: int | None = None  # the engines whose ``seed`` capability is true honour it (same seed, same audio)
     prompt: VoicePrompt | None = None  # an uploaded voice to clone (zero_shot); needs the cloning capability
     # Pronunciation dictionaries, in precedence order, applied before the text is cut (synth.lexicon).
     dictionaries: tuple[Lexicon, ...] = ()
@@ -124,8 +125,13 @@ def _validate_numbers(request: SynthesisRequest) -> None:
         value = getattr(request, name)
         if value is not None:
             _number(name, value, *NOISE_RANGE)
-    if request.seed is not None and (isinstance(request.seed, bool) or not isinstance(request.seed, int)):
-        raise UnsupportedControl("seed must be an integer")
+    if request.seed is not None:
+        if isinstance(request.seed, bool) or not isinstance(request.seed, int):
+            raise UnsupportedControl("seed must be an integer")
+        if not SEED_RANGE[0] <= request.seed <= SEED_RANGE[1]:
+            raise UnsupportedControl(
+                f"seed {request.seed} is out of range ({SEED_RANGE[0]}..{SEED_RANGE[1]})"
+            )
 
 
 def validate_request(request: SynthesisRequest, voice: VoiceInfo) -> None:
@@ -200,12 +206,26 @@ def _apply_noise(request: SynthesisRequest, plan: Plan) -> None:
             plan.not_applied.append(f"{name}: eSpeak is not a neural voice")
         else:
             plan.not_applied.append(f"{name}: {plan.voice.engine} takes no {name}")
-    if request.seed is not None and "noise_scale" not in controls:
-        plan.not_applied.append(
-            "seed: eSpeak is not a neural voice"
-            if plan.voice.engine == "espeak"
-            else f"seed: {plan.voice.engine} draws no noise"
-        )
+
+
+# Why an engine that does not honour a seed ignores it (others: "<engine> takes no seed").
+SEED_IGNORED = {
+    "espeak": "eSpeak is not a neural voice",
+    "piper": "onnxruntime draws its own noise (the torch runtime honours seeds)",
+}
+
+
+def _apply_seed(request: SynthesisRequest, plan: Plan, seeded: bool | None) -> None:
+    """A seed reaches every engine; one whose ``seed`` capability is false ignores it, with a note."""
+    if request.seed is None:
+        return
+    if seeded is None:
+        seeded = bool(plan.voice.capabilities.get("seed"))
+    if seeded:
+        plan.applied.append(f"seed: {request.seed}")
+        return
+    engine = plan.voice.engine
+    plan.not_applied.append(f"seed: {SEED_IGNORED.get(engine, f'{engine} takes no seed')}")
 
 
 def _describe_levels(request: SynthesisRequest, instr: Instructions, plan: Plan) -> None:
@@ -223,11 +243,16 @@ def _describe_levels(request: SynthesisRequest, instr: Instructions, plan: Plan)
 
 
 def plan_controls(
-    request: SynthesisRequest, voice: VoiceInfo, find_voice: Callable[[str], VoiceInfo | None]
+    request: SynthesisRequest,
+    voice: VoiceInfo,
+    find_voice: Callable[[str], VoiceInfo | None],
+    seeded: bool | None = None,
 ) -> Plan:
     """Validate ``request`` for ``voice`` and merge in its instructions.
 
     ``find_voice`` returns a served voice by id, or None (for eSpeak language switches).
+    ``seeded``: whether the engine as it runs here honours a seed (its ``seed`` capability,
+    which for Piper depends on the runtime); None reads the voice's capabilities.
     """
     validate_request(request, voice)
     instr = parse_instructions(request.instructions)
@@ -251,6 +276,7 @@ def plan_controls(
     _choose_voice(request, instr, voice, find_voice, plan)
     _describe_levels(request, instr, plan)
     _apply_noise(request, plan)
+    _apply_seed(request, plan, seeded)
     return plan
 
 

@@ -256,7 +256,9 @@ class Synthesizer:
     # -- synthesis -------------------------------------------------------------------------------
     def plan(self, request: SynthesisRequest) -> Plan:
         """Resolve the voice and the controls (raises on a request the voice cannot serve)."""
-        return plan_controls(request, self.voice(request.voice), self._served_voice)
+        voice = self.voice(request.voice)
+        seeded = bool(self.capabilities(voice.engine).get("seed")) if request.seed is not None else None
+        return plan_controls(request, voice, self._served_voice, seeded=seeded)
 
     def _prepare(self, request: SynthesisRequest, cache: SentenceStore | None = None) -> _Job:
         from synth.audio import output_rate

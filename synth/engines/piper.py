@@ -54,7 +54,6 @@ def length_scale_for(speed: float) -> float:
 
 class PiperEngine:
     name = "piper"
-    seeded = False  # whether VoiceParams.seed decides the noise
     word_timings = True  # synthesize() fills ``timings`` (synth.timestamps)
 
     def __init__(
@@ -191,8 +190,6 @@ class PiperEngine:
             notes.append(
                 f"speed {params.speed:g}: Piper voices reach about x{MAX_SPEED:g}; the audio is slower than asked"
             )
-        if params.seed is not None and not self.seeded:
-            notes.append("seed: onnxruntime draws its own noise (the torch runtime honours seeds)")
         return notes
 
     # -- text -> engine input ----------------------------------------------------------------

@@ -90,7 +90,6 @@ class _Sentence:
 
 class PiperTorchEngine(PiperEngine):
     name = "piper"
-    seeded = True
 
     def __init__(
         self,

@@ -36,6 +36,7 @@ class PiperPlugin:
         caps = engine_capabilities("piper", langs)
         if options.piper_runtime == "torch":
             caps["concurrent_jobs"] = max(1, options.batch_jobs)  # the batcher's shared passes
+            caps["seed"] = True  # the torch runtime draws its noise from the job's seed
         return caps
 
     def create(self, options: EngineOptions) -> Engine:

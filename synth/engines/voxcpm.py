@@ -433,7 +433,7 @@ def _caps(memory_mb: int = 0) -> dict[str, Any]:
         "formats": list(FORMATS),
         "sample_rates": list(STANDARD_RATES),
         "sample_rates_by_format": {k: list(v) for k, v in RATES_BY_FORMAT.items()},
-        "controls": ["volume", "sentence_silence", "loudness", "seed"],
+        "controls": ["volume", "sentence_silence", "loudness"],
         "volume_range": list(VOLUME_RANGE),
         "streaming": True,
         "cloning": True,
@@ -443,6 +443,7 @@ def _caps(memory_mb: int = 0) -> dict[str, Any]:
         "memory_mb": memory_mb,
         "concurrent_jobs": 1,
         "language_switch": False,
+        "seed": True,  # the flow-matching noise is drawn from the job's seed, sentence by sentence
     }
 
 

@@ -35,9 +35,9 @@ as it ends (a run cut short leaves what it measured):
    seconds per wall second, the aggregate RTF, per-job RTF (a job waits for its whole
    pass), peak memory per pass, beside CosyVoice2's published TensorRT-LLM RTF.
 8. VoxCPM (tests/gpu/voxcpm_check.py, last, key ``voxcpm``): a tiny random-weight
-   VoxCPM2 loaded through the voxcpm package; memory after load, per job, after
-   recycling and in a fresh process; memory and leak figures only. SKIP where voxcpm
-   is not installed (the project's venv).
+   VoxCPM2 through the service's engine (synth.engines.voxcpm); memory after load, after
+   each of 20 jobs, after a recycle (the engine dropped and loaded again) and in a fresh
+   process; memory and leak figures only. SKIP where voxcpm is not installed.
 
 Tolerances: durations within one frame, at most 2 % of phonemes off; waveforms by
 signal-to-difference ratio (SNR) and the correlation of the 10 ms loudness envelopes

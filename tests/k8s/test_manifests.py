@@ -211,6 +211,25 @@ def test_worker_rules(rendered: dict[str, Docs]) -> None:
         assert any(expected in p for p in problems), (change.__name__, problems)
 
 
+def test_the_voxcpm_pool_reads_its_model_from_a_read_only_volume_and_scales_on_its_queue(
+    rendered: dict[str, Docs],
+) -> None:
+    docs = rendered["gpu"]
+    pod = find(docs, "Deployment", "tts-worker-voxcpm")["spec"]["template"]["spec"]
+    worker = container(docs, "tts-worker-voxcpm", "worker")
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["TTS_WORKER_ENGINES"] == "voxcpm" and env["TTS_WORKER_DEVICE"] == "cuda"
+    assert validate.arg_after([str(a) for a in worker["command"]], "-Q") == "synth.voxcpm"
+    assert worker["image"].split("/")[-1].startswith("tts-worker-gpu:")
+    mounts = {m["name"]: m for m in worker["volumeMounts"]}
+    volume = next(v for v in pod["volumes"] if v["name"] == "models")
+    assert mounts["models"]["mountPath"] == env["TTS_MODELS_DIR"] and mounts["models"]["readOnly"] is True
+    assert volume["persistentVolumeClaim"] == {"claimName": "tts-models", "readOnly": True}
+    assert find(docs, "PersistentVolumeClaim", "tts-models")["spec"]["accessModes"] == ["ReadOnlyMany"]
+    query = find(docs, "ScaledObject", "tts-worker-voxcpm")["spec"]["triggers"][0]["metadata"]["query"]
+    assert validate.query_engines(query) == {"voxcpm"}
+
+
 def test_exactly_the_data_clients_reach_postgresql_and_redis(rendered: dict[str, Docs]) -> None:
     for overlay, docs in rendered.items():
         labelled = {
@@ -218,7 +237,7 @@ def test_exactly_the_data_clients_reach_postgresql_and_redis(rendered: dict[str,
             for w, _ in validate.pod_specs(docs)
             if validate.pod_labels(w).get(validate.DATA_CLIENT_LABEL) == "true"
         }
-        workers = {"worker-cpu", "worker-gpu"} if overlay == "gpu" else {"worker-cpu"}
+        workers = {"worker-cpu", "worker-gpu", "worker-voxcpm"} if overlay == "gpu" else {"worker-cpu"}
         assert labelled == validate.DATA_CLIENTS | workers, overlay
 
     def edge_too(docs: Docs) -> None:

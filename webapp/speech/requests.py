@@ -15,6 +15,7 @@ from django.core.validators import ProhibitNullCharactersValidator
 from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
+from synth.registry import SEED_RANGE
 from webapp import outbound
 from webapp.api_fields import (
     StrictBooleanField,
@@ -40,6 +41,11 @@ class SpeechTextField(StrictCharField):
         ]
 
 
+SEED_HELP = (
+    f"{SEED_RANGE[0]} - {SEED_RANGE[1]}: the same seed with the same text, voice and controls gives the "
+    "same audio, on a model whose capabilities say seed: true (GET /v1/models); a 400 unsupported_control "
+    "for one that does not take a seed. Left out: a fresh draw each time."
+)
 CACHE_HELP = (
     "Default true: sentences this tenant had rendered before with the same voice and controls are "
     "served from its sentence cache (billed at the plan's cached_character_price) and new ones are "
@@ -78,6 +84,9 @@ class SpeechRequestSerializer(StrictSerializer):
         min_value=LOUDNESS_RANGE[0],
         max_value=LOUDNESS_RANGE[1],
         help_text="Target integrated loudness in LUFS, -40 - -5 (e.g. -16 podcast, -23 broadcast).",
+    )
+    seed = StrictIntegerField(
+        required=False, min_value=SEED_RANGE[0], max_value=SEED_RANGE[1], help_text=SEED_HELP
     )
     pronunciation_dictionaries = serializers.ListField(
         child=DictionaryRefSerializer(),

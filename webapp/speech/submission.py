@@ -187,6 +187,8 @@ def job_request(
         params["instructions"] = data["instructions"]
     if data.get("loudness") is not None:
         params["loudness"] = data["loudness"]
+    if data.get("seed") is not None:
+        params["seed"] = _check_seed(speaker or voice, caps, data["seed"])
     billable = billable_characters(text)
     # Named ones, else the tenant's default (also on /v1/audio/speech, which names none).
     pins = dictionary_pins(dictionaries.resolve(organization, data.get("pronunciation_dictionaries")))
@@ -282,6 +284,18 @@ def _check_controls(voice: Voice, caps: dict[str, Any], data: dict[str, Any]) ->
             )
         params[name] = value
     return params
+
+
+def _check_seed(voice: Voice, caps: dict[str, Any], seed: int) -> int:
+    """A seed only for a model that honours one (its ``seed`` capability): the same seed, the same audio."""
+    if not caps.get("seed"):
+        raise _bad(
+            "unsupported_control",
+            "seed",
+            f"Model {voice.engine} does not take a seed (its audio is not decided by one); "
+            "GET /v1/models says which models do.",
+        )
+    return seed
 
 
 def _check_language(voice: Voice, caps: dict[str, Any], language: str) -> str:

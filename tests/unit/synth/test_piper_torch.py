@@ -11,7 +11,6 @@ import torch
 from synth import DEFAULT_VOICE, SynthesisRequest, Synthesizer
 from synth.engines import vits_torch
 from synth.engines.base import VoiceParams
-from synth.engines.piper import PiperEngine
 from synth.engines.piper_torch import PiperTorchEngine
 from synth.errors import EngineUnavailable, UnknownVoice, UnsupportedControl
 from synth.registry import piper_voice_files
@@ -148,7 +147,7 @@ def test_the_request_seed_reaches_the_torch_runtime(torch_synthesizer: Synthesiz
     assert not any("seed" in n for n in torch_synthesizer.plan(SynthesisRequest("Hi.", seed=3)).not_applied)
     ignored = torch_synthesizer.engine("piper").notes(VoiceParams(voice=DEFAULT_VOICE, seed=3))
     assert ignored == []
-    onnx_notes = PiperEngine().notes(VoiceParams(voice=DEFAULT_VOICE, seed=3))
+    onnx_notes = Synthesizer(engines=["piper"]).plan(SynthesisRequest("Hi.", seed=3)).not_applied
     assert any(n.startswith("seed: onnxruntime") for n in onnx_notes)  # reported, not silently dropped
     with pytest.raises(UnsupportedControl):
         torch_synthesizer.synthesize(SynthesisRequest("Hi.", seed="3"), str(tmp_path / "c.wav"))  # type: ignore[arg-type]

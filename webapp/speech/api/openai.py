@@ -130,7 +130,7 @@ def job_body(data: dict[str, Any]) -> dict[str, Any]:
         ours = {"text": data["input"], "voice": voice, "engine": model, "format": fmt}
     if rate is not None:
         ours["sample_rate"] = rate
-    for name in ("speed", "loudness"):
+    for name in ("speed", "loudness", "seed"):
         if data.get(name) is not None:
             ours[name] = data[name]
     if data.get("instructions"):

@@ -11,15 +11,17 @@ from typing import Any
 
 from rest_framework import serializers
 
+from synth.registry import SEED_RANGE
 from webapp.api_fields import (
     StrictBooleanField,
     StrictCharField,
+    StrictIntegerField,
     StrictNumberField,
     iso,
 )
 from webapp.speech.api.voice_fields import uploaded_voice_fields
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.requests import CACHE_HELP, SpeechTextField
+from webapp.speech.requests import CACHE_HELP, SEED_HELP, SpeechTextField
 from webapp.speech.services.jobview import JobView
 
 # --------------------------------------------------------------------- responses
@@ -140,6 +142,9 @@ class OpenAISpeechSerializer(serializers.Serializer):
     )
     speed = StrictNumberField(required=False, min_value=0.25, max_value=4.0)
     instructions = StrictCharField(required=False, allow_blank=True, max_length=4096)
+    seed = StrictIntegerField(
+        required=False, min_value=SEED_RANGE[0], max_value=SEED_RANGE[1], help_text=SEED_HELP
+    )
     cache = StrictBooleanField(required=False, default=True, help_text=CACHE_HELP)
     stream_format = serializers.ChoiceField(
         choices=("audio", "sse"),

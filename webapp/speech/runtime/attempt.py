@@ -293,7 +293,7 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
         language=params.get("language"),
         instructions=params.get("instructions"),
         loudness_lufs=params.get("loudness"),
-        seed=params.get("seed"),  # not an API field yet; the torch runtime honours it
+        seed=params.get("seed"),  # the API's seed, for a model whose seed capability is true
         # An uploaded voice cloned zero-shot: the engine gets its prompt (docs/voices.md).
         prompt=prompts.voice_prompt(job.voice) if job.cloning_mode == prompts.ZERO_SHOT else None,
         # The versions pinned at submit (a dictionary cannot be deleted while the job is unfinished).
