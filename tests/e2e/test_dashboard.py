@@ -323,6 +323,7 @@ def test_every_page_passes_axe_in_dark_mode_and_works_from_the_keyboard(
             "synthesize",
             "history",
             "voices",
+            "voices/consents",
             "keys",
             "usage",
             "members",

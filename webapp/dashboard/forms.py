@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib.auth import password_validation
@@ -11,7 +11,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.utils import timezone
 
 from webapp import outbound
-from webapp.speech.models import Voice
+from webapp.speech.models import Voice, VoiceConsent
 from webapp.tenants.models import ApiKey, Membership
 from webapp.webhooks.models import SUBSCRIBABLE
 
@@ -197,12 +197,17 @@ CONSENT_TEXT = (
 
 
 class VoiceUploadForm(forms.Form):
-    """The fields of ``POST /api/v1/voices``; the upload service checks the audio itself."""
+    """The fields of ``POST /api/v1/voices``; the upload service checks the audio itself.
+
+    ``consents``: the tenant's recorded consents a new voice may name (``recorded_consent``,
+    which makes it cloneable); without one the uploader's checkbox (``consent``) is needed.
+    """
 
     name = forms.CharField(label="Name", max_length=Voice.MAX_NAME_CHARS)
     audio = forms.FileField(
         label="Recording",
-        help_text="3 to 15 seconds of one person speaking, 16 kHz or better (WAV, FLAC, Ogg, MP3, M4A, WebM).",
+        help_text="3 to 15 seconds of one person speaking, 16 kHz or better (WAV, FLAC, Ogg, MP3, M4A, WebM); "
+        "or record it below.",
         widget=forms.ClearableFileInput(attrs={"accept": "audio/*"}),
     )
     transcript = forms.CharField(
@@ -211,10 +216,27 @@ class VoiceUploadForm(forms.Form):
         max_length=Voice.MAX_TRANSCRIPT_CHARS,
         widget=forms.Textarea(attrs={"rows": 2}),
     )
-    consent = forms.BooleanField(
-        label=CONSENT_TEXT,
-        error_messages={"required": "Confirm that you have the speaker's permission to upload their voice."},
+    recorded_consent = forms.ChoiceField(
+        label="Recorded consent of the speaker",
+        required=False,
+        help_text="A consent recorded on the Consents page: the voice may then be cloned.",
     )
+    consent = forms.BooleanField(label=CONSENT_TEXT, required=False)
+
+    def __init__(self, *args: Any, consents: list[VoiceConsent] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        choices = [("", "None: I confirm the speaker's permission below (the voice is not cloned)")]
+        choices += [
+            (c.consent_id, f"{c.name} ({c.language}, {c.created_at:%Y-%m-%d})") for c in consents or []
+        ]
+        self.consent_choices = choices[1:]  # the recorded ones, for the page's other consent forms
+        cast(forms.ChoiceField, self.fields["recorded_consent"]).choices = choices
+
+    def clean(self) -> dict[str, Any] | None:
+        data = super().clean()
+        if data is not None and not data.get("recorded_consent") and not data.get("consent"):
+            self.add_error("consent", "Confirm that you have the speaker's permission to upload their voice.")
+        return data
 
 
 # ----------------------------------------------------------------- pronunciation dictionaries

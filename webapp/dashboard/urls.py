@@ -2,6 +2,7 @@ from django.urls import URLPattern, path
 
 from webapp.dashboard.views import (
     account,
+    consents,
     dictionaries,
     invitations,
     people,
@@ -47,6 +48,11 @@ urlpatterns: list[URLPattern] = [
     path("app/voices/", voices.voices, name="voices"),
     path("app/voices/upload/", voices.voice_upload, name="voice-upload"),
     path("app/voices/<uuid:pk>/delete/", voices.voice_delete, name="voice-delete"),
+    path("app/voices/<uuid:pk>/consent/", voices.voice_consent, name="voice-consent"),
+    path("app/voices/consents/", consents.consent_list, name="consents"),
+    path("app/voices/consents/phrase/", consents.consent_phrase, name="consent-phrase"),
+    path("app/voices/consents/record/", consents.consent_record, name="consent-record"),
+    path("app/voices/consents/<uuid:pk>/revoke/", consents.consent_revoke, name="consent-revoke"),
     path("app/dictionaries/", dictionaries.dictionaries, name="dictionaries"),
     path("app/dictionaries/<uuid:pk>/", dictionaries.dictionary, name="dictionary"),
     path(

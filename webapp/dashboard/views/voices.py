@@ -17,11 +17,11 @@ from django.views.decorators.http import require_GET, require_POST
 from webapp.dashboard.access import Tenant, error_text, tenant_page
 from webapp.dashboard.forms import VoiceUploadForm
 from webapp.dashboard.views.speech import by_language
-from webapp.errors import DomainError
+from webapp.errors import DomainError, ErrorCode
 from webapp.problems import Problem
 from webapp.speech.models import Voice
-from webapp.speech.services import prompts, queries
-from webapp.speech.voices import delete_voice
+from webapp.speech.services import consents, prompts, queries
+from webapp.speech.voices import add_consent, delete_voice
 from webapp.tenants import ratelimit
 from webapp.tenants.models import ApiKey, Membership
 from webapp.tenants.roles import role_allows
@@ -56,11 +56,20 @@ def _state_words(voice: Voice) -> str:
     return str(voice.status)
 
 
+def uploader_label(request: HttpRequest) -> str:
+    """Who acts, in words that outlive the user row."""
+    return str(request.user.email or request.user.get_username())  # type: ignore[union-attr]
+
+
 def _context(tenant: Tenant, form: VoiceUploadForm) -> dict[str, object]:
     usable = list(queries.visible_voices(tenant.organization).order_by("language", "name", "voice_id"))
     builtin = [v for v in usable if v.organization_id is None]
     names = {v.voice_id: v.name for v in builtin}
-    own = Voice.objects.filter(organization=tenant.organization).order_by("-created_at", "name")
+    own = (
+        Voice.objects.filter(organization=tenant.organization)
+        .select_related("consent")
+        .order_by("-created_at", "name")
+    )
     return {
         "tenant": tenant,
         "languages": by_language(builtin),
@@ -68,6 +77,7 @@ def _context(tenant: Tenant, form: VoiceUploadForm) -> dict[str, object]:
         "modes": prompts.cloning_modes(),
         "can_upload": tenant.role in VOICE_WRITERS,
         "form": form,
+        "consents": form.consent_choices,
         "max_voices": tenant.organization.plan.max_voices,
     }
 
@@ -75,20 +85,26 @@ def _context(tenant: Tenant, form: VoiceUploadForm) -> dict[str, object]:
 @tenant_page()
 @require_GET
 def voices(request: HttpRequest, tenant: Tenant) -> HttpResponse:
-    return render(request, "dashboard/voices.html", _context(tenant, VoiceUploadForm()))
+    form = VoiceUploadForm(consents=consents.usable_consents(tenant.organization))
+    return render(request, "dashboard/voices.html", _context(tenant, form))
 
 
 def _create(request: HttpRequest, tenant: Tenant, form: VoiceUploadForm, admitted: prompts.Admitted) -> Voice:
     data = form.cleaned_data
-    label = request.user.email or request.user.get_username()  # type: ignore[union-attr]
-    upload = prompts.VoiceUpload(data["name"].strip(), data["transcript"].strip(), None, request.user, label)
+    chosen = data["recorded_consent"]
+    consent = consents.usable_consent(tenant.organization, chosen) if chosen else None
+    upload = prompts.VoiceUpload(
+        data["name"].strip(), data["transcript"].strip(), None, request.user, uploader_label(request), consent
+    )
     return prompts.create_voice_from_file(tenant.organization, data["audio"], upload, admitted)
 
 
 @tenant_page(roles=VOICE_WRITERS, verified=True)
 @require_POST
 def voice_upload(request: HttpRequest, tenant: Tenant) -> HttpResponse:
-    form = VoiceUploadForm(request.POST, request.FILES)
+    form = VoiceUploadForm(
+        request.POST, request.FILES, consents=consents.usable_consents(tenant.organization)
+    )
     status, retry_after = 400, None
     valid = form.is_valid()  # first: an error is added to a checked form
     try:
@@ -123,4 +139,29 @@ def voice_delete(request: HttpRequest, tenant: Tenant, pk: str) -> HttpResponse:
         messages.error(request, error_text(exc))
     else:
         messages.success(request, f"“{voice.name}” and its recording are deleted.")
+    return redirect("dashboard:voices")
+
+
+@tenant_page(roles=VOICE_WRITERS)
+@require_POST
+def voice_consent(request: HttpRequest, tenant: Tenant, pk: str) -> HttpResponse:
+    """Name a recorded consent on a voice uploaded without one (``POST /api/v1/voices/{id}/consent``)."""
+    voice = Voice.objects.filter(organization=tenant.organization, pk=pk).first()
+    if voice is None:
+        raise Http404("No such voice.")
+    consent_id = request.POST.get("consent", "")
+    if not consent_id.startswith("cons_"):
+        messages.error(request, "Choose a recorded consent.")
+        return redirect("dashboard:voices")
+    try:
+        updated = add_consent(tenant.organization, voice, consent_id, request.user)
+    except DomainError as exc:
+        if exc.code in (ErrorCode.NOT_FOUND, ErrorCode.INVALID_ID):
+            raise Http404("No such consent.") from None
+        if exc.code == ErrorCode.CONSENT_NOT_READY:
+            messages.error(request, f"{exc.message} Add it again shortly.")
+        else:
+            messages.error(request, error_text(exc))
+    else:
+        messages.success(request, f"“{updated.name}” now names its speaker's recorded consent.")
     return redirect("dashboard:voices")

@@ -50,16 +50,7 @@ def _consent(request: Request, organization: Any) -> VoiceConsent | None:
     uploader's own word that the speaker agreed, enough for a voice that is not cloned."""
     value = str(_form(request).get("consent", "")).strip()
     if value.startswith("cons_"):
-        consent = consents.get_consent(organization, value)
-        if consent.status != VoiceConsent.Status.ACTIVE:
-            raise DomainError(ErrorCode.CONSENT_REVOKED, f"Consent {value} was revoked.", field="consent")
-        if not consent.recording_path:
-            raise DomainError(
-                ErrorCode.CONSENT_REVOKED,
-                f"Consent {value}'s recording was deleted with its voice; record a new consent.",
-                field="consent",
-            )
-        return consent
+        return consents.usable_consent(organization, value)
     if value.lower() not in ("true", "1", "yes", "on"):
         raise DomainError(
             ErrorCode.CONSENT_REQUIRED,

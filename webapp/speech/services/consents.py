@@ -280,3 +280,24 @@ def get_consent(organization: Organization, consent_id: str) -> VoiceConsent:
     if consent is None:
         raise DomainError(ErrorCode.NOT_FOUND, f"No consent {consent_id}.")
     return consent
+
+
+def usable_consent(organization: Organization, consent_id: str) -> VoiceConsent:
+    """The tenant's consent ``cons_…`` that a new voice may name: active, its recording still kept
+    (``consent_revoked`` otherwise). The API's upload and the dashboard's take it the same way."""
+    consent = get_consent(organization, consent_id)
+    if consent.status != VoiceConsent.Status.ACTIVE:
+        raise DomainError(ErrorCode.CONSENT_REVOKED, f"Consent {consent_id} was revoked.", field="consent")
+    if not consent.recording_path:
+        raise DomainError(
+            ErrorCode.CONSENT_REVOKED,
+            f"Consent {consent_id}'s recording was deleted with its voice; record a new consent.",
+            field="consent",
+        )
+    return consent
+
+
+def usable_consents(organization: Organization) -> list[VoiceConsent]:
+    """The tenant's consents a new voice may name (:func:`usable_consent`), newest first."""
+    rows = VoiceConsent.objects.filter(organization=organization, status=VoiceConsent.Status.ACTIVE)
+    return list(rows.exclude(recording_path="").order_by("-created_at", "-id"))

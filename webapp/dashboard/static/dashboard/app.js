@@ -117,7 +117,7 @@
   /* A refused request's problem+json (as the API answers): what showError needs of it. */
   function problemOf(answer) {
     const data = answer.data || {};
-    return { message: data.detail || `Error ${answer.status}`, field: data.field, position: data.position };
+    return { message: data.detail || `Error ${answer.status}`, field: data.field, position: data.position, code: data.code };
   }
 
   /* An error goes next to its field; an annotation error also marks its place in the text. */
@@ -286,10 +286,207 @@
     });
   }
 
+
+  /* The microphone: Record, Stop, Play back (MediaRecorder: WebM or Ogg with Opus, which the
+     server's decoder takes by their first bytes). onRecorded gets a File of the recording. */
+  const RECORDING_TYPES = ["audio/webm;codecs=opus", "audio/ogg;codecs=opus", "audio/webm", "audio/ogg"];
+
+  function setupRecorder(root, onRecorded) {
+    const record = root.querySelector("[data-record]");
+    const stop = root.querySelector("[data-stop]");
+    const play = root.querySelector("[data-play]");
+    const audio = root.querySelector("[data-playback]");
+    const status = root.querySelector("[data-recorder-status]");
+    let recorder = null, stream = null, chunks = [], started = 0, ticker = null;
+
+    const say = (text) => { status.textContent = text; };
+    const release = () => {
+      if (stream) stream.getTracks().forEach((track) => track.stop()); // the microphone is free again
+      stream = null;
+      if (ticker) clearInterval(ticker);
+      ticker = null;
+    };
+
+    record.addEventListener("click", async () => {
+      if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia || !window.MediaRecorder) {
+        say("This browser cannot record here: choose a file instead.");
+        return;
+      }
+      record.disabled = true;
+      try {
+        // The raw signal: the server's checks, not the browser's noise suppression, judge it.
+        stream = await navigator.mediaDevices.getUserMedia({
+          audio: { echoCancellation: false, noiseSuppression: false, autoGainControl: false, channelCount: 1 },
+        });
+      } catch (e) {
+        record.disabled = false;
+        say(`The microphone is not available (${e.name || e}): allow it for this site, or choose a file.`);
+        return;
+      }
+      const type = RECORDING_TYPES.find((t) => MediaRecorder.isTypeSupported(t)) || "";
+      recorder = new MediaRecorder(stream, type ? { mimeType: type, audioBitsPerSecond: 64000 } : {});
+      chunks = [];
+      recorder.addEventListener("dataavailable", (event) => { if (event.data.size) chunks.push(event.data); });
+      recorder.addEventListener("stop", async () => {
+        release();
+        const mime = (recorder.mimeType || type || "audio/webm").split(";")[0];
+        const blob = new Blob(chunks, { type: mime });
+        const file = new File([blob], `recording.${mime.endsWith("ogg") ? "ogg" : "webm"}`, { type: mime });
+        if (audio.src) URL.revokeObjectURL(audio.src);
+        audio.src = URL.createObjectURL(blob);
+        audio.hidden = false;
+        play.disabled = false;
+        record.disabled = false;
+        record.textContent = "Record again";
+        root.dataset.state = "recorded";
+        try {
+          // A recorder's WebM carries no duration (the element says Infinity): the decoded one is shown.
+          const context = new (window.AudioContext || window.webkitAudioContext)();
+          const buffer = await context.decodeAudioData(await blob.arrayBuffer());
+          audio.dataset.decodedDuration = String(buffer.duration);
+          context.close();
+          say(`Recorded ${formatSeconds(buffer.duration)}. Play it back, then submit, or record again.`);
+        } catch (e) {
+          say("Recorded. Play it back, then submit, or record again.");
+        }
+        play.focus();
+        onRecorded(file);
+      });
+      recorder.start(250);
+      started = Date.now();
+      root.dataset.state = "recording";
+      delete audio.dataset.decodedDuration;
+      stop.disabled = false;
+      play.disabled = true;
+      stop.focus(); // Record is disabled now: the keyboard goes on from Stop
+      say("Recording… press Stop when done.");
+      ticker = setInterval(() => say(`Recording: ${formatSeconds((Date.now() - started) / 1000)}… press Stop when done.`), 1000);
+    });
+
+    stop.addEventListener("click", () => {
+      if (!recorder || recorder.state === "inactive") return;
+      stop.disabled = true;
+      recorder.stop();
+    });
+
+    play.addEventListener("click", () => {
+      audio.currentTime = 0;
+      audio.play().catch(() => {});
+    });
+  }
+
+  /* The voice upload: a recording from the microphone becomes the form's file. */
+  function setupPromptRecorder() {
+    const box = document.getElementById("prompt-recording");
+    if (!box) return;
+    const input = document.getElementById(box.dataset.fileInput);
+    setupRecorder(box.querySelector("[data-recorder]"), (file) => {
+      const transfer = new DataTransfer();
+      transfer.items.add(file);
+      input.files = transfer.files;
+      input.dispatchEvent(new Event("change", { bubbles: true }));
+    });
+  }
+
+  /* Voice consents: get a phrase, record it, submit; the server's refusal is shown as it says it. */
+  const CONSENT_HINTS = {
+    consent_mismatch: "We heard another code: read the phrase again, code included, and record once more.",
+    consent_unclear: "Record again, closer to the microphone, in a quiet room.",
+    consent_phrase_expired: "Get a new phrase and read that one.",
+    consent_phrase_used: "Get a new phrase and read that one.",
+  };
+
+  function setupConsentForm() {
+    const form = document.getElementById("consent-form");
+    if (!form) return;
+    const getPhrase = document.getElementById("get-phrase");
+    const box = document.getElementById("phrase-box");
+    const submit = document.getElementById("consent-submit");
+    const language = document.getElementById("language");
+    const attestField = document.getElementById("attest-field");
+    let recording = null;
+
+    const clear = () => {
+      form.querySelectorAll(".error").forEach((el) => { el.hidden = true; el.textContent = ""; });
+      form.querySelectorAll("[aria-invalid]").forEach((el) => el.removeAttribute("aria-invalid"));
+    };
+    const fail = (error) => {
+      const field = ["name", "language", "attestation", "recording"].includes(error.field) ? error.field : null;
+      const target = document.getElementById(`${field}-error`) || document.getElementById("form-error");
+      const hint = CONSENT_HINTS[error.code];
+      target.textContent = hint ? `${error.message} ${hint}` : error.message;
+      target.hidden = false;
+      const input = field && document.getElementById(field);
+      if (input) { input.setAttribute("aria-invalid", "true"); input.focus(); }
+      if (error.code === "consent_phrase_expired" || error.code === "consent_phrase_used") {
+        box.hidden = true;
+        getPhrase.focus();
+      }
+    };
+
+    getPhrase.addEventListener("click", async () => {
+      clear();
+      getPhrase.disabled = true;
+      const answer = await postJson(form.dataset.phraseUrl, { language: language.value });
+      getPhrase.disabled = false;
+      if (!answer.ok) { fail(problemOf(answer)); return; }
+      const phrase = answer.data;
+      document.getElementById("phrase").value = phrase.id;
+      const text = document.getElementById("phrase-text");
+      text.textContent = phrase.text;
+      text.lang = phrase.checked ? phrase.language : "en";
+      document.getElementById("phrase-code").textContent = phrase.code;
+      const expiry = document.getElementById("phrase-expiry");
+      expiry.dateTime = phrase.expires_at;
+      expiry.textContent = new Date(phrase.expires_at).toLocaleTimeString();
+      attestField.hidden = phrase.checked;
+      box.hidden = false;
+      getPhrase.textContent = "Get a new phrase";
+      text.focus();
+    });
+
+    setupRecorder(form.querySelector("[data-recorder]"), (file) => {
+      recording = file;
+      submit.disabled = false;
+    });
+
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      clear();
+      if (!recording) { fail({ message: "Record the phrase first.", field: "recording" }); return; }
+      const body = new FormData();
+      body.append("name", document.getElementById("name").value);
+      body.append("language", language.value);
+      body.append("phrase", document.getElementById("phrase").value);
+      const attestation = document.getElementById("attestation");
+      if (attestation && attestation.checked && !attestField.hidden) body.append("attestation", "true");
+      body.append("recording", recording, recording.name);
+      submit.disabled = true;
+      const status = form.querySelector("[data-recorder-status]");
+      status.textContent = "Checking the recording…";
+      let answer;
+      try {
+        const response = await fetch(form.dataset.recordUrl, {
+          method: "POST", credentials: "same-origin", headers: { "X-CSRFToken": csrfToken() }, body: body,
+        });
+        let data = {};
+        try { data = await response.json(); } catch (e) { data = {}; }
+        answer = { ok: response.ok, status: response.status, data: data };
+      } catch (e) {
+        answer = { ok: false, status: 0, data: { detail: "The server could not be reached; try again." } };
+      }
+      submit.disabled = false;
+      if (!answer.ok) { status.textContent = ""; fail(problemOf(answer)); return; }
+      window.location.assign(form.dataset.doneUrl); // the list, with the new consent and a message
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", () => {
     setupSynthesize();
     setupHistory();
     setupCopy();
     setupConfirm();
+    setupPromptRecorder();
+    setupConsentForm();
   });
 })();
