@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tenants', '0011_plan_dictionary_versions'),
+        ("tenants", "0011_plan_dictionary_versions"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='plan',
-            name='voices_need_recorded_consent',
+            model_name="plan",
+            name="voices_need_recorded_consent",
             field=models.BooleanField(default=False),
         ),
     ]
