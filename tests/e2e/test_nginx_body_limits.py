@@ -87,3 +87,25 @@ def test_voice_upload_allows_the_upload_limit_and_no_more() -> None:
         _url("/api/v1/voices/x"), files={"audio": ("prompt.wav", b"\0" * (2 * SMALL_LIMIT))}, timeout=60
     )
     assert other.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"),
+    [
+        ("/api/v1/voice_consents", PROBLEM_JSON),
+        ("/v1/audio/voice_consents", "application/json"),
+        ("/app/voices/consents/record/", PROBLEM_JSON),
+    ],
+)
+def test_a_consent_recording_allows_the_upload_limit_and_no_more(path: str, content_type: str) -> None:
+    """A 30 s recording at 44.1 kHz (2.6 MB of WAV) is over the small limit: it must reach Django."""
+    session = client(SOURCE)
+    fits = session.post(_url(path), files={"recording": ("c.wav", b"\0" * (2 * SMALL_LIMIT))}, timeout=60)
+    assert fits.status_code != 413, fits.text
+    too_big = session.post(
+        _url(path),
+        files={"recording": ("c.wav", b"\0" * (UPLOAD_LIMIT + deploy_nginx.MULTIPART_SLACK_BYTES + 1))},
+        timeout=60,
+    )
+    assert too_big.status_code == 413
+    assert too_big.headers["Content-Type"] == content_type
