@@ -26,6 +26,17 @@ REQUIRED = {
     ("POST", "/api/v1/voices"): VOICES,
     ("GET", "/api/v1/voices/{voice_id}"): READ,
     ("DELETE", "/api/v1/voices/{voice_id}"): VOICES,
+    ("POST", "/api/v1/voices/{voice_id}/consent"): VOICES,
+    ("GET", "/api/v1/voice_consents"): READ,
+    ("POST", "/api/v1/voice_consents"): VOICES,
+    ("GET", "/api/v1/voice_consents/phrase"): VOICES,
+    ("GET", "/api/v1/voice_consents/{consent_id}"): READ,
+    ("DELETE", "/api/v1/voice_consents/{consent_id}"): VOICES,
+    ("GET", "/v1/audio/voice_consents"): READ,
+    ("POST", "/v1/audio/voice_consents"): VOICES,
+    ("GET", "/v1/audio/voice_consents/phrase"): VOICES,
+    ("GET", "/v1/audio/voice_consents/{consent_id}"): READ,
+    ("DELETE", "/v1/audio/voice_consents/{consent_id}"): VOICES,
     ("GET", "/api/v1/speech"): READ,
     ("POST", "/api/v1/speech"): WRITE,
     ("GET", "/api/v1/speech/{job_id}"): READ,
@@ -87,6 +98,7 @@ def _call(client: ApiClient, method: str, template: str) -> Any:
     # Ids that exist nowhere: a call that passes the checks answers 404, or 400 for an empty
     # body (415 where the endpoint takes an upload, not JSON).
     template = template.replace("{dictionary_id}", str(uuid.uuid4())).replace("{number}", "1")
+    template = template.replace("{consent_id}", f"cons_{uuid.uuid4().hex}")
     template = template.replace("{endpoint_id}", str(uuid.uuid4())).replace(
         "{delivery_id}", str(uuid.uuid4())
     )
