@@ -145,8 +145,14 @@ def test_a_zero_shot_voice_speaks_through_any_model_that_clones(
         "plugin-analysis", queues="analysis", env={"TTS_WORKER_ROLE": "analysis"}, wait_ready=False
     )
     try:
+        # Cloning needs a recorded consent of the speaker (issue 52): slt reads the phrase.
+        phrase = client.get("/v1/audio/voice_consents/phrase").json()
+        with open(pf.flite("slt", tmp_path / "consent.wav", phrase["text"]), "rb") as fh:
+            form = {"name": "slt", "language": "en", "recording": fh}
+            r = client.client.post("/api/v1/voice_consents", form, HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+        assert r.status_code == 201, r.content
         with open(pf.flite("slt", tmp_path / "slt.wav"), "rb") as fh:
-            form = {"name": "Zero", "consent": "true", "cloning_mode": "zero_shot", "audio": fh}
+            form = {"name": "Zero", "consent": r.json()["id"], "cloning_mode": "zero_shot", "audio": fh}
             r = client.client.post("/api/v1/voices", form, HTTP_AUTHORIZATION=f"Bearer {raw_key}")
         assert r.status_code == 202, r.content
         voice_id = r.json()["id"]
