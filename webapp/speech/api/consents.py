@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -91,6 +91,7 @@ class ConsentPhraseView(TenantAPIView):
         return Response(phrase_json(request, phrase), headers={"Cache-Control": "no-store"})
 
 
+@extend_schema_view(get=extend_schema(operation_id="api_v1_voice_consents_list"))
 class ConsentCollectionView(TenantAPIView):
     required_scopes = {"GET": "speech:read", "POST": "voices:write"}
     parser_classes = [MultiPartParser]
@@ -154,6 +155,11 @@ class ConsentCollectionView(TenantAPIView):
         return Response(consent_json(request, consent), status=201)
 
 
+@extend_schema_view(get=extend_schema(operation_id="v1_audio_voice_consents_list"))
+class OpenAIConsentCollectionView(ConsentCollectionView):
+    """The same, at OpenAI's path (its own operation in the schema)."""
+
+
 class ConsentDetailView(TenantAPIView):
     required_scopes = {"GET": "speech:read", "DELETE": "voices:write"}
 
@@ -174,7 +180,11 @@ class VoiceConsentView(VoiceDetailView):
     required_scopes = {"POST": "voices:write"}
     http_method_names = ["post", "options"]
 
-    @extend_schema(responses={200: VoiceSerializer}, summary="Name a recorded consent on an uploaded voice")
+    @extend_schema(
+        request={"application/json": {"type": "object", "properties": {"consent": {"type": "string"}}}},
+        responses={200: VoiceSerializer},
+        summary="Name a recorded consent on an uploaded voice",
+    )
     def post(self, request: Request, voice_id: str) -> Response:
         consent_id = request.data.get("consent") if isinstance(request.data, dict) else None
         if not isinstance(consent_id, str) or not consent_id.startswith("cons_"):

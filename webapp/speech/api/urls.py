@@ -29,7 +29,7 @@ _openai_routes: list[URLPattern | URLResolver] = [
     path("audio/speech", openai.openai_speech, name="openai-speech"),
     path("audio/voices", openai_catalog.OpenAIVoicesView.as_view(), name="openai-voices"),
     path("models", openai_catalog.OpenAIModelsView.as_view(), name="openai-models"),
-    path("audio/voice_consents", consents.ConsentCollectionView.as_view(), name="openai-consents"),
+    path("audio/voice_consents", consents.OpenAIConsentCollectionView.as_view(), name="openai-consents"),
     path("audio/voice_consents/phrase", consents.ConsentPhraseView.as_view(), name="openai-consent-phrase"),
     path(
         "audio/voice_consents/<str:consent_id>",
