@@ -53,9 +53,11 @@ def test_api_and_openai_locations_map_nginx_errors_to_json() -> None:
     assert locations.count("default_type application/problem+json;") == 7
     assert locations.count("Retry-After $tts_retry_after always;") == 3  # api, openai, html 429
     text = conf.read_text()
-    # Each API location includes the right mapping (the prefix and the strict ones).
-    assert text.count("snippets/api_errors.conf;") == 3
-    assert text.count("snippets/openai_errors.conf;") == 2
+    # Each API location includes the right mapping (the prefix and the strict ones; the dashboard's
+    # consent recording, whose script reads problem+json; OpenAI's consent path).
+    assert text.count("snippets/api_errors.conf;") == 4
+    assert text.count("snippets/openai_errors.conf;") == 3
+    assert "error_page 503 @openai_uploads_busy;" in text
 
 
 def test_rates_sizes_and_timeouts_come_from_settings() -> None:
@@ -70,7 +72,7 @@ def test_rates_sizes_and_timeouts_come_from_settings() -> None:
     )
     text = conf.read_text()
     assert "zone=write:10m rate=3r/m;" in text
-    assert text.count("limit_req zone=write burst=7 nodelay;") == 3
+    assert text.count("limit_req zone=write burst=7 nodelay;") == 4
     # Retry-After for the strict zone is one leak interval: 60 s / 3.
     assert re.search(r'"~\^POST /api/v1/\(speech\|voices\)/\?\$"\s+20;', text)
     assert "client_max_body_size 65536;" in text
