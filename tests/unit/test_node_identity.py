@@ -41,6 +41,7 @@ def _container(hostname: str) -> list[list[object]]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="namespaces need root")
+@pytest.mark.slow  # seconds of work: make test runs it, make test-fast leaves it out
 def test_parents_that_are_pid_1_under_one_host_name_are_different_nodes() -> None:
     first, second = _container("tts-pod"), _container("tts-pod")
     assert [ppid for ppid, _ in first + second] == [1, 1, 1, 1]  # what the test is about

@@ -140,6 +140,7 @@ def _read(path: str) -> np.ndarray:
     return np.asarray(audio)
 
 
+@pytest.mark.slow  # seconds of work: make test runs it, make test-fast leaves it out
 def test_concurrent_jobs_on_a_batching_synthesizer_sound_as_they_do_alone(
     unbatched: Synthesizer, tmp_path: Any
 ) -> None:

@@ -100,6 +100,7 @@ def test_rate_below_16_khz_is_refused(slt_right: tuple[np.ndarray, int], phrase:
         consent.check_words(audio[::2], 8000, phrase, CODE)
 
 
+@pytest.mark.slow  # loads the speaker encoder (torch): make test runs it, make test-fast leaves it out
 def test_two_flite_voices_are_below_the_threshold(tmp_path: Path, slt_right: tuple[np.ndarray, int]) -> None:
     from synth.speaker import embed
 
@@ -108,6 +109,7 @@ def test_two_flite_voices_are_below_the_threshold(tmp_path: Path, slt_right: tup
     assert score < consent.SAME_SPEAKER_THRESHOLD
 
 
+@pytest.mark.slow  # loads the speaker encoder (torch): make test runs it, make test-fast leaves it out
 def test_same_voice_two_sentences_is_above_the_threshold(
     tmp_path: Path, slt_right: tuple[np.ndarray, int]
 ) -> None:

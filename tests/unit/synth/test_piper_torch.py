@@ -153,6 +153,7 @@ def test_the_request_seed_reaches_the_torch_runtime(torch_synthesizer: Synthesiz
         torch_synthesizer.synthesize(SynthesisRequest("Hi.", seed="3"), str(tmp_path / "c.wav"))  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # seconds of work: make test runs it, make test-fast leaves it out
 def test_batch_of_eight_equals_eight_single_calls(engine: PiperTorchEngine) -> None:
     params = VoiceParams(voice=DEFAULT_VOICE, **QUIET)
     outcome = engine.synthesize_batch([(s, params) for s in SENTENCES])

@@ -278,6 +278,7 @@ def test_engine_markup_is_read_not_obeyed(synthesizer: Synthesizer, tmp_path: Pa
     assert brk.duration_seconds < 4.0
 
 
+@pytest.mark.slow  # a long text: make test runs it, make test-fast leaves it out
 def test_five_thousand_digit_number(synthesizer: Synthesizer, tmp_path: Path) -> None:
     res, audio, _ = _run(
         synthesizer, tmp_path, "7" * 5000, "n.pcm", voice="espeak-en-us", format="pcm", sample_rate=8000
@@ -285,6 +286,7 @@ def test_five_thousand_digit_number(synthesizer: Synthesizer, tmp_path: Path) ->
     assert res.chunks > 10 and res.duration_seconds > 600 and _rms(audio) > 0.01
 
 
+@pytest.mark.slow  # a long text: make test runs it, make test-fast leaves it out
 def test_fifty_thousand_chars_without_punctuation(synthesizer: Synthesizer, tmp_path: Path) -> None:
     text = ("lorem ipsum dolor sit amet " * 2000)[:50_000]
     res, _, _ = _run(
