@@ -121,9 +121,7 @@ def revoke_consent(organization: Organization, consent_id: str, label: str, acto
 
 def add_consent(organization: Organization, voice: Voice, consent_id: str, actor: Any) -> Voice:
     """Name a recorded consent on one of the tenant's ready voices: it may be cloned from now on."""
-    consent = consents.get_consent(organization, consent_id)
-    if consent.status != VoiceConsent.Status.ACTIVE:
-        raise DomainError(ErrorCode.CONSENT_REVOKED, f"Consent {consent_id} was revoked.", field="consent")
+    consent = consents.usable_consent(organization, consent_id)
     updated = prompts.attach_consent(organization, voice, consent)
     audit.record(
         "voice.consent_added",

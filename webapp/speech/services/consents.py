@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from synth import consent as consent_check
 from synth import consent_run
-from synth.prompt import PromptLimits, PromptRejected, prepare_prompt
+from synth.prompt import PromptRejected, prepare_prompt
 from webapp.audit import services as audit
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import ConsentPhrase, VoiceConsent
@@ -142,18 +142,6 @@ def _usable(phrase: ConsentPhrase, language: str) -> None:
         )
 
 
-def _limits(organization: Organization) -> PromptLimits:
-    return PromptLimits(
-        max_bytes=prompts.upload_limit(organization),
-        min_seconds=settings.TTS_CONSENT_MIN_SECONDS,
-        max_seconds=settings.TTS_CONSENT_MAX_SECONDS,
-        timeout_seconds=settings.TTS_PROMPT_DECODE_TIMEOUT_SECONDS,
-        memory_mb=settings.TTS_PROMPT_DECODE_MEMORY_MB,
-        sandbox=prompts.decode_sandbox(),
-        niceness=settings.TTS_PROMPT_DECODE_NICE,
-    )
-
-
 def record_consent(
     organization: Organization, upload_path: str, recording: ConsentRecording, admitted: prompts.Admitted
 ) -> VoiceConsent:
@@ -184,7 +172,13 @@ def record_consent(
     os.makedirs(os.path.dirname(target), exist_ok=True)
     try:
         with decodes.decode_slot(organization.pk):
-            stats = prepare_prompt(upload_path, target, _limits(organization))
+            stats = prepare_prompt(
+                upload_path,
+                target,
+                prompts.decode_limits(
+                    organization, settings.TTS_CONSENT_MIN_SECONDS, settings.TTS_CONSENT_MAX_SECONDS
+                ),
+            )
             verdict = (
                 consent_run.check_words_in_child(
                     target, phrase.text, phrase.code, timeout=settings.TTS_PROMPT_DECODE_TIMEOUT_SECONDS

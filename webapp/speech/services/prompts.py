@@ -28,7 +28,15 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from synth.prompt import UPLOAD_CODES, PromptLimits, PromptRejected, prepare_prompt, sandbox_mode
+from synth.prompt import (
+    PROMPT_MAX_SECONDS,
+    PROMPT_MIN_SECONDS,
+    UPLOAD_CODES,
+    PromptLimits,
+    PromptRejected,
+    prepare_prompt,
+    sandbox_mode,
+)
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import Voice, VoiceConsent
 from webapp.speech.services import decodes, dispatch, events, files
@@ -102,6 +110,25 @@ def _mode(requested: str | None, consented: bool) -> str:
             field="cloning_mode",
         )
     return requested
+
+
+def decode_limits(
+    organization: Organization,
+    min_seconds: float = PROMPT_MIN_SECONDS,
+    max_seconds: float = PROMPT_MAX_SECONDS,
+) -> PromptLimits:
+    """What confines the decode child of one of the tenant's uploads (a prompt's lengths by default)."""
+    return PromptLimits(
+        max_bytes=upload_limit(organization),
+        min_seconds=min_seconds,
+        max_seconds=max_seconds,
+        timeout_seconds=settings.TTS_PROMPT_DECODE_TIMEOUT_SECONDS,
+        memory_mb=settings.TTS_PROMPT_DECODE_MEMORY_MB,
+        sandbox=decode_sandbox(),
+        # The admitted decodes yield the CPU to the web workers' requests: the children's
+        # start-up was what slowed other tenants' reads (tests/e2e/test_upload_load.py).
+        niceness=settings.TTS_PROMPT_DECODE_NICE,
+    )
 
 
 def upload_limit(organization: Organization) -> int:
@@ -207,15 +234,7 @@ def create_voice(
     relative = f"voices/{organization.pk}/{voice_uuid.hex}.wav"
     target = files.media_path(relative)
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    limits = PromptLimits(
-        max_bytes=upload_limit(organization),
-        timeout_seconds=settings.TTS_PROMPT_DECODE_TIMEOUT_SECONDS,
-        memory_mb=settings.TTS_PROMPT_DECODE_MEMORY_MB,
-        sandbox=decode_sandbox(),
-        # The admitted decodes yield the CPU to the web workers' requests: the children's
-        # start-up was what slowed other tenants' reads (tests/e2e/test_upload_load.py).
-        niceness=settings.TTS_PROMPT_DECODE_NICE,
-    )
+    limits = decode_limits(organization)
     try:
         # Bounded per tenant and per host (services.decodes): a burst of uploads waits in one
         # queue or is refused, never a pile of decode children taking the web tier's CPU.
