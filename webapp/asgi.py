@@ -9,6 +9,7 @@ run in a thread of their own per request (Django's thread-sensitive mode).
 
 import logging
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -28,12 +29,23 @@ check_ready_to_serve()
 
 from webapp.health import answered_first  # noqa: E402 -- imports Django's parts: after its setup
 from webapp.private_apis import check_all  # noqa: E402
+from webapp.speech.api.session_socket import session_app  # noqa: E402
 
 # Each private name of a library the site relies on, checked now that logging is set up:
 # a missing one is logged with the library's version, and its code falls back (webapp/private_apis.py).
 check_all()
 
-application = answered_first(django_application)
+
+
+async def _by_scope_type(scope: Any, receive: Any, send: Any) -> None:
+    """WebSockets (realtime sessions) to their own ASGI app; HTTP and lifespan to Django's."""
+    if scope["type"] == "websocket":
+        await session_app(scope, receive, send)
+        return
+    await django_application(scope, receive, send)
+
+
+application = answered_first(_by_scope_type)
 
 
 def _warm_up() -> None:

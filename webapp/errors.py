@@ -78,6 +78,8 @@ class ErrorCode(StrEnum):
     CONCURRENCY_LIMIT = "concurrency_limit"
     STORAGE_LIMIT = "storage_limit"
     TOO_MANY_WAITS = "too_many_waits"
+    TOO_MANY_SESSIONS = "too_many_sessions"  # realtime sessions open at once, per key or tenant
+    SESSION_LIMIT = "session_limit"  # a realtime session's own bounds: contexts, buffer, messages, length
     TOO_MANY_AUTH_FAILURES = "too_many_auth_failures"
     TOO_MANY_UPLOADS = "too_many_uploads"
     # 5xx

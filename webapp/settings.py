@@ -466,6 +466,15 @@ TTS_OPENAI_WAIT_SECONDS = env_int("TTS_OPENAI_WAIT_SECONDS", 120)
 # A client waiting on /v1/audio/speech holds a lease on its job, renewed every third of it while
 # connected; a lease lapsed (the web process was killed) lets the reaper abandon the job.
 TTS_WAITER_LEASE_SECONDS = env_int("TTS_WAITER_LEASE_SECONDS", 15)
+# Realtime sessions (WS /v1/audio/speech/stream; docs/api.md, "Realtime sessions").
+TTS_SESSIONS_PER_KEY = env_int("TTS_SESSIONS_PER_KEY", 10)
+TTS_SESSIONS_PER_TENANT = env_int("TTS_SESSIONS_PER_TENANT", 50)
+TTS_SESSION_CONTEXTS = env_int("TTS_SESSION_CONTEXTS", 10)
+TTS_SESSION_BUFFER_CHARS = env_int("TTS_SESSION_BUFFER_CHARS", 4000)
+TTS_SESSION_MESSAGES_PER_SECOND = env_int("TTS_SESSION_MESSAGES_PER_SECOND", 100)
+TTS_SESSION_MAX_SECONDS = env_int("TTS_SESSION_MAX_SECONDS", 3600)
+TTS_SESSION_IDLE_SECONDS = env_int("TTS_SESSION_IDLE_SECONDS", 60)
+TTS_SESSION_SEND_TIMEOUT_SECONDS = env_int("TTS_SESSION_SEND_TIMEOUT_SECONDS", 20)
 # Audio seconds one billable character pays for; audio longer than characters x this (speed 0.25,
 # long pauses) is charged by its seconds instead (docs/api.md, "What is charged").
 TTS_AUDIO_SECONDS_PER_CHAR = env_float("TTS_AUDIO_SECONDS_PER_CHAR", 0.15)

@@ -186,6 +186,48 @@ LIVE_JOBS = models.Q(status__in=ACTIVE_STATUSES) | models.Q(audio_bytes__gt=0)
 LIVE_JOBS_SQL = f"({sql_status_in(ACTIVE_STATUSES)} OR audio_bytes > 0)"
 
 
+class SpeechSession(models.Model):
+    """A realtime session: one WebSocket on which a client sends text as it is written and gets
+    audio per speakable unit (webapp/speech/realtime/). History, usage and webhooks show the
+    session as one entry; each unit is a job of its own underneath (``SynthesisJob.session``),
+    claimed, fenced and settled like any other, but listed and announced only through this row."""
+
+    class Status(models.TextChoices):
+        OPEN = "open"
+        CLOSED = "closed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="speech_sessions")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    protocol = models.CharField(max_length=20, default="native")  # the dialect the client spoke
+    voice_name = models.CharField(max_length=200, blank=True)  # the last configuration's
+    format = models.CharField(max_length=10, blank=True)
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.OPEN)
+    close_code = models.PositiveIntegerField(null=True, blank=True)
+    close_reason = models.CharField(max_length=200, blank=True)
+    contexts = models.PositiveIntegerField(default=0)
+    units = models.PositiveIntegerField(default=0)
+    received_chars = models.PositiveIntegerField(default=0)  # text the client sent
+    charged_chars = models.PositiveIntegerField(default=0)  # what its units were charged, summed at close
+    audio_seconds = models.FloatField(default=0.0)  # audio that left for the client
+    created_at = models.DateTimeField(default=timezone.now)
+    # Renewed by the web process that holds the socket: a session whose process died is closed
+    # by the reaper once this lapses (lifecycle beat).
+    alive_until = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["organization", "-created_at"]),
+            # The limits count a tenant's and a key's open sessions; the reaper looks for lapsed ones.
+            models.Index(
+                fields=["organization", "api_key"],
+                condition=models.Q(status="open"),
+                name="speech_session_open_idx",
+            ),
+        ]
+
+
 class SynthesisJob(models.Model):
     Status = JobStatus
     ACTIVE = ACTIVE_STATUSES
@@ -198,6 +240,10 @@ class SynthesisJob(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     voice = models.ForeignKey(Voice, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
+    # A unit of a realtime session: listed and announced through its session, not on its own.
+    session = models.ForeignKey(
+        SpeechSession, null=True, blank=True, on_delete=models.CASCADE, related_name="unit_jobs", db_index=False
+    )
     voice_name = models.CharField(max_length=200)
     engine = models.CharField(max_length=50)
     text = models.TextField()
@@ -310,6 +356,10 @@ class SynthesisJob(models.Model):
                 fields=["waiter_until"],
                 condition=models.Q(status__in=["queued", "running", "succeeded"], waiter_until__isnull=False),
                 name="speech_job_held_idx",
+            ),
+            # A session's units (its renewals, totals and close); most jobs have none, and are not in it.
+            models.Index(
+                fields=["session"], condition=models.Q(session__isnull=False), name="speech_job_session_idx"
             ),
             # Text retention's look for finished jobs whose text is still kept (blank_old_texts), per
             # tenant of a plan: the rows blanked already, most of the history, are not in it.

@@ -70,3 +70,45 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignor
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
         return {"type": "http", "scheme": "bearer", "bearerFormat": "tts_<prefix>_<secret>"}
+
+
+# TEMPORARY: replaced by the credentials module of branch wt-edge on merge.
+from collections.abc import Mapping, Sequence  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+from webapp.errors import DomainError, ErrorCode  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Credential:
+    token: str
+    source: str
+    subprotocol: str | None
+
+
+class MalformedCredential(Exception):
+    pass
+
+
+def credential_from(
+    headers: Mapping[str, str], query_string: str = "", subprotocols: Sequence[str] = ()
+) -> Credential | None:
+    header = headers.get("authorization", "")
+    if header:
+        parts = header.split()
+        if len(parts) != 2 or parts[0].lower() not in ("bearer", "token"):
+            raise MalformedCredential("expected 'Bearer <api key>'")
+        return Credential(parts[1], parts[0].lower(), None)
+    return None
+
+
+def authenticate_credential(credential: Credential | None, address: str | None) -> ApiKey:
+    if credential is None:
+        raise DomainError(ErrorCode.UNAUTHENTICATED, "No API key.")
+    key = find_api_key(credential.token)
+    if key is not None:
+        touch_api_key(key, address)
+        return key
+    auth_failures.refuse_if_spent(address)
+    auth_failures.record_failure(address)
+    raise DomainError(ErrorCode.UNAUTHENTICATED, "Invalid, expired or revoked API key.")

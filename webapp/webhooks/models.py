@@ -27,6 +27,7 @@ class EventType(models.TextChoices):
     VOICE_READY = "voice.ready"
     VOICE_REJECTED = "voice.rejected"
     USAGE_THRESHOLD = "usage.threshold"
+    SESSION_COMPLETED = "session.completed"
     PING = "ping"
 
 

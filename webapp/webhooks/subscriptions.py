@@ -12,9 +12,9 @@ from typing import Any
 from django.conf import settings
 
 from webapp.rawrows import fetch_one
-from webapp.speech.models import SynthesisJob, Voice
+from webapp.speech.models import SpeechSession, SynthesisJob, Voice
 from webapp.speech.services import events
-from webapp.speech.services.jobview import JobView
+from webapp.speech.services.jobview import JobView, session_view
 from webapp.speech.services.ledger import Settlement
 from webapp.webhooks import outbox
 from webapp.webhooks.models import EventType, WebhookEndpoint
@@ -23,7 +23,7 @@ from webapp.webhooks.models import EventType, WebhookEndpoint
 # endpoints.
 _JOB_FIELDS = (
     "id", "organization_id", "status", "voice_name", "format", "text_chars", "webhook_url",
-    "audio_path", "duration_seconds", "error_code", "error_message",
+    "audio_path", "duration_seconds", "error_code", "error_message", "session_id",
 )  # fmt: skip
 _JOB_FACTS = f"""
     SELECT {", ".join("j." + f for f in _JOB_FIELDS)}, {outbox.endpoints_sql("j.organization_id")}
@@ -41,6 +41,8 @@ def job_ended(event: events.JobEnded) -> None:
     endpoints = outbox.endpoints_from(endpoints_json)
     if event.settlement is not None:
         _usage_levels(event.settlement, endpoints)
+    if job.session_id is not None:
+        return  # a realtime session's unit: the session's own event tells (a job.* per sentence would flood)
     data = JobView(job).for_webhook(settings.TTS_PUBLIC_ORIGIN)
     outbox.record(
         job.organization_id,
@@ -84,7 +86,16 @@ def voice_decided(event: events.VoiceDecided) -> None:
     outbox.record(voice.organization_id, f"voice.{voice.status}", data, subject=str(voice.pk))
 
 
+def session_ended(event: events.SessionEnded) -> None:
+    """session.completed to the tenant's endpoints: one per session, with its totals."""
+    session = SpeechSession.objects.filter(pk=event.session_id).first()
+    if session is None:
+        return
+    outbox.record(session.organization_id, EventType.SESSION_COMPLETED, session_view(session), subject=str(session.pk))
+
+
 def subscribe() -> None:
     events.subscribe(events.JobEnded, job_ended)
     events.subscribe(events.JobSettled, job_settled)
     events.subscribe(events.VoiceDecided, voice_decided)
+    events.subscribe(events.SessionEnded, session_ended)

@@ -267,7 +267,7 @@ def _utc_midnight(day: dt.date) -> dt.datetime:
 @tenant_page()
 @require_GET
 def history(request: HttpRequest, tenant: Tenant) -> HttpResponse:
-    all_jobs = SynthesisJob.objects.filter(organization=tenant.organization)
+    all_jobs = SynthesisJob.objects.filter(organization=tenant.organization, session__isnull=True)
     voices = sorted(set(all_jobs.values_list("voice_name", flat=True).distinct()))
     form = HistoryFilterForm(request.GET or None, statuses=list(SynthesisJob.Status.values), voices=voices)
     selected = all_jobs

@@ -142,6 +142,8 @@ async def _ended(wakeups: AsyncWakeups, ending: Callable[[], None]) -> None:
 class JobStream:
     """One client's stream of one job: ``step()`` returns what can be sent now, until ``done``."""
 
+    block = BLOCK  # PCM bytes (or stored bytes) a step gives out at most
+
     def __init__(
         self,
         job_id: Any,
@@ -201,7 +203,7 @@ class JobStream:
         self.backlog += self.reader.read()
         out = b""
         while not out and self.backlog:
-            pcm, self.backlog = self.backlog[:BLOCK], self.backlog[BLOCK:]
+            pcm, self.backlog = self.backlog[: self.block], self.backlog[self.block :]
             out = self._live(pcm)  # (an encoder may hold back a small piece)
         if not self.backlog and (self.reader.ended or row_changed or time.monotonic() >= self.next_row_check):
             out += self._check_attempt()
@@ -234,7 +236,7 @@ class JobStream:
 
     def _stored_block(self) -> bytes:
         assert self.stored is not None
-        block = self.stored.read(BLOCK)
+        block = self.stored.read(self.block)
         if not block:
             self.done = True
             self.close()

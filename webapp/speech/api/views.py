@@ -186,7 +186,7 @@ class SpeechListView(TenantAPIView):
         operation_id="api_v1_speech_list",
     )
     def get(self, request: Request) -> Response:
-        jobs_of_tenant = SynthesisJob.objects.filter(organization=self.organization)
+        jobs_of_tenant = SynthesisJob.objects.filter(organization=self.organization, session__isnull=True)
         status = request.query_params.get("status")
         if status is not None:
             if status not in SynthesisJob.Status.values:

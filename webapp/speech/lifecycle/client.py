@@ -70,6 +70,8 @@ class JobRequest:
     # The built-in voice that speaks ``voice`` when it is another one chosen at submit: a zero_shot
     # voice's, of the model the request named or one that clones (services.prompts.speaking_voice).
     speaker: Voice | None = None
+    # The realtime session this job is a unit of (None: a job of its own).
+    session_id: Any = None
 
 
 def request_fingerprint(payload: Any) -> str:
@@ -168,6 +170,7 @@ def submit_job(
             source=request.source,
             request_id=current_request_id(),
             retry_of=retry_of,
+            session_id=request.session_id,
             use_cache=request.use_cache,
             webhook_url=request.webhook_url,
             created_at=now,
@@ -309,6 +312,14 @@ def renew_waiter(job_id: Any) -> bool:
     """
     with transaction.atomic(durable=True):
         return _renew_waiter(job_id)
+
+
+def renew_session_waiters(session_id: Any) -> int:
+    """The session's socket is still open: every unit it holds keeps its waiter lease (one statement
+    for all of them, not one per unit); returns how many it holds."""
+    lease = dt.timedelta(seconds=settings.TTS_WAITER_LEASE_SECONDS)
+    with transaction.atomic(durable=True):
+        return SynthesisJob.objects.filter(HELD, session_id=session_id).update(waiter_until=Now() + lease)
 
 
 def _renew_waiter(job_id: Any) -> bool:

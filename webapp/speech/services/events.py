@@ -59,8 +59,16 @@ class VoiceDecided:
     status: str
 
 
-Event = JobEnded | JobSettled | VoiceDecided
-E = TypeVar("E", JobEnded, JobSettled, VoiceDecided)
+@dataclass(frozen=True)
+class SessionEnded:
+    """A realtime session closed (its row holds the totals): one event per session, not per unit."""
+
+    session_id: Any
+    organization_id: Any
+
+
+Event = JobEnded | JobSettled | VoiceDecided | SessionEnded
+E = TypeVar("E", JobEnded, JobSettled, VoiceDecided, SessionEnded)
 Handler = Callable[[Any], None]
 
 _in_transaction: dict[type, list[Handler]] = defaultdict(list)

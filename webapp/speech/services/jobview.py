@@ -23,7 +23,7 @@ from typing import Any
 from django.urls import reverse
 
 from webapp.api_fields import iso
-from webapp.speech.models import SynthesisJob
+from webapp.speech.models import SpeechSession, SynthesisJob
 from webapp.speech.services.eta import estimate
 
 Status = SynthesisJob.Status
@@ -148,3 +148,24 @@ class JobView:
             "words": words,
             "sentences": sentences,
         }
+
+
+def session_view(session: SpeechSession) -> dict[str, Any]:
+    """A realtime session as the API's history and its ``session.completed`` webhook show it."""
+    return {
+        "id": str(session.id),
+        "object": "speech.session",
+        "protocol": session.protocol,
+        "status": session.status,
+        "voice": session.voice_name,
+        "format": session.format,
+        "contexts": session.contexts,
+        "units": session.units,
+        "received_characters": session.received_chars,
+        "charged_characters": session.charged_chars,
+        "audio_seconds": session.audio_seconds,
+        "close_code": session.close_code,
+        "close_reason": session.close_reason,
+        "created_at": iso(session.created_at),
+        "ended_at": iso(session.ended_at),
+    }
