@@ -93,3 +93,11 @@ def read_until(ws: ClientConnection, got: Received, done: Any, timeout: float = 
 
 def closed(got: Received) -> bool:
     return got.close_code is not None
+
+
+def open_plain(port: int, raw_key: str | None, *, headers: dict[str, str] | None = None) -> ClientConnection:
+    """Straight to a gunicorn of the test's own over TCP (no Nginx): for limits set in its environment."""
+    extra = dict(headers or {})
+    if raw_key is not None and not headers:
+        extra["Authorization"] = f"Bearer {raw_key}"
+    return connect(f"ws://127.0.0.1:{port}{SESSION_PATH}", additional_headers=extra, open_timeout=10, max_size=None)
