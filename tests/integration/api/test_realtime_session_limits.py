@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.integration.api.conftest import Tenant
+from tests.reliability.helpers import PIPER
 from tests.integration.api.session_client import Received as Got
 from tests.integration.api.session_client import closed, open_plain, read_until, send
 from tests.stack import TestStack, tcp_gunicorn
@@ -44,8 +45,8 @@ def tenant(live_tenant: Callable[..., Tenant]) -> Tenant:
 
 @pytest.fixture
 def voice(builtin_voices: list[str]) -> str:
-    piper = [v for v in builtin_voices if v.startswith("piper")]
-    return piper[0] if piper else builtin_voices[0]
+    assert PIPER in builtin_voices
+    return PIPER
 
 
 def configured(port: int, tenant: Tenant, voice: str, **config: Any) -> Any:

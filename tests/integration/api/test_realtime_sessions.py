@@ -13,13 +13,11 @@ from typing import Any
 import pytest
 
 from tests.integration.api.conftest import Tenant
+from tests.reliability.helpers import PIPER
 from tests.integration.api.session_client import closed, open_session, read_until, send
 from tests.integration.api.session_client import Received as Got
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-VOICE = "piper:en_US-lessac-low"  # replaced below by a built-in voice the worker serves
-
 
 @pytest.fixture
 def tenant(live_tenant: Callable[..., Tenant], web: Any) -> Tenant:
@@ -28,8 +26,8 @@ def tenant(live_tenant: Callable[..., Tenant], web: Any) -> Tenant:
 
 @pytest.fixture
 def voice(builtin_voices: list[str]) -> str:
-    piper = [v for v in builtin_voices if v.startswith("piper")]
-    return piper[0] if piper else builtin_voices[0]
+    assert PIPER in builtin_voices
+    return PIPER
 
 
 def port(web: Any) -> int:
@@ -89,3 +87,116 @@ def test_a_session_is_one_history_entry_and_one_webhook(tenant: Tenant, voice: s
     assert [event for event, _ in messages] == ["session.completed"]
     payload = messages[0][1]
     assert payload["data"]["id"] == str(session.id) if "data" in payload else payload["id"] == str(session.id)
+
+
+LONG = " ".join(f"This is sentence number {n}, and it is long enough to take a while to say." for n in range(8))
+
+
+def test_input_clear_stops_the_audio_at_once_and_charges_nothing_unsent(
+    tenant: Tenant, voice: str, web: Any
+) -> None:
+    import time as clock
+
+    from webapp.speech.models import SpeechSession, SynthesisJob
+
+    with open_session(port(web), tenant.raw_key) as ws:
+        send(ws, {"type": "session.config", "voice": voice})
+        send(ws, {"type": "input.text", "text": LONG, "flush": True})
+        got = read_until(ws, Got(), lambda g: len(g.frames) >= 3)
+        send(ws, {"type": "input.clear"})
+        cleared_at = clock.monotonic()
+        got = read_until(ws, got, lambda g: g.of("input.cleared"))
+        # Still reading: anything sent after the clear would show up now.
+        send(ws, {"type": "input.text", "text": "After the clear.", "flush": True})
+        got = read_until(ws, got, lambda g: any(s["sentence_text"] == "After the clear." for s in g.of("audio.start")))
+        late = [t for t, frame in got.frames if t > cleared_at + 0.1]
+        after_start = next(t for t, e in got.events if e.get("sentence_text") == "After the clear.")
+        assert all(t >= after_start for t in late), "a frame of the cleared context arrived 100 ms after the clear"
+        got = read_until(ws, got, lambda g: len(g.of("session.done")) >= 1)
+        send(ws, {"type": "session.close"})
+        read_until(ws, got, closed)
+    (cleared,) = got.of("input.cleared")
+    assert cleared["canceled_units"] >= 1 and cleared["dropped_chars"] > 0
+    session = SpeechSession.objects.get(organization=tenant.org)
+    units = SynthesisJob.objects.filter(session=session)
+    canceled = units.filter(status="canceled")
+    assert canceled.exists()
+    from webapp.speech.services.ledger import reports
+
+    # Units cleared before any of their audio left cost nothing; the whole session costs what left.
+    charged = sum(reports.job_charge(j) for j in units.values_list("id", flat=True))
+    assert session.charged_chars == charged < len(LONG)
+    for job_id in canceled.filter(delivered_chars=0).values_list("id", flat=True):
+        assert reports.job_charge(job_id) == 0
+
+
+def test_five_contexts_are_independent(tenant: Tenant, voice: str, web: Any) -> None:
+    with open_session(port(web), tenant.raw_key) as ws:
+        send(ws, {"type": "session.config", "voice": voice})
+        for n in range(5):
+            send(ws, {"type": "input.text", "text": f"Context {n} says its line.", "context_id": f"c{n}"})
+        send(ws, {"type": "input.clear", "context_id": "c2"})
+        for n in range(5):
+            if n != 2:
+                send(ws, {"type": "input.done", "context_id": f"c{n}"})
+        got = read_until(ws, Got(), lambda g: len(g.of("session.done")) >= 4)
+        send(ws, {"type": "session.close"})
+        read_until(ws, got, closed)
+    spoken = {s["context_id"]: s["sentence_text"] for s in got.of("audio.start")}
+    assert spoken == {f"c{n}": f"Context {n} says its line." for n in (0, 1, 3, 4)}
+    assert {d["context_id"] for d in got.of("session.done")} == {"c0", "c1", "c3", "c4"}
+    assert got.of("input.cleared")[0]["context_id"] == "c2"
+
+
+def test_timestamps_place_words_in_everything_the_client_sent(tenant: Tenant, voice: str, web: Any) -> None:
+    pieces = [("a", "Good morning "), ("b", "Second context here. "), ("a", "to you all. "), ("b", "More words.")]
+    sent = "".join(text for _, text in pieces)
+    with open_session(port(web), tenant.raw_key) as ws:
+        send(ws, {"type": "session.config", "voice": voice})
+        for context, text in pieces:
+            send(ws, {"type": "input.text", "text": text, "context_id": context})
+        send(ws, {"type": "input.done", "context_id": "a"})
+        send(ws, {"type": "input.done", "context_id": "b"})
+        got = read_until(ws, Got(), lambda g: len(g.of("session.done")) >= 2)
+    events = got.of("timestamps")
+    assert events, "no timestamps event"
+    words = [w for e in events for w in e["words"]]
+    assert words and all(sent[w["char_start"] : w["char_end"]] == w["text"] for w in words)
+    assert {w["text"] for w in words} >= {"morning", "all", "words"}
+    starts = got.of("audio.start")
+    assert all(sent[s["text_start"] : s["text_end"]].startswith(s["sentence_text"].split()[0]) for s in starts)
+
+
+def test_a_worker_killed_mid_unit_requeues_it_and_the_session_goes_on(
+    live_tenant: Callable[..., Tenant], web: Any, stack: Any, builtin_voices: list[str], no_session_worker: None
+) -> None:
+    from tests.reliability.helpers import PIPER, flush_queues, start_worker, usage_events
+    from webapp.speech.models import SynthesisJob
+
+    flush_queues(stack, "synth.piper")
+    worker = start_worker(
+        stack, "w-session-kill", engines="piper", TTS_WORKER_HOOKS="tests.faults", TTS_FAULT_CRASH_ONCE_MARKER="Zebra"
+    )
+    try:
+        tenant = live_tenant()
+        voice = PIPER
+        with open_session(port(web), tenant.raw_key) as ws:
+            send(ws, {"type": "session.config", "voice": voice})
+            send(ws, {"type": "input.text", "text": "Zebra crossings ask drivers to slow down.", "flush": True})
+            send(ws, {"type": "input.text", "text": "The next unit follows.", "flush": True})
+            got = read_until(ws, Got(), lambda g: len(g.of("session.done")) >= 2, timeout=90)
+        dones = got.of("audio.done")
+        assert [d["error"] for d in dones] == [False, False]
+        assert [s["sentence_text"] for s in got.of("audio.start")] == [
+            "Zebra crossings ask drivers to slow down.",
+            "The next unit follows.",
+        ]
+        killed = SynthesisJob.objects.get(organization=tenant.org, text__startswith="Zebra")
+        assert killed.status == "succeeded" and killed.attempts == 2  # the fault overlapped the unit
+        assert usage_events(killed.id) == ["charge", "reserve"]  # charged once
+        assert dones[0]["charged_chars"] == killed.text_chars
+        # Heard once: the unit's bytes are about one rendering of it (24 kHz, 16-bit), not two spliced.
+        one = (killed.duration_seconds or 0) * 24000 * 2
+        assert 0.7 * one < dones[0]["total_bytes"] < 1.3 * one
+    finally:
+        stack.stop_service(worker)

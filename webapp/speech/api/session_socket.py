@@ -275,6 +275,8 @@ class UnitStream(_JobStream):
             self.backlog += self.reader.read()
             dropped = min(self.skip, len(self.backlog))
             self.backlog, self.skip = self.backlog[dropped:], self.skip - dropped
+            if self.reader.ended:
+                self.skip = 0  # the new attempt came out shorter: what it has past the old one is all
             if self.skip:
                 return b""
         return super().step(row_changed)
