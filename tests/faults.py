@@ -69,7 +69,9 @@ def after_progress(job: SynthesisJob, done: int, total: int) -> None:
     once = os.environ.get("TTS_FAULT_CRASH_ONCE_MARKER", "")
     if once and once in job.text and done >= 1 and job.attempts == 1:
         # The first attempt only: its sentence is in the stream file (a reader may have sent it), then it dies.
-        log.error("fault injection: job %s kills its worker child after a sentence, first attempt only", job.id)
+        log.error(
+            "fault injection: job %s kills its worker child after a sentence, first attempt only", job.id
+        )
         os._exit(70)
     crash = os.environ.get("TTS_FAULT_CRASH_MARKER", "")
     if crash and crash in job.text and done >= 1:

@@ -36,7 +36,6 @@ from webapp.speech.api.session_socket import session_app  # noqa: E402
 check_all()
 
 
-
 async def _by_scope_type(scope: Any, receive: Any, send: Any) -> None:
     """WebSockets (realtime sessions) to their own ASGI app; HTTP and lifespan to Django's."""
     if scope["type"] == "websocket":

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from webapp.housekeeping.jobs import Context, job
-from webapp.speech import lifecycle
+from webapp.speech import lifecycle, sessions
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services import dispatch
 
@@ -59,7 +59,8 @@ def blank_old_texts(ctx: Context) -> None:
 
 @job(
     "reap_stuck_jobs",
-    "Re-queue running jobs whose lease expired; fail them worker_lost when attempts run out.",
+    "Re-queue running jobs whose lease expired (fail them worker_lost when attempts run out); close "
+    "realtime sessions whose web process stopped renewing them.",
 )
 def reap_stuck_jobs(ctx: Context) -> None:
     while not ctx.out_of_time():
@@ -68,6 +69,7 @@ def reap_stuck_jobs(ctx: Context) -> None:
         ctx.add("failed", failed)
         if requeued + failed < ctx.batch:
             break
+    ctx.add("sessions_closed", sessions.close_lapsed(limit=ctx.batch))
 
 
 @job("redispatch_jobs", "Send the message of queued jobs that were never dispatched (broker down at submit).")

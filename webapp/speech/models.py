@@ -188,7 +188,7 @@ LIVE_JOBS_SQL = f"({sql_status_in(ACTIVE_STATUSES)} OR audio_bytes > 0)"
 
 class SpeechSession(models.Model):
     """A realtime session: one WebSocket on which a client sends text as it is written and gets
-    audio per speakable unit (webapp/speech/realtime/). History, usage and webhooks show the
+    audio per speakable unit (webapp/speech/api/session_socket.py). History, usage and webhooks show the
     session as one entry; each unit is a job of its own underneath (``SynthesisJob.session``),
     claimed, fenced and settled like any other, but listed and announced only through this row."""
 
@@ -227,6 +227,9 @@ class SpeechSession(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"session {self.id} ({self.status})"
+
 
 class SynthesisJob(models.Model):
     Status = JobStatus
@@ -242,7 +245,12 @@ class SynthesisJob(models.Model):
     voice = models.ForeignKey(Voice, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
     # A unit of a realtime session: listed and announced through its session, not on its own.
     session = models.ForeignKey(
-        SpeechSession, null=True, blank=True, on_delete=models.CASCADE, related_name="unit_jobs", db_index=False
+        SpeechSession,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="unit_jobs",
+        db_index=False,
     )
     voice_name = models.CharField(max_length=200)
     engine = models.CharField(max_length=50)

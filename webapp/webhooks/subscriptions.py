@@ -91,7 +91,9 @@ def session_ended(event: events.SessionEnded) -> None:
     session = SpeechSession.objects.filter(pk=event.session_id).first()
     if session is None:
         return
-    outbox.record(session.organization_id, EventType.SESSION_COMPLETED, session_view(session), subject=str(session.pk))
+    outbox.record(
+        session.organization_id, EventType.SESSION_COMPLETED, session_view(session), subject=str(session.pk)
+    )
 
 
 def subscribe() -> None:

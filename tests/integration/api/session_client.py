@@ -14,6 +14,7 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
+from websockets.sync.connection import Connection
 
 SESSION_PATH = "/v1/audio/speech/stream"
 
@@ -61,11 +62,11 @@ class Received:
         return b"".join(f for _, f in self.frames)
 
 
-def send(ws: ClientConnection, event: dict[str, Any]) -> None:
+def send(ws: Connection, event: dict[str, Any]) -> None:
     ws.send(json.dumps(event))
 
 
-def read_until(ws: ClientConnection, got: Received, done: Any, timeout: float = 60) -> Received:
+def read_until(ws: Connection, got: Received, done: Any, timeout: float = 60) -> Received:
     """Read into ``got`` until ``done(got)`` is true, the socket closes, or ``timeout`` passes (AssertionError)."""
     deadline = time.monotonic() + timeout
     while not done(got):
@@ -100,4 +101,6 @@ def open_plain(port: int, raw_key: str | None, *, headers: dict[str, str] | None
     extra = dict(headers or {})
     if raw_key is not None and not headers:
         extra["Authorization"] = f"Bearer {raw_key}"
-    return connect(f"ws://127.0.0.1:{port}{SESSION_PATH}", additional_headers=extra, open_timeout=10, max_size=None)
+    return connect(
+        f"ws://127.0.0.1:{port}{SESSION_PATH}", additional_headers=extra, open_timeout=10, max_size=None
+    )

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from tests.integration.api.conftest import Tenant
-from tests.reliability.helpers import PIPER
 from tests.integration.api.session_client import Received as Got
 from tests.integration.api.session_client import closed, open_plain, read_until, send
+from tests.reliability.helpers import PIPER
 from tests.stack import TestStack, tcp_gunicorn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -76,7 +76,9 @@ def test_it_closes_a_config_naming_an_unknown_voice_with_4400(tight: int, tenant
     assert got.close_code == 4400 and got.close_reason in ("unknown_voice", "invalid_request")
 
 
-def test_bad_messages_get_error_events_and_the_session_goes_on(tight: int, tenant: Tenant, voice: str) -> None:
+def test_bad_messages_get_error_events_and_the_session_goes_on(
+    tight: int, tenant: Tenant, voice: str
+) -> None:
     ws = configured(tight, tenant, voice)
     ws.send(b"\x00\x01")
     send(ws, {"type": "input.shout", "text": "x"})
@@ -88,11 +90,24 @@ def test_bad_messages_get_error_events_and_the_session_goes_on(tight: int, tenan
     send(ws, {"type": "input.text", "text": "Again.", "context_id": "b"})  # reused after its close
     got = read_until(ws, Got(), lambda g: len(g.of("error")) >= 6, timeout=30)
     codes = [e["code"] for e in got.of("error")]
-    assert codes == ["invalid_request", "invalid_request", "invalid_request", "session_limit", "invalid_request", "invalid_request"]
+    assert codes == [
+        "invalid_request",
+        "invalid_request",
+        "invalid_request",
+        "session_limit",
+        "invalid_request",
+        "invalid_request",
+    ]
     assert "Binary frames" in got.of("error")[0]["message"]
     assert "closed" in got.of("error")[5]["message"]
     send(ws, {"type": "input.text", "text": "Still here.", "flush": True})
-    got = read_until(ws, got, lambda g: g.of("session.done") and any(d.get("context_id") == "default" for d in g.of("session.done")))
+    got = read_until(
+        ws,
+        got,
+        lambda g: (
+            g.of("session.done") and any(d.get("context_id") == "default" for d in g.of("session.done"))
+        ),
+    )
     assert any(s["sentence_text"] == "Still here." for s in got.of("audio.start"))
     ws.close()
 
@@ -133,11 +148,20 @@ def test_a_revoked_key_closes_the_session_within_a_second(tight: int, tenant: Te
     assert time.monotonic() - revoked < 1.5  # a second, and the close's way back
 
 
-def test_an_exhausted_quota_closes_the_session(tight: int, live_tenant: Callable[..., Tenant], voice: str) -> None:
+def test_an_exhausted_quota_closes_the_session(
+    tight: int, live_tenant: Callable[..., Tenant], voice: str
+) -> None:
     tenant = live_tenant(monthly_characters=30)
     ws = configured(tight, tenant, voice)
     send(ws, {"type": "input.text", "text": "This first sentence fits. ", "flush": False})
-    send(ws, {"type": "input.text", "text": "This second one is past the month's thirty characters.", "flush": True})
+    send(
+        ws,
+        {
+            "type": "input.text",
+            "text": "This second one is past the month's thirty characters.",
+            "flush": True,
+        },
+    )
     got = read_until(ws, Got(), closed, timeout=30)
     assert got.close_code == 4429 and got.close_reason == "quota_exceeded"
 

@@ -7,17 +7,19 @@ the ones the server committed (a live tenant).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.integration.api.conftest import Tenant
-from tests.reliability.helpers import PIPER
-from tests.integration.api.session_client import closed, open_session, read_until, send
 from tests.integration.api.session_client import Received as Got
+from tests.integration.api.session_client import closed, open_session, read_until, send
+from tests.reliability.helpers import PIPER
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
 
 @pytest.fixture
 def tenant(live_tenant: Callable[..., Tenant], web: Any) -> Tenant:
@@ -55,7 +57,10 @@ def test_it_replays_vllm_omnis_documented_exchange(tenant: Tenant, voice: str, w
     # Each unit's binary frames come between its audio.start and its audio.done.
     kinds = ["bytes" if isinstance(m, bytes) else m["type"] for m in got.order]
     first_audio = kinds.index("bytes")
-    assert kinds[first_audio - 1] in ("audio.start", "bytes", "timestamps") and "audio.start" in kinds[:first_audio]
+    assert (
+        kinds[first_audio - 1] in ("audio.start", "bytes", "timestamps")
+        and "audio.start" in kinds[:first_audio]
+    )
     assert got.close_code == 1000
     (closed_event,) = got.of("session.closed")
     assert closed_event["units"] == 2
@@ -83,13 +88,19 @@ def test_a_session_is_one_history_entry_and_one_webhook(tenant: Tenant, voice: s
     assert SynthesisJob.objects.filter(session=session).count() == 2
     listed = tenant.client.get("/api/v1/speech").json()
     assert listed["results"] == []  # units are not history entries of their own
+    (entry,) = tenant.client.get("/api/v1/sessions").json()["results"]
+    assert entry["id"] == str(session.id) and entry["units"] == 2 and entry["object"] == "speech.session"
+    assert entry["charged_characters"] == session.charged_chars > 0
+    assert tenant.client.get(f"/api/v1/sessions/{session.id}").json() == entry
     messages = list(WebhookMessage.objects.filter(organization=tenant.org).values_list("event", "payload"))
     assert [event for event, _ in messages] == ["session.completed"]
     payload = messages[0][1]
     assert payload["data"]["id"] == str(session.id) if "data" in payload else payload["id"] == str(session.id)
 
 
-LONG = " ".join(f"This is sentence number {n}, and it is long enough to take a while to say." for n in range(8))
+LONG = " ".join(
+    f"This is sentence number {n}, and it is long enough to take a while to say." for n in range(8)
+)
 
 
 def test_input_clear_stops_the_audio_at_once_and_charges_nothing_unsent(
@@ -108,10 +119,14 @@ def test_input_clear_stops_the_audio_at_once_and_charges_nothing_unsent(
         got = read_until(ws, got, lambda g: g.of("input.cleared"))
         # Still reading: anything sent after the clear would show up now.
         send(ws, {"type": "input.text", "text": "After the clear.", "flush": True})
-        got = read_until(ws, got, lambda g: any(s["sentence_text"] == "After the clear." for s in g.of("audio.start")))
+        got = read_until(
+            ws, got, lambda g: any(s["sentence_text"] == "After the clear." for s in g.of("audio.start"))
+        )
         late = [t for t, frame in got.frames if t > cleared_at + 0.1]
         after_start = next(t for t, e in got.events if e.get("sentence_text") == "After the clear.")
-        assert all(t >= after_start for t in late), "a frame of the cleared context arrived 100 ms after the clear"
+        assert all(t >= after_start for t in late), (
+            "a frame of the cleared context arrived 100 ms after the clear"
+        )
         got = read_until(ws, got, lambda g: len(g.of("session.done")) >= 1)
         send(ws, {"type": "session.close"})
         read_until(ws, got, closed)
@@ -149,7 +164,12 @@ def test_five_contexts_are_independent(tenant: Tenant, voice: str, web: Any) -> 
 
 
 def test_timestamps_place_words_in_everything_the_client_sent(tenant: Tenant, voice: str, web: Any) -> None:
-    pieces = [("a", "Good morning "), ("b", "Second context here. "), ("a", "to you all. "), ("b", "More words.")]
+    pieces = [
+        ("a", "Good morning "),
+        ("b", "Second context here. "),
+        ("a", "to you all. "),
+        ("b", "More words."),
+    ]
     sent = "".join(text for _, text in pieces)
     with open_session(port(web), tenant.raw_key) as ws:
         send(ws, {"type": "session.config", "voice": voice})
@@ -164,25 +184,37 @@ def test_timestamps_place_words_in_everything_the_client_sent(tenant: Tenant, vo
     assert words and all(sent[w["char_start"] : w["char_end"]] == w["text"] for w in words)
     assert {w["text"] for w in words} >= {"morning", "all", "words"}
     starts = got.of("audio.start")
-    assert all(sent[s["text_start"] : s["text_end"]].startswith(s["sentence_text"].split()[0]) for s in starts)
+    assert all(
+        sent[s["text_start"] : s["text_end"]].startswith(s["sentence_text"].split()[0]) for s in starts
+    )
 
 
 def test_a_worker_killed_mid_unit_requeues_it_and_the_session_goes_on(
-    live_tenant: Callable[..., Tenant], web: Any, stack: Any, builtin_voices: list[str], no_session_worker: None
+    live_tenant: Callable[..., Tenant],
+    web: Any,
+    stack: Any,
+    builtin_voices: list[str],
+    no_session_worker: None,
 ) -> None:
     from tests.reliability.helpers import PIPER, flush_queues, start_worker, usage_events
     from webapp.speech.models import SynthesisJob
 
     flush_queues(stack, "synth.piper")
     worker = start_worker(
-        stack, "w-session-kill", engines="piper", TTS_WORKER_HOOKS="tests.faults", TTS_FAULT_CRASH_ONCE_MARKER="Zebra"
+        stack,
+        "w-session-kill",
+        engines="piper",
+        TTS_WORKER_HOOKS="tests.faults",
+        TTS_FAULT_CRASH_ONCE_MARKER="Zebra",
     )
     try:
         tenant = live_tenant()
         voice = PIPER
         with open_session(port(web), tenant.raw_key) as ws:
             send(ws, {"type": "session.config", "voice": voice})
-            send(ws, {"type": "input.text", "text": "Zebra crossings ask drivers to slow down.", "flush": True})
+            send(
+                ws, {"type": "input.text", "text": "Zebra crossings ask drivers to slow down.", "flush": True}
+            )
             send(ws, {"type": "input.text", "text": "The next unit follows.", "flush": True})
             got = read_until(ws, Got(), lambda g: len(g.of("session.done")) >= 2, timeout=90)
         dones = got.of("audio.done")
@@ -200,3 +232,37 @@ def test_a_worker_killed_mid_unit_requeues_it_and_the_session_goes_on(
         assert 0.7 * one < dones[0]["total_bytes"] < 1.3 * one
     finally:
         stack.stop_service(worker)
+
+
+def test_a_client_that_leaves_pays_for_the_units_whose_audio_left(tenant: Tenant, voice: str, web: Any) -> None:
+    from webapp.speech.models import SpeechSession, SynthesisJob
+
+    ws = open_session(port(web), tenant.raw_key)
+    send(ws, {"type": "session.config", "voice": voice})
+    send(ws, {"type": "input.text", "text": LONG, "flush": True})
+    got = read_until(ws, Got(), lambda g: g.of("audio.done"))
+    ws.close()  # gone mid-way: units after the first may be rendered, queued or partly sent
+    first = got.of("audio.done")[0]
+    deadline = time.monotonic() + 30
+    while SpeechSession.objects.filter(organization=tenant.org, status="open").exists():
+        assert time.monotonic() < deadline, "the session was not closed"
+        time.sleep(0.1)
+    session = SpeechSession.objects.get(organization=tenant.org)
+    whole = [d for d in got.of("audio.done") if not d.get("cleared")]
+    assert session.charged_chars >= first["charged_chars"] > 0
+    assert session.charged_chars <= sum(d["charged_chars"] for d in whole) + len(LONG) // 8 + 1
+    # Nothing left queued; a unit a worker was rendering ends at its sentence's end (canceled).
+    while SynthesisJob.objects.filter(session=session, status__in=["queued", "running"]).exists():
+        assert time.monotonic() < deadline, "units of the closed session are still queued or running"
+        time.sleep(0.1)
+
+
+def test_stream_audio_false_sends_each_unit_in_one_frame_and_mp3_is_mp3(tenant: Tenant, voice: str, web: Any) -> None:
+    with open_session(port(web), tenant.raw_key) as ws:
+        send(ws, {"type": "session.config", "voice": voice, "stream_audio": False, "response_format": "mp3"})
+        send(ws, {"type": "input.text", "text": "First unit here. Second unit there.", "flush": True})
+        got = read_until(ws, Got(), lambda g: g.of("session.done"))
+    assert len(got.frames) == 2
+    for _, frame in got.frames:
+        assert frame[:3] == b"ID3" or (frame[0] == 0xFF and frame[1] & 0xE0 == 0xE0)
+    assert [d["total_bytes"] for d in got.of("audio.done")] == [len(f) for _, f in got.frames]

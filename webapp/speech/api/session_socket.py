@@ -377,6 +377,7 @@ class Session:
         self.queue: deque[UnitWork | Flush] = deque()
         self.queue_changed = asyncio.Event()
         self.submit_lock = asyncio.Lock()
+        self.inflight: set[asyncio.Future[Any]] = set()
         self.received = 0  # characters received, all contexts
         self.units = 0
         self.context_count = 0
@@ -455,6 +456,8 @@ class Session:
     async def _end(self) -> None:
         """Settle what is left, close the row, then the socket."""
         ending = self.ending or Close(1000, "closed")
+        if self.inflight:
+            await asyncio.gather(*self.inflight, return_exceptions=True)
         for item in list(self.queue):
             if isinstance(item, UnitWork) and item.job_id is not None:
                 with contextlib.suppress(Exception):
@@ -784,8 +787,18 @@ class Session:
         """Submit the unit's job; False when it must wait (the tenant's concurrency is full)."""
         assert self.config is not None and self.key is not None and self.session is not None
         data = dict(self.config.data, text=item.unit.text)
+        # A submit runs to its end even if the session ends meanwhile (its thread cannot be stopped):
+        # the job it makes is named on the unit by the callback, and _end settles it.
+        submitting = asyncio.ensure_future(_db(self._submit_job)(data))
+        self.inflight.add(submitting)
+        submitting.add_done_callback(self.inflight.discard)
+        submitting.add_done_callback(
+            lambda task: setattr(item, "job_id", task.result())
+            if not task.cancelled() and task.exception() is None
+            else None
+        )
         try:
-            item.job_id = await _db(self._submit_job)(data)
+            await asyncio.shield(submitting)
             return True
         except DomainError as error:
             if error.code in (ErrorCode.CONCURRENCY_LIMIT, ErrorCode.QUEUE_FULL) and not head:

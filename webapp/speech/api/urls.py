@@ -1,6 +1,15 @@
 from django.urls import URLPattern, URLResolver, include, path
 
-from webapp.speech.api import consents, openai, openai_catalog, streaming, timestamps, views, voices
+from webapp.speech.api import (
+    consents,
+    openai,
+    openai_catalog,
+    session_views,
+    streaming,
+    timestamps,
+    views,
+    voices,
+)
 from webapp.speech.api.cache import SentenceCacheView
 
 # The sub-resources of one job: api/v1/speech/<job_id>/...
@@ -20,6 +29,8 @@ _v1_routes: list[URLPattern | URLResolver] = [
     path("voice_consents", consents.ConsentCollectionView.as_view(), name="api-consents"),
     path("voice_consents/phrase", consents.ConsentPhraseView.as_view(), name="api-consent-phrase"),
     path("voice_consents/<str:consent_id>", consents.ConsentDetailView.as_view(), name="api-consent-detail"),
+    path("sessions", session_views.SessionListView.as_view(), name="api-sessions"),
+    path("sessions/<str:session_id>", session_views.SessionDetailView.as_view(), name="api-session-detail"),
     path("usage", views.UsageView.as_view(), name="api-usage"),
     path("cache", SentenceCacheView.as_view(), name="api-sentence-cache"),
     path("schema", views.PublicSchemaView.as_view(), name="api-schema"),

@@ -4,15 +4,26 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('webhooks', '0003_done_index'),
+        ("webhooks", "0003_done_index"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='webhookmessage',
-            name='event',
-            field=models.CharField(choices=[('job.succeeded', 'Job Succeeded'), ('job.failed', 'Job Failed'), ('job.canceled', 'Job Canceled'), ('voice.ready', 'Voice Ready'), ('voice.rejected', 'Voice Rejected'), ('usage.threshold', 'Usage Threshold'), ('session.completed', 'Session Completed'), ('ping', 'Ping')], max_length=40),
+            model_name="webhookmessage",
+            name="event",
+            field=models.CharField(
+                choices=[
+                    ("job.succeeded", "Job Succeeded"),
+                    ("job.failed", "Job Failed"),
+                    ("job.canceled", "Job Canceled"),
+                    ("voice.ready", "Voice Ready"),
+                    ("voice.rejected", "Voice Rejected"),
+                    ("usage.threshold", "Usage Threshold"),
+                    ("session.completed", "Session Completed"),
+                    ("ping", "Ping"),
+                ],
+                max_length=40,
+            ),
         ),
     ]
