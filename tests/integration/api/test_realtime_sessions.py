@@ -234,7 +234,9 @@ def test_a_worker_killed_mid_unit_requeues_it_and_the_session_goes_on(
         stack.stop_service(worker)
 
 
-def test_a_client_that_leaves_pays_for_the_units_whose_audio_left(tenant: Tenant, voice: str, web: Any) -> None:
+def test_a_client_that_leaves_pays_for_the_units_whose_audio_left(
+    tenant: Tenant, voice: str, web: Any
+) -> None:
     from webapp.speech.models import SpeechSession, SynthesisJob
 
     ws = open_session(port(web), tenant.raw_key)
@@ -257,7 +259,9 @@ def test_a_client_that_leaves_pays_for_the_units_whose_audio_left(tenant: Tenant
         time.sleep(0.1)
 
 
-def test_stream_audio_false_sends_each_unit_in_one_frame_and_mp3_is_mp3(tenant: Tenant, voice: str, web: Any) -> None:
+def test_stream_audio_false_sends_each_unit_in_one_frame_and_mp3_is_mp3(
+    tenant: Tenant, voice: str, web: Any
+) -> None:
     with open_session(port(web), tenant.raw_key) as ws:
         send(ws, {"type": "session.config", "voice": voice, "stream_audio": False, "response_format": "mp3"})
         send(ws, {"type": "input.text", "text": "First unit here. Second unit there.", "flush": True})

@@ -793,9 +793,11 @@ class Session:
         self.inflight.add(submitting)
         submitting.add_done_callback(self.inflight.discard)
         submitting.add_done_callback(
-            lambda task: setattr(item, "job_id", task.result())
-            if not task.cancelled() and task.exception() is None
-            else None
+            lambda task: (
+                setattr(item, "job_id", task.result())
+                if not task.cancelled() and task.exception() is None
+                else None
+            )
         )
         try:
             await asyncio.shield(submitting)

@@ -52,6 +52,7 @@ class SessionListView(TenantAPIView):
             OpenApiParameter("cursor", OpenApiTypes.STR),
         ],
         summary="Realtime sessions, newest first",
+        operation_id="api_v1_sessions_list",
     )
     def get(self, request: Request) -> Response:
         paginator = JobCursorPagination()
