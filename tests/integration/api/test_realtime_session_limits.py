@@ -167,10 +167,13 @@ def test_an_exhausted_quota_closes_the_session(
 
 
 def test_a_client_that_stops_reading_is_disconnected(tight: int, tenant: Tenant, voice: str) -> None:
-    from webapp.speech.models import SpeechSession
+    from webapp.speech.models import SpeechSession, SynthesisJob
 
     ws = configured(tight, tenant, voice)
-    long = " ".join(f"Sentence number {n} goes on for a while so that its audio is long." for n in range(12))
+    # Under the tight buffer (300 characters), yet about 17 s of 24 kHz PCM: far more than the
+    # socket buffers on both sides hold for a client that reads nothing.
+    long = " ".join(f"Sentence number {n} goes on for a while, so its audio is long." for n in range(4))
+    assert len(long) < 300
     send(ws, {"type": "input.text", "text": long, "flush": True})
     # Read nothing: the server's send waits, then gives up after its 2 s and drops the connection.
     deadline = time.monotonic() + 30
@@ -180,6 +183,9 @@ def test_a_client_that_stops_reading_is_disconnected(tight: int, tenant: Tenant,
             break
         time.sleep(0.2)
     assert row is not None and row["status"] == "closed"
+    reason = SpeechSession.objects.filter(organization=tenant.org).values_list("close_reason", flat=True)
+    assert (row["close_code"], reason.get()) == (1006, "client_not_reading")
+    assert SynthesisJob.objects.filter(session__organization=tenant.org).exists()
     ws.close()
 
 

@@ -157,6 +157,9 @@ class Socket:
         draining = extensions.get(DRAINING_EXTENSION)
         self.draining: asyncio.Event = draining if isinstance(draining, asyncio.Event) else asyncio.Event()
         self.gone = False
+        # Why the connection went without a close frame, for the session's row (it cannot be sent).
+        self.gone_reason = "client_gone"
+        self.gone_code = 1006  # closed with no close frame (recorded only; never sent)
         self.accepted = False
         self.closed = False
 
@@ -168,6 +171,8 @@ class Socket:
         message = cast(dict[str, Any], await self._receive())
         if message["type"] == "websocket.disconnect":
             self.gone = True
+            if not self.closed:
+                self.gone_code, self.gone_reason = int(message.get("code") or 1005), "client_closed"
         return message
 
     async def _out(self, message: dict[str, Any]) -> None:
@@ -178,7 +183,8 @@ class Socket:
             async with asyncio.timeout(timeout):
                 await self._send(message)
         except TimeoutError:
-            self.gone = True  # the client takes nothing: returning from the app drops the connection
+            # The client takes nothing: returning from the app drops the connection.
+            self.gone, self.gone_reason = True, "client_not_reading"
             raise Gone() from None
         except OSError:
             self.gone = True
@@ -208,7 +214,7 @@ class Socket:
             async with asyncio.timeout(float(settings.TTS_SESSION_SEND_TIMEOUT_SECONDS)):
                 left = bool(await self._wait_sent())
         except TimeoutError:
-            self.gone = True
+            self.gone, self.gone_reason = True, "client_not_reading"
             raise Gone() from None
         if not left:
             self.gone = True
@@ -410,7 +416,7 @@ class Session:
                 if isinstance(exc, Close):
                     self.ending = self.ending or exc
                 elif isinstance(exc, Gone):
-                    pass
+                    self.ending = self.ending or Close(self.socket.gone_code, self.socket.gone_reason)
                 elif exc is not None:
                     log.error("realtime session %s failed", self.session_id, exc_info=exc)
                     self.ending = self.ending or Close(1011, "server_error")
