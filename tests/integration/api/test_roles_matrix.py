@@ -47,6 +47,8 @@ REQUIRED = {
     ("DELETE", "/api/v1/cache"): WRITE,
     ("GET", "/api/v1/speech/{job_id}/stream"): READ,
     ("GET", "/api/v1/speech/{job_id}/timestamps"): READ,
+    ("GET", "/api/v1/sessions"): READ,
+    ("GET", "/api/v1/sessions/{session_id}"): READ,
     ("POST", "/v1/audio/speech"): WRITE,
     ("GET", "/v1/models"): READ,
     ("GET", "/v1/audio/voices"): READ,
@@ -102,7 +104,9 @@ def _call(client: ApiClient, method: str, template: str) -> Any:
     template = template.replace("{endpoint_id}", str(uuid.uuid4())).replace(
         "{delivery_id}", str(uuid.uuid4())
     )
-    path = template.format(voice_id="no-such-voice", job_id=uuid.uuid4(), key_id=uuid.uuid4())
+    path = template.format(
+        voice_id="no-such-voice", job_id=uuid.uuid4(), key_id=uuid.uuid4(), session_id=uuid.uuid4()
+    )
     if method == "POST":
         return client.post(path, {})
     if method == "PATCH":
