@@ -351,8 +351,13 @@ def test_disconnect_reconnect_then_delete_charges_the_sentences_once(live_tenant
 
     from webapp.speech.models import SynthesisJob, UsagePeriod
 
-    t = live_tenant()
-    job_id = _native_job(web, t.raw_key)
+    t = live_tenant(max_characters_per_request=20_000)
+    # Three times the usual text: a quiet host renders the usual one in the seconds this test
+    # waits, and the job must still be running when it is deleted.
+    text = " ".join(
+        f"This is sentence number {n:03d} of a text that keeps the worker busy." for n in range(180)
+    )
+    job_id = _native_job(web, t.raw_key, text)
     first = _open_stream(web, t.raw_key, job_id)
     _read(first, PCM_RATE * 2 * 14)  # two sentences or more (one is about 4.5 s)
     first.close()  # the client went away: the job goes on, what it was handed is on the row
@@ -364,7 +369,7 @@ def test_disconnect_reconnect_then_delete_charges_the_sentences_once(live_tenant
     again.close()
     time.sleep(1.5)
     job = SynthesisJob.objects.get(id=job_id)
-    sentences = STREAMED_TEXT.count(".")
+    sentences = text.count(".")
     made = round(job.progress * sentences) + 1  # (the one being written may be streamed already)
     assert _api(web, t.raw_key, "DELETE", job_id).status_code == 204
     event = _settlement(job_id)
