@@ -263,6 +263,7 @@ def _check_sample_rate(voice: Voice, caps: dict[str, Any], fmt: str, rate: int |
             "unsupported_sample_rate",
             "sample_rate",
             f"{fmt} from voice {voice.voice_id} is available at {', '.join(str(r) for r in rates)} Hz, not {rate}.",
+            allowed_sample_rates=list(rates),
         )
     return rate
 
