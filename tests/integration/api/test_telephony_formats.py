@@ -121,3 +121,42 @@ def test_a_realtime_session_in_ulaw(live_tenant: Any, web: Any) -> None:
     # A byte a sample: the bytes sent are the session's seconds of audio at 8 kHz.
     assert math.isclose(len(got.audio), closed_event["audio_seconds"] * 8000, rel_tol=0.01, abs_tol=10)
     assert audible(g711.decode(got.audio, "ulaw"))
+
+
+def test_native_api_stream_download_and_sse_in_g711(live_tenant: Any, web: Any) -> None:
+    import base64
+    import json
+
+    from webapp.speech.models import SynthesisJob
+
+    t = live_tenant()
+    url, headers = base_url(web), {"Authorization": f"Bearer {t.raw_key}"}
+    r = requests.post(
+        f"{url}/api/v1/speech",
+        json={"text": TEXT, "voice": PIPER, "format": "alaw", "sample_rate": 8000},
+        headers=headers,
+        verify=False,
+        timeout=30,
+    )
+    assert r.status_code in (201, 202), r.text
+    job_id = r.json()["id"]
+    live = requests.get(f"{url}/api/v1/speech/{job_id}/stream", headers=headers, verify=False, timeout=90)
+    assert live.status_code == 200 and live.headers["Content-Type"] == "audio/x-alaw-basic"
+    job = SynthesisJob.objects.get(pk=job_id)
+    assert job.status == "succeeded" and live.content == stored(job)
+    download = requests.get(f"{url}/api/v1/speech/{job_id}/audio", headers=headers, verify=False, timeout=30)
+    assert download.status_code == 200 and download.headers["Content-Type"] == "audio/x-alaw-basic"
+    assert download.headers["Content-Disposition"].endswith(f'filename="{job_id}.alaw"')
+    assert download.content == live.content
+    listed = requests.get(f"{url}/api/v1/speech/{job_id}", headers=headers, verify=False, timeout=30).json()
+    assert listed["format"] == "alaw"
+
+    # OpenAI's server-sent events: the deltas' bytes joined are the stored μ-law file.
+    sse = speech(
+        web, t.raw_key, {"response_format": "ulaw", "stream_format": "sse", "cache": False}, stream=True
+    )
+    assert sse.status_code == 200 and sse.headers["Content-Type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in sse.text.splitlines() if line.startswith("data: ")]
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert events[-1]["type"] == "speech.audio.done"
+    assert audio == stored(finished_job(t.org, "ulaw")) and audible(g711.decode(audio, "ulaw"))
