@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from synth.errors import AudioRejected, UnsupportedFormat, UnsupportedSampleRate
-from synth.registry import FORMATS, OPUS_RATES, RATES_BY_FORMAT
+from synth.registry import FORMATS, G711_FORMATS, OPUS_RATES, RATES_BY_FORMAT, TELEPHONY_RATES
 
 if TYPE_CHECKING:
     import numpy as np
@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 # The one table of MIME types per output format (the API, the OpenAI route and
 # downloads all read it through content_type()). ``pcm`` is headerless 16-bit
 # little-endian, as OpenAI defines it; ``audio/L16`` (RFC 2586) would promise
-# big-endian samples, so the de-facto ``audio/pcm`` is used instead.
+# big-endian samples, so the de-facto ``audio/pcm`` is used instead. G.711 bytes without a
+# header: ``audio/basic`` is 8 kHz mono μ-law by definition (RFC 2046), ``audio/x-alaw-basic``
+# its A-law sibling (the name sox, Asterisk and browsers' media tables use).
 CONTENT_TYPES = {
     "wav": "audio/wav",
     "flac": "audio/flac",
@@ -28,7 +30,10 @@ CONTENT_TYPES = {
     "mp3": "audio/mpeg",
     "pcm": "audio/pcm",
     "aac": "audio/aac",
+    "ulaw": "audio/basic",
+    "alaw": "audio/x-alaw-basic",
 }
+_FROM_PCM16 = ("wav", "pcm", *G711_FORMATS)  # formats encoded from the 16-bit samples, not the floats
 _SOUNDFILE = {
     "wav": ("WAV", "PCM_16"),
     "flac": ("FLAC", "PCM_16"),
@@ -49,7 +54,7 @@ def output_rate(fmt: str, requested: int | None, native: int) -> int:
     """The sample rate to encode at: ``requested`` if the format allows it.
 
     ``None`` means the voice's native rate; for Ogg/Opus, which only runs at
-    8/12/16/24/48 kHz, the nearest of those.
+    8/12/16/24/48 kHz, the nearest of those; for G.711 (``ulaw``, ``alaw``) 8 kHz, its only rate.
     """
     if fmt not in FORMATS:
         raise UnsupportedFormat(f"unsupported format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -57,6 +62,8 @@ def output_rate(fmt: str, requested: int | None, native: int) -> int:
     if requested is None:
         if fmt == "ogg":
             return min(OPUS_RATES, key=lambda r: (abs(r - native), -r))
+        if fmt in G711_FORMATS:
+            return TELEPHONY_RATES[0]
         return native
     if isinstance(requested, bool) or not isinstance(requested, int) or requested not in allowed:
         raise UnsupportedSampleRate(
@@ -80,6 +87,9 @@ class Encoder:
     ) -> None:
         if fmt not in FORMATS:
             raise UnsupportedFormat(f"unsupported format {fmt!r}")
+        if fmt in G711_FORMATS and sample_rate not in TELEPHONY_RATES:
+            # Raw G.711 says nothing of its rate: a reader takes 8 kHz, so any other would play wrong.
+            raise UnsupportedSampleRate(f"{fmt} is 8000 Hz only, not {sample_rate}")
         self.path = path
         self.tap = tap  # gets every block as 16-bit PCM (the stream file; synth.stream)
         self.format = fmt
@@ -96,7 +106,7 @@ class Encoder:
             self._sf = sf.SoundFile(
                 path, "w", samplerate=sample_rate, channels=1, format=major, subtype=subtype
             )
-        elif fmt == "pcm":
+        elif fmt == "pcm" or fmt in G711_FORMATS:
             self._raw = open(path, "wb")
         else:
             import av
@@ -111,14 +121,20 @@ class Encoder:
         if audio.size == 0:
             return
         audio = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0)
-        # WAV and raw PCM get the very samples the tap gets, so a stream of them equals the file.
-        pcm16 = pcm16_samples(audio) if self.tap is not None or self.format in ("wav", "pcm") else None
+        # WAV, raw PCM and G.711 get the very samples the tap gets, so a stream of them equals the
+        # file (G.711 is companded from those 16-bit samples, as a live encoder does with the tap's).
+        pcm16 = pcm16_samples(audio) if self.tap is not None or self.format in _FROM_PCM16 else None
         if pcm16 is not None and self.tap is not None:
             self.tap(pcm16.tobytes())
         if self._sf is not None:
             self._sf.write(pcm16 if self.format == "wav" else audio)
-        elif self._raw is not None:
-            self._raw.write(pcm16.tobytes() if pcm16 is not None else b"")
+        elif self._raw is not None and pcm16 is not None:
+            if self.format in G711_FORMATS:
+                from synth import g711
+
+                self._raw.write(g711.encode(pcm16, self.format))
+            else:
+                self._raw.write(pcm16.tobytes())
         else:
             import av
 

@@ -52,9 +52,13 @@ HISTORIC_IDS = ("piper", "espeak")
 NAMESPACE_SEPARATOR = ":"
 ESPEAK_PREFIX = "espeak-"
 
-FORMATS = ("wav", "flac", "ogg", "mp3", "pcm", "aac")
+# The one list of output formats: synth's encoders, the API's choices and the workers' capabilities
+# all read it. ``ulaw`` and ``alaw`` are raw G.711 (synth.g711) for telephony: 8 kHz only.
+FORMATS = ("wav", "flac", "ogg", "mp3", "pcm", "aac", "ulaw", "alaw")
+G711_FORMATS = ("ulaw", "alaw")
 STANDARD_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+TELEPHONY_RATES = (8000,)
 RATES_BY_FORMAT: dict[str, tuple[int, ...]] = {
     "wav": STANDARD_RATES,
     "flac": STANDARD_RATES,
@@ -62,6 +66,8 @@ RATES_BY_FORMAT: dict[str, tuple[int, ...]] = {
     "mp3": STANDARD_RATES,
     "aac": STANDARD_RATES,
     "ogg": OPUS_RATES,
+    "ulaw": TELEPHONY_RATES,
+    "alaw": TELEPHONY_RATES,
 }
 SPEED_RANGE = (0.25, 4.0)
 PITCH_RANGE = (-12.0, 12.0)

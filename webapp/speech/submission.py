@@ -21,6 +21,7 @@ from django.db.models import Case, When
 from redis.exceptions import RedisError
 
 from synth.errors import AnnotationError, InvalidText
+from synth.registry import FORMATS
 from synth.text import billable_characters, validate_text
 from webapp.dictionaries import services as dictionaries
 from webapp.errors import DomainError, ErrorCode
@@ -33,7 +34,6 @@ from webapp.speech.services.pins import DictionaryPins, dictionary_pins
 from webapp.speech.services.queries import visible_voice, visible_voices
 from webapp.tenants.models import ApiKey, Organization
 
-FORMATS = ("wav", "flac", "ogg", "mp3", "pcm", "aac")
 DEFAULT_FORMAT = "wav"
 # Used when a voice declares no range of its own (docs/api.md).
 CONTROL_RANGES: dict[str, tuple[float, float]] = {
@@ -263,6 +263,7 @@ def _check_sample_rate(voice: Voice, caps: dict[str, Any], fmt: str, rate: int |
             "unsupported_sample_rate",
             "sample_rate",
             f"{fmt} from voice {voice.voice_id} is available at {', '.join(str(r) for r in rates)} Hz, not {rate}.",
+            allowed_sample_rates=list(rates),
         )
     return rate
 

@@ -29,8 +29,9 @@ def _tone(seconds: float, sr: int, amp: float = 0.3) -> np.ndarray:
 
 
 def test_formats_and_content_types() -> None:
-    assert FORMATS == ("wav", "flac", "ogg", "mp3", "pcm", "aac")
+    assert FORMATS == ("wav", "flac", "ogg", "mp3", "pcm", "aac", "ulaw", "alaw")
     assert set(CONTENT_TYPES) == set(FORMATS)
+    assert content_type("ulaw") == "audio/basic" and content_type("alaw") == "audio/x-alaw-basic"
 
 
 def test_pcm_content_type_is_raw_pcm_not_big_endian_l16() -> None:
@@ -49,6 +50,10 @@ def test_output_rate_rules() -> None:
         output_rate("wav", 12345, 22050)
     with pytest.raises(UnsupportedFormat):
         output_rate("m4a", None, 22050)
+    # G.711 is 8 kHz whatever the voice's rate; no other rate is offered.
+    assert output_rate("ulaw", None, 22050) == 8000 and output_rate("alaw", 8000, 24000) == 8000
+    with pytest.raises(UnsupportedSampleRate, match="use one of 8000"):
+        output_rate("ulaw", 16000, 22050)
 
 
 @pytest.mark.parametrize("fmt", ["wav", "flac", "ogg", "mp3", "aac"])
@@ -72,6 +77,51 @@ def test_pcm_is_raw_s16le(tmp_path: Path) -> None:
     enc.close()
     data = np.fromfile(path, dtype="<i2")
     assert data.size == 16000 and np.abs(data).max() > 5000
+
+
+def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
+    n = min(reference.size, other.size)
+    reference, other = reference[:n].astype(np.float64), other[:n].astype(np.float64)
+    return float(10 * np.log10(np.sum(reference**2) / np.sum((other - reference) ** 2)))
+
+
+@pytest.mark.parametrize("fmt", ["ulaw", "alaw"])
+def test_g711_files_are_the_source_at_8_khz(tmp_path: Path, fmt: str) -> None:
+    """As the synthesizer writes: the voice's audio resampled chunk by chunk, then companded."""
+    import soxr
+
+    from synth import g711
+
+    native = 22050
+    source = _tone(2.0, native)
+    path = tmp_path / f"x.{fmt}"
+    tapped: list[bytes] = []
+    resampler = StreamResampler(native, 8000)
+    enc = Encoder(str(path), fmt, 8000, tap=tapped.append)
+    for i in range(0, source.size, 5000):
+        enc.write(resampler.process(source[i : i + 5000]))
+    enc.write(resampler.process(np.zeros(0, dtype=np.float32), last=True))
+    enc.close()
+    data = path.read_bytes()
+    assert abs(len(data) - 16000) <= 2 and enc.frames == len(data)  # one byte a sample, no header
+    # The stream file's samples (the tap) are what was companded: a live encoder makes the same bytes.
+    assert g711.encode(b"".join(tapped), fmt) == data
+    expected = soxr.resample(source, native, 8000, quality="HQ")
+    assert snr_db(expected, g711.decode(data, fmt) / 32767.0) > 30
+
+
+def test_g711_encoders_refuse_any_rate_but_8_khz(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedSampleRate):
+        Encoder(str(tmp_path / "x.ulaw"), "ulaw", 16000)
+
+
+def test_synthesizer_writes_ulaw_at_8_khz(tmp_path: Path, synthesizer: Synthesizer) -> None:
+    out = tmp_path / "hello.ulaw"
+    res = synthesizer.synthesize(
+        SynthesisRequest(text="Hello there.", voice="espeak-en-us", format="ulaw"), str(out)
+    )
+    assert res.sample_rate == 8000 and res.bytes == out.stat().st_size
+    assert abs(res.duration_seconds - res.bytes / 8000) < 0.01
 
 
 def test_resample() -> None:

@@ -42,7 +42,7 @@ from synth.audio import content_type
 from webapp.errors import DomainError, ErrorCode
 from webapp.problems import render
 from webapp.speech import lifecycle
-from webapp.speech.api.serializers import OpenAISpeechSerializer
+from webapp.speech.api.serializers import OPENAI_FORMATS, OpenAISpeechSerializer
 from webapp.speech.api.streaming import (
     STREAMABLE,
     JobStream,
@@ -77,16 +77,7 @@ SSE_SCHEMA = (
     '"words": [...]}` (the shapes of GET /api/v1/speech/{id}/timestamps).'
 )
 
-# OpenAI response_format -> (our format, sample rate). OpenAI defines opus as
-# Ogg/Opus and pcm as headerless 24 kHz 16-bit little-endian.
-FORMATS: dict[str, tuple[str, int | None]] = {
-    "mp3": ("mp3", None),
-    "opus": ("ogg", 24000),
-    "aac": ("aac", None),
-    "flac": ("flac", None),
-    "wav": ("wav", None),
-    "pcm": ("pcm", 24000),
-}
+FORMATS = OPENAI_FORMATS  # response_format -> (our format, its default rate)
 
 
 # The speech models OpenAI's clients name: aliases of the default, the voice's own model.
@@ -128,6 +119,8 @@ def job_body(data: dict[str, Any]) -> dict[str, Any]:
         voice = data["voice"].get("id") if isinstance(data["voice"], dict) else data["voice"]
         resolve_voice(voice)  # the same 400 for a voice that is not a name
         ours = {"text": data["input"], "voice": voice, "engine": model, "format": fmt}
+    if data.get("sample_rate") is not None:
+        rate = data["sample_rate"]  # checked against the voice's rates for the format at submit
     if rate is not None:
         ours["sample_rate"] = rate
     for name in ("speed", "loudness", "seed"):
@@ -222,6 +215,14 @@ def _submit(request: Request, organization: Organization, data: dict[str, Any]) 
             error.field = "input"  # OpenAI's name for it
         elif error.field == "engine":
             error.field = "model"
+        elif error.code == ErrorCode.UNSUPPORTED_SAMPLE_RATE and "allowed_sample_rates" in error.extra:
+            # The submission names our format (ogg); the client named OpenAI's (opus).
+            rates = ", ".join(str(r) for r in error.extra["allowed_sample_rates"])
+            response_format = data.get("response_format") or "mp3"
+            error.message = (
+                f"sample_rate {data.get('sample_rate')} is not available for response_format "
+                f"{response_format}; use one of {rates}."
+            )
         raise
 
 

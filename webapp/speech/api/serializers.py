@@ -11,7 +11,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from synth.registry import SEED_RANGE
+from synth.registry import RATES_BY_FORMAT, SEED_RANGE
 from webapp.api_fields import (
     StrictBooleanField,
     StrictCharField,
@@ -125,6 +125,29 @@ class UsageSerializer(serializers.Serializer):
     daily = serializers.ListField(child=serializers.DictField())
 
 
+# OpenAI's response_format -> (our format, its rate when the body names none). OpenAI defines opus
+# as Ogg/Opus and pcm as headerless 24 kHz 16-bit little-endian. ulaw and alaw are ours (8 kHz
+# G.711, as ElevenLabs' ulaw_8000 and Twilio's media streams): OpenAI's clients pass the value on.
+OPENAI_FORMATS: dict[str, tuple[str, int | None]] = {
+    "mp3": ("mp3", None),
+    "opus": ("ogg", 24000),
+    "aac": ("aac", None),
+    "flac": ("flac", None),
+    "wav": ("wav", None),
+    "pcm": ("pcm", 24000),
+    "ulaw": ("ulaw", None),
+    "alaw": ("alaw", None),
+}
+SAMPLE_RATE_HELP = (
+    "Ours, not OpenAI's: the output rate in Hz. pcm and wav: "
+    + ", ".join(map(str, RATES_BY_FORMAT["pcm"]))
+    + " (default: pcm 24000, wav the voice's own); opus: "
+    + ", ".join(map(str, RATES_BY_FORMAT["ogg"]))
+    + " (default 24000); mp3, aac and flac as pcm (default the voice's own); ulaw and alaw: 8000 only. "
+    "A voice may offer fewer (GET /api/v1/voices, capabilities.sample_rates_by_format)."
+)
+
+
 class OpenAISpeechSerializer(serializers.Serializer):
     """OpenAI's body: unknown fields are ignored (newer clients send more)."""
 
@@ -138,7 +161,14 @@ class OpenAISpeechSerializer(serializers.Serializer):
         help_text="An OpenAI voice name (alloy, echo, ...) or one of our voice ids."
     )
     response_format = serializers.ChoiceField(
-        choices=("mp3", "opus", "aac", "flac", "wav", "pcm"), required=False, default="mp3"
+        choices=tuple(OPENAI_FORMATS),
+        required=False,
+        default="mp3",
+        help_text="OpenAI's formats, and ulaw / alaw: raw 8 kHz G.711 (audio/basic, audio/x-alaw-basic) "
+        "for telephony.",
+    )
+    sample_rate = StrictIntegerField(
+        required=False, min_value=1, max_value=384_000, help_text=SAMPLE_RATE_HELP
     )
     speed = StrictNumberField(required=False, min_value=0.25, max_value=4.0)
     instructions = StrictCharField(required=False, allow_blank=True, max_length=4096)

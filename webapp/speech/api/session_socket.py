@@ -40,7 +40,7 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from rest_framework.exceptions import ValidationError
 
-from synth.registry import RATES_BY_FORMAT
+from synth.registry import G711_FORMATS, RATES_BY_FORMAT
 from synth.units import CutPolicy, Unit, UnitCutter
 from webapp.client_ip import ip_from_scope
 from webapp.errors import DomainError, ErrorCode
@@ -69,9 +69,11 @@ FRAME_SECONDS = 0.2  # audio per binary frame: what a clear can still let out is
 KEY_CHECK_SECONDS = 1.0  # a revoked key closes the session within this
 DEFAULT_CONTEXT = "default"
 MAX_CONTEXT_ID = 64
-# Wire formats of a session (``response_format``) -> the encoder's name; units are rendered as PCM.
-WIRE_FORMATS = {"pcm": "pcm", "mp3": "mp3", "opus": "ogg"}
+# Wire formats of a session (``response_format``) -> the encoder's name; units are rendered as PCM
+# at the session's rate. ulaw and alaw are 8 kHz G.711 (a phone call's), so their rate is 8000.
+WIRE_FORMATS = {"pcm": "pcm", "mp3": "mp3", "opus": "ogg", "ulaw": "ulaw", "alaw": "alaw"}
 DEFAULT_RATE = 24000  # OpenAI's and vLLM-Omni's PCM rate
+DEFAULT_RATES = {fmt: RATES_BY_FORMAT[WIRE_FORMATS[fmt]][0] for fmt in G711_FORMATS}  # 8000
 # session.config fields passed to the job as they are (the native API's names); the rest are ours.
 JOB_FIELDS = ("voice", "speed", "pitch", "volume", "language", "instructions", "seed", "cache", "loudness")
 CONFIG_FIELDS = {
@@ -240,7 +242,8 @@ class Socket:
 
 
 class Transcoder:
-    """PCM of the session's rate into its wire format (each unit its own stream for mp3/opus)."""
+    """PCM of the session's rate into its wire format (each unit its own stream for mp3/opus; G.711
+    companded sample by sample, the units rendered at its 8 kHz already)."""
 
     def __init__(self, fmt: str, rate: int) -> None:
         self.format, self.rate = fmt, rate
@@ -593,21 +596,18 @@ class Session:
                 ErrorCode.INVALID_REQUEST, f"Unknown session.config field {unknown[0]!r}.", field=unknown[0]
             )
         fmt = event.get("response_format", "pcm")
-        if fmt not in WIRE_FORMATS:
+        if not isinstance(fmt, str) or fmt not in WIRE_FORMATS:  # (a list is no key: a 400, not a crash)
             raise DomainError(
                 ErrorCode.INVALID_REQUEST,
                 f"response_format must be one of {', '.join(WIRE_FORMATS)}.",
                 field="response_format",
             )
-        rate = event.get("sample_rate", DEFAULT_RATE)
-        if (
-            not isinstance(rate, int)
-            or isinstance(rate, bool)
-            or rate not in RATES_BY_FORMAT[WIRE_FORMATS[fmt] if fmt != "opus" else "ogg"]
-        ):
+        rate = event.get("sample_rate", DEFAULT_RATES.get(fmt, DEFAULT_RATE))
+        allowed = RATES_BY_FORMAT[WIRE_FORMATS[fmt]]
+        if not isinstance(rate, int) or isinstance(rate, bool) or rate not in allowed:
             raise DomainError(
                 ErrorCode.INVALID_REQUEST,
-                f"sample_rate {rate!r} is not available for {fmt}.",
+                f"sample_rate {rate!r} is not available for {fmt}; use one of {', '.join(map(str, allowed))}.",
                 field="sample_rate",
             )
         for flag in ("stream_audio", "timestamps"):

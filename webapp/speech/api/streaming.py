@@ -4,7 +4,7 @@ The worker appends the audio of its current attempt, as 16-bit PCM records,
 to a stream file beside its output (``synth.stream``). A stream here follows
 one attempt only: it opens that attempt's stream file once and reads it as it
 grows; ``pcm`` and ``wav`` are sent as they are (the same samples the stored
-file gets), ``mp3``, ``opus`` and ``aac`` are encoded on the fly. If the row
+file gets), ``mp3``, ``opus``, ``aac``, ``ulaw`` and ``alaw`` are encoded on the fly. If the row
 stops naming that attempt (the worker died and another claimed the job, or
 it failed or was canceled), the response is cut off without its closing
 chunk: a client sees a broken transfer, never two attempts spliced together.
@@ -28,7 +28,7 @@ import math
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -38,7 +38,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 
-from synth.audio import content_type
+from synth.audio import StreamResampler, content_type, pcm16_samples
+from synth.registry import G711_FORMATS, TELEPHONY_RATES
 from synth.stream import StreamReader, stream_path
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech import lifecycle
@@ -51,9 +52,14 @@ from webapp.speech.services.ledger import reports
 from webapp.speech.services.outputs import attempt_path
 from webapp.speech.services.waiting import WaitSlot, keep_lease
 
+if TYPE_CHECKING:
+    import numpy as np
+
 BLOCK = 64 * 1024
 LIVE_CODECS = {"mp3": ("mp3", "libmp3lame"), "ogg": ("ogg", "libopus"), "aac": ("adts", "aac")}
-STREAMABLE = ("pcm", "wav", *LIVE_CODECS)
+# What LiveEncoder makes: PyAV's codecs, and G.711 companded here (synth.g711) sample by sample.
+LIVE_FORMATS = (*LIVE_CODECS, *G711_FORMATS)
+STREAMABLE = ("pcm", "wav", *LIVE_FORMATS)
 ROW_FIELDS = ("status", "claim_token", "audio_path", "organization_id", "format", "text_chars")
 
 
@@ -87,14 +93,28 @@ class _Sink:
 
 
 class LiveEncoder:
-    """Encodes 16-bit PCM to mp3 / Ogg Opus / ADTS AAC as it arrives (pages flushed every 100 ms)."""
+    """Encodes 16-bit PCM to mp3 / Ogg Opus / ADTS AAC (pages flushed every 100 ms) or G.711
+    μ-law / A-law as it arrives.
+
+    G.711 is 8 kHz only: PCM of another rate (a session's, a voice's) is resampled first, with the
+    resampler the worker's encoder uses (soxr, chunk by chunk without seams). At 8 kHz each
+    sample is companded as it comes, so the bytes equal what the worker's ``ulaw``/``alaw`` file
+    holds for the same samples.
+    """
 
     def __init__(self, fmt: str, sample_rate: int) -> None:
+        self.sample_rate = sample_rate
+        self.frames = 0
+        self.law: str | None = None
+        self.resampler: StreamResampler | None = None
+        if fmt in G711_FORMATS:
+            self.law = fmt
+            if sample_rate not in TELEPHONY_RATES:
+                self.resampler = StreamResampler(sample_rate, TELEPHONY_RATES[0])
+            return
         import av
 
         container, codec = LIVE_CODECS[fmt]
-        self.sample_rate = sample_rate
-        self.frames = 0
         self.sink = _Sink()
         options = {"page_duration": "100000", "flush_packets": "1"} if fmt == "ogg" else {}
         self.container: Any = cast(Any, av.open(self.sink, mode="w", format=container, options=options))
@@ -102,10 +122,13 @@ class LiveEncoder:
         self.stream.layout = "mono"
 
     def feed(self, pcm16: bytes) -> bytes:
-        import av
         import numpy as np
 
         samples = np.frombuffer(pcm16, dtype="<i2")
+        if self.law is not None:
+            return self._companded(samples)
+        import av
+
         if samples.size:
             frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
             frame.sample_rate, frame.pts = self.sample_rate, self.frames
@@ -114,7 +137,25 @@ class LiveEncoder:
                 self.container.mux(packet)
         return self.sink.take()
 
+    def _companded(self, samples: np.ndarray, last: bool = False) -> bytes:
+        import numpy as np
+
+        from synth import g711
+
+        assert self.law is not None
+        self.frames += int(samples.size)
+        if self.resampler is not None:
+            resampled = self.resampler.process(samples.astype(np.float32) / np.float32(32767.0), last=last)
+            # The filter rings past full scale on a clipped input: clip as the worker's encoder does.
+            samples = pcm16_samples(np.clip(resampled, -1.0, 1.0))
+        return g711.encode(samples, self.law)
+
     def finish(self) -> bytes:
+        if self.law is not None:
+            import numpy as np
+
+            # The resampler's filter holds back a few milliseconds until it is told the end.
+            return self._companded(np.zeros(0, dtype="<i2"), last=True)
         for packet in self.stream.encode(None):
             self.container.mux(packet)
         self.container.close()
@@ -248,7 +289,7 @@ class JobStream:
         out = b""
         if self.read_pcm == 0 and pcm and self.format == "wav":
             out = wav_stream_header(self.reader.sample_rate)
-        if self.format in LIVE_CODECS and self.reader.sample_rate:
+        if self.format in LIVE_FORMATS and self.reader.sample_rate:
             if self.encoder is None:
                 self.encoder = LiveEncoder(self.format, self.reader.sample_rate)
             out += self.encoder.feed(pcm)
@@ -405,7 +446,7 @@ class JobStream:
 # Formats whose stored file an SSE stream sends in blocks: cut anywhere on a sample, each block
 # plays alone (a WAV's header is in the first). A compressed file cut at 64 KB is not, so a
 # finished job's mp3, Ogg, AAC or FLAC goes out as one event.
-SSE_STORED_IN_BLOCKS = ("pcm", "wav")
+SSE_STORED_IN_BLOCKS = ("pcm", "wav", *G711_FORMATS)
 
 
 TIMESTAMPS_EVENT = "speech.timestamps"  # ours, not OpenAI's: its clients skip types they do not know
