@@ -25,7 +25,7 @@ from webapp.api_fields import (
     StrictSerializer,
 )
 from webapp.speech import submission
-from webapp.speech.submission import FORMATS, LOUDNESS_RANGE, MAX_INSTRUCTIONS
+from webapp.speech.submission import FORMATS, LOUDNESS_RANGE, MAX_INSTRUCTIONS, VOICE_FALLBACKS
 
 
 class SpeechTextField(StrictCharField):
@@ -50,6 +50,13 @@ CACHE_HELP = (
     "Default true: sentences this tenant had rendered before with the same voice and controls are "
     "served from its sentence cache (billed at the plan's cached_character_price) and new ones are "
     "kept; false renders every sentence afresh and keeps none."
+)
+
+VOICE_FALLBACK_HELP = (
+    "For an uploaded zero_shot voice that cannot be cloned now (no consent, its consent revoked, or the "
+    'named model cannot clone). "none" (default): 422 cloning_unavailable, its reason naming why. '
+    '"closest": the closest built-in voice its analysis measured speaks instead (the job is approximate), '
+    "where there is one."
 )
 
 
@@ -96,6 +103,9 @@ class SpeechRequestSerializer(StrictSerializer):
         "left out: the tenant's default dictionary; []: none.",
     )
     cache = StrictBooleanField(required=False, default=True, help_text=CACHE_HELP)
+    voice_fallback = serializers.ChoiceField(
+        choices=VOICE_FALLBACKS, required=False, default="none", help_text=VOICE_FALLBACK_HELP
+    )
     webhook_url = StrictCharField(
         required=False,
         max_length=2000,

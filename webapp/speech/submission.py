@@ -47,6 +47,10 @@ MAX_INSTRUCTIONS = 1000
 # Target loudness the API offers (LUFS): quieter than -40 is inaudible in practice,
 # louder than -5 clips; synth itself accepts a wider range.
 LOUDNESS_RANGE = (-40.0, -5.0)
+# voice_fallback: what a zero_shot voice that cannot be cloned now does (docs/voices.md, "When a
+# voice cannot be cloned"). "none" (the default): 422 cloning_unavailable naming why; "closest": it
+# speaks through the closest built-in voice its analysis measured (approximate, never called cloning).
+VOICE_FALLBACKS = ("none", "closest")
 
 
 def _bad(code: str, field: str, detail: str, **extra: Any) -> DomainError:
@@ -61,8 +65,9 @@ def _find_voice(organization: Organization, voice_id: str) -> Voice | None:
     return voice
 
 
-def _resolve_voice(organization: Organization, data: dict[str, Any]) -> tuple[Voice, Voice | None]:
-    """(the voice asked for, the built-in voice that speaks it when another: a zero_shot voice's).
+def _resolve_voice(organization: Organization, data: dict[str, Any]) -> tuple[Voice, Voice | None, bool]:
+    """(the voice asked for, the built-in voice that speaks it when another, whether that one is the
+    closest voice standing in for a clone the request allowed: ``voice_fallback: closest``).
 
     With ``engine`` (the OpenAI endpoint's ``model``) a name not found as given is tried as that
     engine's voice (``engine:name``: vLLM-Omni's clients name a model's voices bare), then through
@@ -86,8 +91,13 @@ def _resolve_voice(organization: Organization, data: dict[str, Any]) -> tuple[Vo
             f"{where.capitalize()} no voice {voice_id!r}; GET /api/v1/voices lists them.",
         )
     if voice.cloning_mode == prompts.ZERO_SHOT:
-        _check_consent(voice)
-        return voice, _cloning_voice(voice, engine)
+        try:
+            _check_consent(voice)
+            return voice, _cloning_voice(voice, engine), False
+        except DomainError as refusal:
+            if data.get("voice_fallback") != "closest":
+                raise
+            return voice, _closest_fallback(voice, engine, refusal), True
     if engine and prompts.speaking_voice(voice)[1] != engine:
         raise _bad(
             "unknown_voice",
@@ -95,7 +105,31 @@ def _resolve_voice(organization: Organization, data: dict[str, Any]) -> tuple[Vo
             f"Voice {voice.voice_id} is a voice of model {voice.engine}, not {engine}; "
             "GET /api/v1/voices lists each model's voices.",
         )
-    return voice, None
+    return voice, None, False
+
+
+def _closest_fallback(voice: Voice, engine: str | None, refusal: DomainError) -> Voice:
+    """``voice_fallback: closest``: the built-in voice that speaks a zero_shot voice that cannot be
+    cloned now, the closest one its analysis measured (a voice analysed ``approximate`` before it
+    named a consent has one). Else, or when it is not the named model's, the refusal stands, saying so.
+    """
+    speaker = None
+    if voice.closest_voice:
+        speaker = Voice.objects.filter(
+            organization__isnull=True, status=Voice.Status.READY, voice_id=voice.closest_voice
+        ).first()
+    if speaker is not None and (not engine or speaker.engine == engine):
+        return speaker
+    if speaker is None:
+        why = "no closest built-in voice was measured for it (it was analysed zero_shot)"
+    else:
+        why = f"its closest voice {speaker.voice_id} is a voice of model {speaker.engine}, not {engine}"
+    raise DomainError(
+        refusal.code,
+        f"{refusal.message} The closest-voice fallback is not available: {why}.",
+        field=refusal.field,
+        extra={**refusal.extra, "fallback": "unavailable"},
+    )
 
 
 def _check_model(engine: str) -> None:
@@ -149,6 +183,7 @@ def _cloning_voice(voice: Voice, engine: str | None) -> Voice:
             if engine
             else "No installed model can clone a voice from a prompt right now.",
             field="engine" if engine else "voice",
+            extra={"reason": "model_cannot_clone" if engine else "no_cloning_model"},
         )
     return speaker
 
@@ -160,7 +195,7 @@ def job_request(
 
     ``word_timestamps``: the client asked for them as it submits (OpenAI's SSE ``timestamps``).
     """
-    voice, speaker = _resolve_voice(organization, data)
+    voice, speaker, fallback = _resolve_voice(organization, data)
     # What the model that speaks can do decides (a zero_shot voice's speaker's).
     caps: dict[str, Any] = (speaker or voice).capabilities or {}
     if word_timestamps and caps.get("timestamps") is False:
@@ -196,6 +231,7 @@ def job_request(
         text=text,
         voice=voice,
         speaker=speaker,
+        closest_fallback=fallback,
         format=fmt,
         sample_rate=rate,
         params=params,
@@ -336,7 +372,7 @@ def require_worker_for_engine(engine: str, workers: list[dict[str, Any]] | None 
         )
 
 
-def require_worker_for(voice: Voice, speaker: Voice | None = None) -> None:
+def require_worker_for(voice: Voice, speaker: Voice | None = None, closest_fallback: bool = False) -> None:
     """A submit for a voice no live worker serves is a 503, not a job that waits forever.
 
     Except on a queue whose pool may scale to zero (``TTS_SCALE_TO_ZERO_QUEUES``) while no
@@ -348,7 +384,7 @@ def require_worker_for(voice: Voice, speaker: Voice | None = None) -> None:
     except (RedisError, OSError) as exc:
         raise DomainError(ErrorCode.SERVICE_UNAVAILABLE, QUEUE_UNAVAILABLE, retry_after=5) from exc
     # An uploaded voice speaks through a built-in one (a zero_shot voice: the one chosen at submit).
-    speaking, engine = prompts.speaking_voice(voice, speaker)[:2]
+    speaking, engine = prompts.speaking_voice(voice, speaker, approximate=closest_fallback)[:2]
     if speaking in heartbeat.serving_voices(workers):
         return
     if dispatch.scales_to_zero(engine) and not serving_children(engine, workers):
@@ -380,7 +416,7 @@ def submit(
         replay = lifecycle.idempotent_replay(organization, idempotency_key, fingerprint)
         if replay is not None:
             return replay, False
-    require_worker_for(request.voice, request.speaker)
+    require_worker_for(request.voice, request.speaker, request.closest_fallback)
     try:
         return lifecycle.submit_job(
             organization,

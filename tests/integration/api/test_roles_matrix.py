@@ -77,6 +77,8 @@ REQUIRED = {
     ("GET", "/api/v1/webhooks/deliveries"): KEYS,
     ("POST", "/api/v1/webhooks/deliveries/{delivery_id}/redeliver"): KEYS,
     ("POST", "/api/v1/webhooks/job-secret"): KEYS,
+    # The tenant's data (members, keys, consents' audit records): owners and admins, as keys.
+    ("GET", "/api/v1/organization/export"): KEYS,
 }
 # What each role may use; "tenant" is a key the operator issued to the tenant as a whole.
 ROLE_MAY = {
@@ -101,6 +103,7 @@ def _call(client: ApiClient, method: str, template: str) -> Any:
     # body (415 where the endpoint takes an upload, not JSON).
     template = template.replace("{dictionary_id}", str(uuid.uuid4())).replace("{number}", "1")
     template = template.replace("{consent_id}", f"cons_{uuid.uuid4().hex}")
+    template = template.replace("{session_id}", str(uuid.uuid4()))
     template = template.replace("{endpoint_id}", str(uuid.uuid4())).replace(
         "{delivery_id}", str(uuid.uuid4())
     )

@@ -130,6 +130,8 @@ def job_body(data: dict[str, Any]) -> dict[str, Any]:
         ours["instructions"] = data["instructions"]
     if data.get("cache") is False:
         ours["cache"] = False
+    if data.get("voice_fallback") not in (None, "none"):
+        ours["voice_fallback"] = data["voice_fallback"]  # an extension field, as cache and seed
     return ours
 
 

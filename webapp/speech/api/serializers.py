@@ -21,8 +21,9 @@ from webapp.api_fields import (
 )
 from webapp.speech.api.voice_fields import uploaded_voice_fields
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.requests import CACHE_HELP, SEED_HELP, SpeechTextField
+from webapp.speech.requests import CACHE_HELP, SEED_HELP, VOICE_FALLBACK_HELP, SpeechTextField
 from webapp.speech.services.jobview import JobView
+from webapp.speech.submission import VOICE_FALLBACKS
 
 # --------------------------------------------------------------------- responses
 
@@ -176,6 +177,9 @@ class OpenAISpeechSerializer(serializers.Serializer):
         required=False, min_value=SEED_RANGE[0], max_value=SEED_RANGE[1], help_text=SEED_HELP
     )
     cache = StrictBooleanField(required=False, default=True, help_text=CACHE_HELP)
+    voice_fallback = serializers.ChoiceField(
+        choices=VOICE_FALLBACKS, required=False, default="none", help_text=VOICE_FALLBACK_HELP
+    )
     stream_format = serializers.ChoiceField(
         choices=("audio", "sse"),
         required=False,

@@ -2,6 +2,7 @@ from django.urls import URLPattern, URLResolver, include, path
 
 from webapp.speech.api import (
     consents,
+    export,
     openai,
     openai_catalog,
     session_views,
@@ -32,6 +33,7 @@ _v1_routes: list[URLPattern | URLResolver] = [
     path("sessions", session_views.SessionListView.as_view(), name="api-sessions"),
     path("sessions/<str:session_id>", session_views.SessionDetailView.as_view(), name="api-session-detail"),
     path("usage", views.UsageView.as_view(), name="api-usage"),
+    path("organization/export", export.OrganizationExportView.as_view(), name="api-organization-export"),
     path("cache", SentenceCacheView.as_view(), name="api-sentence-cache"),
     path("schema", views.PublicSchemaView.as_view(), name="api-schema"),
 ]

@@ -70,6 +70,9 @@ class JobRequest:
     # The built-in voice that speaks ``voice`` when it is another one chosen at submit: a zero_shot
     # voice's, of the model the request named or one that clones (services.prompts.speaking_voice).
     speaker: Voice | None = None
+    # ``speaker`` is the zero_shot voice's closest built-in voice, standing in for a clone that is
+    # not possible now (the request's ``voice_fallback: closest``): the job is ``approximate``.
+    closest_fallback: bool = False
     # The realtime session this job is a unit of (None: a job of its own).
     session_id: Any = None
 
@@ -151,7 +154,7 @@ def submit_job(
                 return existing, False
         period = ledger.check_limits(org, request.billable_chars, now, request.voice.engine)
         voice_name, engine, params, mode = prompts.job_voice(
-            request.voice, request.params, now, request.speaker
+            request.voice, request.params, now, request.speaker, approximate=request.closest_fallback
         )
         job = SynthesisJob(
             organization=org,

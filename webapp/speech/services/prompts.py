@@ -407,14 +407,20 @@ def reject_voice(voice_pk: Any, code: str, reason: str) -> bool:
 # --------------------------------------------------------------------- using and deleting
 
 
-def speaking_voice(voice: Voice, speaker: Voice | None = None) -> tuple[str, str, float, str]:
+def speaking_voice(
+    voice: Voice, speaker: Voice | None = None, approximate: bool = False
+) -> tuple[str, str, float, str]:
     """(voice id, engine, pitch shift, cloning mode) a job with ``voice`` is synthesised with.
 
     ``speaker``: for a zero_shot voice, the cloning voice chosen at submit (any model that
     clones: the submission picks it); without one, the engine it was analysed with, if any.
+    ``approximate``: ``speaker`` is instead the voice's closest built-in voice, standing in for a
+    clone the request let fall back (``voice_fallback: closest``), with the voice's measured shift.
     """
     if voice.organization_id is None or not voice.cloning_mode:
         return voice.voice_id, voice.engine, 0.0, ""
+    if approximate and speaker is not None:
+        return speaker.voice_id, speaker.engine, float(voice.pitch_shift), APPROXIMATE
     if voice.cloning_mode == APPROXIMATE:
         return voice.closest_voice, voice.engine, float(voice.pitch_shift), APPROXIMATE
     # zero_shot: the engine's cloning voice speaks, given the prompt (runtime/attempt.py, voice_prompt).
@@ -424,7 +430,11 @@ def speaking_voice(voice: Voice, speaker: Voice | None = None) -> tuple[str, str
 
 
 def job_voice(
-    voice: Voice, params: dict[str, Any], now: dt.datetime, speaker: Voice | None = None
+    voice: Voice,
+    params: dict[str, Any],
+    now: dt.datetime,
+    speaker: Voice | None = None,
+    approximate: bool = False,
 ) -> tuple[str, str, dict[str, Any], str]:
     """Inside submit's transaction: (voice id, engine, params, cloning mode) the job is created with.
 
@@ -433,7 +443,7 @@ def job_voice(
     """
     from synth.registry import PITCH_RANGE
 
-    name, engine, shift, mode = speaking_voice(voice, speaker)
+    name, engine, shift, mode = speaking_voice(voice, speaker, approximate)
     if shift:
         pitch = float(params.get("pitch", 0.0)) + shift
         params = {**params, "pitch": round(min(max(pitch, PITCH_RANGE[0]), PITCH_RANGE[1]), 2)}
