@@ -23,9 +23,10 @@ session socket all read keys through this one module (the bottom layer, pyprojec
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from urllib.parse import parse_qsl
+from urllib.parse import unquote_plus
 
 # Where a credential came from (Credential.source).
 BEARER = "bearer"
@@ -75,12 +76,16 @@ def from_key_header(value: str) -> Credential | None:
 
 
 def from_query(query_string: str) -> Credential | None:
-    """``xi-api-key=<key>`` (or ``xi_api_key``); several equal values are one credential."""
-    values = {
-        value.strip()
-        for name, value in parse_qsl(query_string, keep_blank_values=True)
-        if name.lower() in QUERY_NAMES
-    }
+    """``xi-api-key=<key>`` (or ``xi_api_key``); several equal values are one credential.
+
+    Names are compared as sent, not percent-decoded: Nginx counts (and redacts from its log) the
+    names it sees in ``$args``, so a name only Django would decode must not be a key here.
+    """
+    values = set()
+    for pair in query_string.split("&"):
+        name, equals, value = pair.partition("=")
+        if equals and name.lower() in QUERY_NAMES:
+            values.add(unquote_plus(value).strip())
     if not values:
         return None
     if "" in values:
@@ -90,35 +95,46 @@ def from_query(query_string: str) -> Credential | None:
     return Credential(values.pop(), QUERY)
 
 
-def from_subprotocols(subprotocols: Sequence[str]) -> Credential | None:
-    """A key among the offered WebSocket subprotocols (Deepgram's pair or OpenAI's prefix).
+def protocol_to_echo(subprotocols: Sequence[str]) -> str | None:
+    """The offered subprotocol a WebSocket accept names, or None when none was offered.
 
-    What the accept echoes must be one of the offered protocols (a browser fails the handshake
-    otherwise), and never the key when something else can do: Deepgram's ``token``; beside
-    OpenAI's prefix, the client's first other protocol (``realtime``), and the key-bearing entry
-    only when it was offered alone.
+    A browser fails the handshake unless one of the protocols it offered comes back, so a socket
+    that offered any gets one, refused or not (a refusal's close code reaches it only after an
+    accepted handshake). Never the key when something else can do: Deepgram's ``token``; else the
+    client's first protocol that carries no key (``realtime`` beside OpenAI's prefix); the
+    key-bearing entry only when it was offered alone.
     """
     offered = [p.strip() for p in subprotocols if p.strip()]
-    found: list[Credential] = []
+    if not offered:
+        return None
+    tokens = [p for p in offered if p.lower() == TOKEN_PROTOCOL]
+    if tokens:
+        return tokens[0]
+    others = [p for p in offered if not p.startswith(OPENAI_KEY_PROTOCOL)]
+    return others[0] if others else offered[0]
+
+
+def from_subprotocols(subprotocols: Sequence[str]) -> Credential | None:
+    """A key among the offered WebSocket subprotocols (Deepgram's pair or OpenAI's prefix)."""
+    offered = [p.strip() for p in subprotocols if p.strip()]
+    tokens: set[str] = set()
     for index, protocol in enumerate(offered):
         if protocol.lower() == TOKEN_PROTOCOL:
             if index + 1 >= len(offered):
                 raise MalformedCredential(
                     "Sec-WebSocket-Protocol 'token' must be followed by the API key ('token, <api key>')."
                 )
-            found.append(Credential(offered[index + 1], SUBPROTOCOL, protocol))
+            tokens.add(offered[index + 1])
         elif protocol.startswith(OPENAI_KEY_PROTOCOL):
             token = protocol[len(OPENAI_KEY_PROTOCOL) :]
             if not token:
                 raise MalformedCredential(f"Sec-WebSocket-Protocol '{OPENAI_KEY_PROTOCOL}' has no API key.")
-            key_bearing = {p for p in offered if p.startswith(OPENAI_KEY_PROTOCOL)}
-            others = [p for p in offered if p not in key_bearing]
-            found.append(Credential(token, SUBPROTOCOL, others[0] if others else protocol))
-    if not found:
+            tokens.add(token)
+    if not tokens:
         return None
-    if len({c.token for c in found}) > 1:
+    if len(tokens) > 1:
         raise MalformedCredential("Sec-WebSocket-Protocol carries more than one API key.")
-    return found[0]
+    return Credential(tokens.pop(), SUBPROTOCOL, protocol_to_echo(offered))
 
 
 def credential_from(
@@ -143,8 +159,9 @@ def credential_from(
     if len({c.token for c in found}) > 1:
         sources = ", ".join(c.source for c in found)
         raise MalformedCredential(f"More than one API key in one request ({sources}); send one.")
-    # The same key twice (some SDKs send a header and a subprotocol): the one that says what to echo.
-    return next((c for c in found if c.subprotocol is not None), found[0])
+    # The same key twice (some SDKs send a header and a subprotocol) is one credential. Whatever
+    # form it came in, a socket that offered protocols gets one back.
+    return dataclasses.replace(found[0], subprotocol=protocol_to_echo(subprotocols))
 
 
 def headers_of_meta(meta: Mapping[str, object]) -> dict[str, str]:

@@ -46,18 +46,23 @@ OTHER = "tts_ZzZzZzZz_" + "other" * 8
             (f"openai-insecure-api-key.{KEY}",),
             Credential(KEY, c.SUBPROTOCOL, f"openai-insecure-api-key.{KEY}"),
         ),
-        # The same key twice is one credential; the subprotocol one says what to echo.
+        # The same key twice is one credential; a socket that offered protocols gets one back.
         (
             {"authorization": f"Bearer {KEY}", "xi-api-key": KEY},
             f"xi-api-key={KEY}",
             ("token", KEY),
-            Credential(KEY, c.SUBPROTOCOL, "token"),
+            Credential(KEY, c.BEARER, "token"),
         ),
+        ({"authorization": f"Bearer {KEY}"}, "", ("realtime",), Credential(KEY, c.BEARER, "realtime")),
+        ({}, f"xi-api-key={KEY}", ("a", "b"), Credential(KEY, c.QUERY, "a")),
+        # Percent-encoded names are not ours (Nginx would neither count nor redact them).
+        ({}, f"xi%2Dapi%2Dkey={KEY}", (), None),
+        ({}, f"xi-api-key={KEY.replace('_', '%5F')}", (), Credential(KEY, c.QUERY)),
         ({"authorization": f"Bearer {KEY}", "xi-api-key": KEY}, "", (), Credential(KEY, c.BEARER)),
     ],
 )
 def test_each_form_gives_the_key(
-    headers: dict[str, str], query: str, protocols: tuple[str, ...], expected: Credential
+    headers: dict[str, str], query: str, protocols: tuple[str, ...], expected: Credential | None
 ) -> None:
     assert credential_from(headers, query, protocols) == expected
 
@@ -123,6 +128,25 @@ def test_http_requests_read_headers_and_query_but_never_subprotocols() -> None:
     assert credential_of_meta({"QUERY_STRING": f"xi-api-key={KEY}"}) == Credential(KEY, c.QUERY)
     assert credential_of_meta({"HTTP_SEC_WEBSOCKET_PROTOCOL": f"token, {KEY}"}) is None
     assert credential_of_meta({}) is None
+
+
+@pytest.mark.parametrize(
+    ("offered", "echo"),
+    [
+        ((), None),
+        (("realtime",), "realtime"),
+        (("token", KEY), "token"),
+        (("x", "token", KEY), "token"),
+        (("realtime", f"openai-insecure-api-key.{KEY}"), "realtime"),
+        ((f"openai-insecure-api-key.{KEY}", "openai-beta.realtime-v1"), "openai-beta.realtime-v1"),
+        ((f"openai-insecure-api-key.{KEY}",), f"openai-insecure-api-key.{KEY}"),
+        (("token",), "token"),  # malformed, yet a refusal still needs a protocol back to be read
+    ],
+)
+def test_the_protocol_an_accept_echoes_is_one_offered_and_not_the_key_when_avoidable(
+    offered: tuple[str, ...], echo: str | None
+) -> None:
+    assert c.protocol_to_echo(offered) == echo
 
 
 def test_credentials_are_frozen_values() -> None:

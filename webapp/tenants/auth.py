@@ -15,11 +15,29 @@ from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from webapp.client_ip import client_ip
-from webapp.credentials import Credential, MalformedCredential, credential_from, credential_of_meta
+from webapp.credentials import (
+    Credential,
+    MalformedCredential,
+    credential_from,
+    credential_of_meta,
+    protocol_to_echo,
+)
 from webapp.errors import DomainError, ErrorCode
 from webapp.tenants import auth_failures
 from webapp.tenants.models import ApiKey
 from webapp.tenants.services import find_api_key, key_role, touch_api_key
+
+# Re-exported: the session socket and the HTTP views read keys through this module alone.
+__all__ = [
+    "ApiKeyAuthentication",
+    "ApiKeyUser",
+    "Credential",
+    "MalformedCredential",
+    "authenticate_credential",
+    "authenticate_handshake",
+    "credential_from",
+    "protocol_to_echo",
+]
 
 
 class ApiKeyUser:

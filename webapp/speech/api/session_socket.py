@@ -53,7 +53,7 @@ from webapp.speech.models import JobTimestamps, SpeechSession, SynthesisJob
 from webapp.speech.requests import SpeechRequestSerializer
 from webapp.speech.services.ledger import reports
 from webapp.tenants import roles
-from webapp.tenants.auth import Credential, authenticate_handshake
+from webapp.tenants.auth import Credential, authenticate_handshake, protocol_to_echo
 from webapp.tenants.models import ApiKey
 from webapp.tenants.services import find_api_key, key_role
 
@@ -448,8 +448,11 @@ class Session:
                 raise DomainError(ErrorCode.PERMISSION_DENIED, f"This API key lacks the {SCOPE!r} scope.")
             self.session = await _db(sessions.open_session)(key, "native")
         except DomainError as error:
+            # A browser fails the handshake unless one of the protocols it offered comes back, and
+            # reads a close code only after the handshake: a refusal echoes one too.
+            with contextlib.suppress(Gone):
+                await self.socket.accept(protocol_to_echo(scope.get("subprotocols") or ()))
             raise Close.of(error) from None
-        # A browser fails the handshake unless one of the protocols it offered comes back.
         await self.socket.accept(self.credential.subprotocol)
 
     async def _end(self) -> None:
