@@ -56,6 +56,15 @@ DEFAULTS: dict[str, str] = {
     # default) so the app's bounds and answers still apply; raise it for an edge in front of
     # several web hosts.
     "CONN_UPLOAD": "16",
+    # Realtime sessions open at once per address (WS /v1/audio/speech/stream), each holding its
+    # connection for minutes: a flood guard above one tenant's cap (TTS_SESSIONS_PER_TENANT, 50),
+    # since several tenants' agents may sit behind one address; Django caps each key and tenant.
+    "CONN_SESSIONS_PER_IP": "100",
+    # A session's socket: the longest silence from the app (read) and the longest a write to it may
+    # block (send). Sessions end themselves long before (TTS_SESSION_IDLE_SECONDS, pings every 20 s,
+    # TTS_SESSION_MAX_SECONDS): these only end a socket the app lost track of.
+    "SESSION_READ_TIMEOUT": "3600s",
+    "SESSION_SEND_TIMEOUT": "60s",
     "CONN_PER_IP": "50",
     "CONN_PER_KEYED_IP": "1024",
     "WORKER_PROCESSES": "auto",
@@ -238,13 +247,20 @@ def _checked_settings(env: Mapping[str, str]) -> dict[str, str]:
         "CONN_PER_IP",
         "CONN_PER_KEYED_IP",
         "CONN_UPLOAD",
+        "CONN_SESSIONS_PER_IP",
         "HSTS_MAX_AGE",
     ):
         _check(key, raw[key], re.compile(r"^[0-9]+$"), "a whole number")
     if raw["WORKER_PROCESSES"] != "auto":
         _check("WORKER_PROCESSES", raw["WORKER_PROCESSES"], re.compile(r"^[1-9][0-9]*$"), "auto or a number")
     _check("REAL_IP_HEADER", raw["REAL_IP_HEADER"], _HEADER_RE, "a header name")
-    for key in ("CLIENT_HEADER_TIMEOUT", "CLIENT_BODY_TIMEOUT", "SEND_TIMEOUT"):
+    for key in (
+        "CLIENT_HEADER_TIMEOUT",
+        "CLIENT_BODY_TIMEOUT",
+        "SEND_TIMEOUT",
+        "SESSION_READ_TIMEOUT",
+        "SESSION_SEND_TIMEOUT",
+    ):
         _check(key, raw[key], _TIME_RE, "a duration like 10s")
     _check("SNDBUF", raw["SNDBUF"], _SIZE_RE, "a size like 131072 or 128k (0: autotuned)")
     for key in ("CSP", "DOCS_CSP"):
@@ -313,6 +329,9 @@ def nginx_values(
             "CONN_PER_IP",
             "CONN_PER_KEYED_IP",
             "CONN_UPLOAD",
+            "CONN_SESSIONS_PER_IP",
+            "SESSION_READ_TIMEOUT",
+            "SESSION_SEND_TIMEOUT",
             "CSP",
             "DOCS_CSP",
             "WORKER_PROCESSES",

@@ -29,6 +29,8 @@ from asgiref.sync import markcoroutinefunction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
+from webapp.credentials import MalformedCredential, credential_of_meta
+
 CLIENT_SLOTS = 2  # per key, per process, per phase
 CLIENT_ATTRIBUTE = "tts_client"
 TURN_ATTRIBUTE = "tts_turn"
@@ -75,11 +77,17 @@ class Turn:
 
 
 def client_of(request: HttpRequest) -> bytes | None:
-    """Who is asking, for the gate: a digest of the Bearer token, or None without one."""
-    header = request.META.get("HTTP_AUTHORIZATION", "")
-    if header[:7].lower() != "bearer ":
+    """Who is asking, for the gate: a digest of the request's key (any form), or None without one.
+
+    Malformed credentials pass ungated like none: authentication answers them at once.
+    """
+    try:
+        credential = credential_of_meta(request.META)
+    except MalformedCredential:
         return None
-    return hashlib.blake2b(header[7:].strip().encode(), digest_size=16).digest()
+    if credential is None:
+        return None
+    return hashlib.blake2b(credential.token.encode(), digest_size=16).digest()
 
 
 def release(request: HttpRequest) -> None:

@@ -54,9 +54,9 @@ def test_api_and_openai_locations_map_nginx_errors_to_json() -> None:
     assert locations.count("Retry-After $tts_retry_after always;") == 3  # api, openai, html 429
     text = conf.read_text()
     # Each API location includes the right mapping (the prefix and the strict ones; the dashboard's
-    # consent recording, whose script reads problem+json; OpenAI's consent path).
+    # consent recording, whose script reads problem+json; OpenAI's consent path and session socket).
     assert text.count("snippets/api_errors.conf;") == 4
-    assert text.count("snippets/openai_errors.conf;") == 3
+    assert text.count("snippets/openai_errors.conf;") == 4
     assert "error_page 503 @openai_uploads_busy;" in text
 
 
@@ -72,13 +72,39 @@ def test_rates_sizes_and_timeouts_come_from_settings() -> None:
     )
     text = conf.read_text()
     assert "zone=write:10m rate=3r/m;" in text
-    assert text.count("limit_req zone=write burst=7 nodelay;") == 4
+    assert text.count("limit_req zone=write burst=7 nodelay;") == 5  # the session handshake too
     # Retry-After for the strict zone is one leak interval: 60 s / 3.
     assert re.search(r'"~\^POST /api/v1/\(speech\|voices\)/\?\$"\s+20;', text)
     assert "client_max_body_size 65536;" in text
     assert f"client_max_body_size {5000000 + deploy_nginx.MULTIPART_SLACK_BYTES};" in text
     assert "proxy_read_timeout 55s;" in text  # OpenAI wait 40 s + margin
     assert "proxy_read_timeout 25s;" in text  # long poll 10 s + margin
+    assert deploy_nginx.check_config(conf).returncode == 0
+
+
+def test_the_session_socket_location_takes_its_settings() -> None:
+    conf = _render(
+        "nginx-check-sessions",
+        TTS_NGINX_SESSION_READ_TIMEOUT="900s",
+        TTS_NGINX_SESSION_SEND_TIMEOUT="45s",
+        TTS_NGINX_CONN_SESSIONS_PER_IP="7",
+    )
+    text = conf.read_text()
+    location = text.split("location = /v1/audio/speech/stream {", 1)[1].split("}", 1)[0]
+    assert "snippets/proxy.conf;" in location and "snippets/websocket.conf;" in location
+    assert "limit_req zone=keyed_write" in location and "limit_req zone=write" in location
+    websocket = (conf.parent / "snippets" / "websocket.conf").read_text()
+    for line in (
+        "proxy_set_header Upgrade $http_upgrade;",
+        "proxy_set_header Connection $connection_upgrade;",
+        "proxy_read_timeout 900s;",
+        "proxy_send_timeout 45s;",
+        "proxy_buffering off;",
+        "limit_conn sessions 7;",
+    ):
+        assert line in websocket
+    assert "TEMPORARY" not in text
+    assert '"uri":"$tts_logged_uri"' in text and "$request_uri," not in text.split("log_format", 1)[1][:800]
     assert deploy_nginx.check_config(conf).returncode == 0
 
 
@@ -100,6 +126,8 @@ def test_real_ip_mode_trusts_only_the_listed_balancers() -> None:
         ({"TTS_NGINX_BURST_GENERAL": "-1"}, "TTS_NGINX_BURST_GENERAL"),
         ({"TTS_NGINX_REAL_IP_FROM": "balancer.local"}, "TTS_NGINX_REAL_IP_FROM"),
         ({"TTS_NGINX_PROXY_READ_TIMEOUT": "1 s; evil"}, "TTS_NGINX_PROXY_READ_TIMEOUT"),
+        ({"TTS_NGINX_SESSION_READ_TIMEOUT": "1h; evil"}, "TTS_NGINX_SESSION_READ_TIMEOUT"),
+        ({"TTS_NGINX_CONN_SESSIONS_PER_IP": "many"}, "TTS_NGINX_CONN_SESSIONS_PER_IP"),
         ({"TTS_MAX_UPLOAD_BYTES": "20MB"}, "TTS_MAX_UPLOAD_BYTES"),
         ({"TTS_NGINX_CSP": "default-src 'self'\" always; add_header X-Evil \"1"}, "TTS_NGINX_CSP"),
     ],

@@ -1,7 +1,13 @@
-"""API key authentication: ``Authorization: Bearer tts_<prefix>_<secret>``."""
+"""API key authentication: the key in any form agents send (webapp/credentials.py), one failure budget.
+
+HTTP requests (``ApiKeyAuthentication``) and WebSocket handshakes (``authenticate_handshake``) find
+their key through the same module and meet the same per-address budget of failures
+(webapp/tenants/auth_failures.py): a socket is no way around it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -9,9 +15,29 @@ from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from webapp.client_ip import client_ip
+from webapp.credentials import (
+    Credential,
+    MalformedCredential,
+    credential_from,
+    credential_of_meta,
+    protocol_to_echo,
+)
+from webapp.errors import DomainError, ErrorCode
 from webapp.tenants import auth_failures
 from webapp.tenants.models import ApiKey
 from webapp.tenants.services import find_api_key, key_role, touch_api_key
+
+# Re-exported: the session socket and the HTTP views read keys through this module alone.
+__all__ = [
+    "ApiKeyAuthentication",
+    "ApiKeyUser",
+    "Credential",
+    "MalformedCredential",
+    "authenticate_credential",
+    "authenticate_handshake",
+    "credential_from",
+    "protocol_to_echo",
+]
 
 
 class ApiKeyUser:
@@ -36,27 +62,21 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request: Request) -> tuple[ApiKeyUser, ApiKey] | None:
-        header = request.META.get("HTTP_AUTHORIZATION", "")
-        if not header:
-            return None
-        address = client_ip(request)
-        parts = header.split()
-        well_formed = len(parts) == 2 and parts[0].lower() == "bearer"
-        key = find_api_key(parts[1]) if well_formed else None
-        if key is not None:
-            # A valid key is never refused for what other credentials did from its address
-            # (every tenant behind one NAT would be locked out by one stranger).
-            touch_api_key(key, address)
-            return ApiKeyUser(key), key
-        # Nginx lets credentials past its anonymous zones: an address whose credentials keep
-        # failing gets a small budget of failures, then 429 (webapp/tenants/auth_failures.py).
-        auth_failures.refuse_if_spent(address)
-        auth_failures.record_failure(address)
-        if not well_formed:
-            raise exceptions.AuthenticationFailed(
-                "Malformed Authorization header; expected 'Bearer <api key>'."
-            )
-        raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")
+        malformed: MalformedCredential | None = None
+        try:
+            credential = credential_of_meta(request.META)
+        except MalformedCredential as exc:
+            credential, malformed = None, exc
+        if credential is None and malformed is None:
+            return None  # no credentials: the view's permissions answer (401 where a key is needed)
+        try:
+            key = authenticate_credential(credential, client_ip(request), malformed)
+        except DomainError as error:
+            if error.code == ErrorCode.UNAUTHENTICATED:
+                # DRF's own 401, so WWW-Authenticate comes with it.
+                raise exceptions.AuthenticationFailed(error.message) from None
+            raise
+        return ApiKeyUser(key), key
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="api"'
@@ -72,43 +92,44 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignor
         return {"type": "http", "scheme": "bearer", "bearerFormat": "tts_<prefix>_<secret>"}
 
 
-# TEMPORARY: replaced by the credentials module of branch wt-edge on merge.
-from collections.abc import Mapping, Sequence  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+def authenticate_credential(
+    credential: Credential | None, address: str | None, malformed: MalformedCredential | None = None
+) -> ApiKey:
+    """The key ``credential`` names, for a request from ``address``; DomainError otherwise.
 
-from webapp.errors import DomainError, ErrorCode  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Credential:
-    token: str
-    source: str
-    subprotocol: str | None
-
-
-class MalformedCredential(Exception):
-    pass
-
-
-def credential_from(
-    headers: Mapping[str, str], query_string: str = "", subprotocols: Sequence[str] = ()
-) -> Credential | None:
-    header = headers.get("authorization", "")
-    if header:
-        parts = header.split()
-        if len(parts) != 2 or parts[0].lower() not in ("bearer", "token"):
-            raise MalformedCredential("expected 'Bearer <api key>'")
-        return Credential(parts[1], parts[0].lower(), None)
-    return None
-
-
-def authenticate_credential(credential: Credential | None, address: str | None) -> ApiKey:
-    if credential is None:
-        raise DomainError(ErrorCode.UNAUTHENTICATED, "No API key.")
-    key = find_api_key(credential.token)
-    if key is not None:
-        touch_api_key(key, address)
-        return key
+    ``malformed``: what finding the credential raised (it costs a failure like a wrong key).
+    """
+    if credential is None and malformed is None:
+        # No credentials cost nothing here: Nginx's anonymous zones limit those.
+        raise DomainError(ErrorCode.UNAUTHENTICATED, "No API key; send 'Authorization: Bearer <api key>'.")
+    if credential is not None and malformed is None:
+        key = find_api_key(credential.token)
+        if key is not None:
+            # A valid key is never refused for what other credentials did from its address
+            # (every tenant behind one NAT would be locked out by one stranger).
+            touch_api_key(key, address)
+            return key
+    # Nginx lets credentials past its anonymous zones: an address whose credentials keep
+    # failing gets a small budget of failures, then 429 (webapp/tenants/auth_failures.py).
     auth_failures.refuse_if_spent(address)
     auth_failures.record_failure(address)
+    if malformed is not None:
+        raise DomainError(ErrorCode.UNAUTHENTICATED, str(malformed))
     raise DomainError(ErrorCode.UNAUTHENTICATED, "Invalid, expired or revoked API key.")
+
+
+def authenticate_handshake(
+    headers: Mapping[str, str], query_string: str, subprotocols: Sequence[str], address: str | None
+) -> tuple[ApiKey, Credential]:
+    """A WebSocket handshake's key (every form, subprotocols included) and the credential it came in.
+
+    ``headers``: lower-case names. DomainError (401 or 429) as for HTTP.
+    """
+    malformed: MalformedCredential | None = None
+    try:
+        credential = credential_from(headers, query_string, subprotocols)
+    except MalformedCredential as exc:
+        credential, malformed = None, exc
+    key = authenticate_credential(credential, address, malformed)
+    assert credential is not None  # authenticate_credential returns only for a credential that named a key
+    return key, credential

@@ -37,6 +37,71 @@ def test_malformed_authorization_header_is_401(make_tenant: Any, header: str) ->
     assert response["WWW-Authenticate"].startswith("Bearer")
 
 
+@pytest.mark.parametrize(
+    ("how", "source"),
+    [
+        ("authorization:Bearer", "bearer"),
+        ("authorization:token", "token"),
+        ("header", "xi-api-key header"),
+        ("query:xi-api-key", "xi-api-key query"),
+        ("query:xi_api_key", "xi-api-key query"),
+    ],
+)
+def test_every_form_agents_send_a_key_in_is_accepted_over_http(
+    make_tenant: Any, how: str, source: str
+) -> None:
+    t = make_tenant()
+    kind, _, name = how.partition(":")
+    client = ApiClient(None)
+    if kind == "authorization":
+        response = client.get("/api/v1/voices", HTTP_AUTHORIZATION=f"{name} {t.raw_key}")
+    elif kind == "header":
+        response = client.get("/api/v1/voices", HTTP_XI_API_KEY=t.raw_key)
+    else:
+        response = client.get(f"/api/v1/voices?{name}={t.raw_key}")
+    assert response.status_code == 200, (source, response.content)
+    # OpenAI's surface takes the same forms.
+    assert client.get(f"/v1/models?xi-api-key={t.raw_key}").status_code == 200
+
+
+def test_two_different_keys_in_one_request_are_refused(make_tenant: Any) -> None:
+    a, b = make_tenant(), make_tenant()
+    response = ApiClient(a.raw_key).get("/api/v1/voices", HTTP_XI_API_KEY=b.raw_key)
+    assert response.status_code == 401
+    assert "More than one API key" in problem(response)["detail"]
+    # The same key twice is one credential.
+    assert ApiClient(a.raw_key).get("/api/v1/voices", HTTP_XI_API_KEY=a.raw_key).status_code == 200
+
+
+def test_wrong_keys_in_every_form_spend_one_budget_and_a_valid_key_still_passes(
+    make_tenant: Any, settings: Any
+) -> None:
+    from webapp import redis_clients
+    from webapp.tenants import auth_failures
+
+    settings.TTS_AUTH_FAILURES_PER_IP = 4
+    settings.TTS_AUTH_FAILURE_WINDOW_SECONDS = 60
+    address = "192.0.2.77"
+    redis_clients.heartbeats().delete(auth_failures.key(address))
+    t = make_tenant()
+    forged = "tts_AAAAAAAA_" + "A" * 40
+    client = ApiClient(None)
+    try:
+        statuses = [
+            client.get("/api/v1/voices", HTTP_X_REAL_IP=address, HTTP_AUTHORIZATION=f"Token {forged}"),
+            client.get("/api/v1/voices", HTTP_X_REAL_IP=address, HTTP_XI_API_KEY=forged),
+            client.get(f"/api/v1/voices?xi-api-key={forged}", HTTP_X_REAL_IP=address),
+            client.get("/api/v1/voices?xi_api_key=", HTTP_X_REAL_IP=address),  # malformed counts too
+            client.get("/api/v1/voices", HTTP_X_REAL_IP=address, HTTP_XI_API_KEY=forged),
+        ]
+        assert [r.status_code for r in statuses] == [401] * 4 + [429]
+        assert problem(statuses[-1])["code"] == "too_many_auth_failures"
+        ok = client.get(f"/api/v1/voices?xi-api-key={t.raw_key}", HTTP_X_REAL_IP=address)
+        assert ok.status_code == 200
+    finally:
+        redis_clients.heartbeats().delete(auth_failures.key(address))
+
+
 def test_missing_unknown_revoked_and_expired_keys_are_401(make_tenant: Any) -> None:
     from webapp.tenants.services import OPERATOR, create_api_key, revoke_api_key
 

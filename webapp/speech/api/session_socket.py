@@ -53,7 +53,7 @@ from webapp.speech.models import JobTimestamps, SpeechSession, SynthesisJob
 from webapp.speech.requests import SpeechRequestSerializer
 from webapp.speech.services.ledger import reports
 from webapp.tenants import roles
-from webapp.tenants.auth import Credential, MalformedCredential, authenticate_credential, credential_from
+from webapp.tenants.auth import Credential, authenticate_handshake, protocol_to_echo
 from webapp.tenants.models import ApiKey
 from webapp.tenants.services import find_api_key, key_role
 
@@ -443,24 +443,26 @@ class Session:
 
     async def _open(self) -> None:
         scope = self.socket.scope
-        address = ip_from_scope(scope)
         try:
-            self.credential = credential_from(
+            # Every key form, the Sec-WebSocket-Protocol ones included, through HTTP's failure budget:
+            # 4401 for a wrong or malformed key, 4429 once the address has spent its budget.
+            self.key, self.credential = await _db(authenticate_handshake)(
                 self.socket.headers,
                 (scope.get("query_string") or b"").decode("latin-1"),
                 scope.get("subprotocols") or (),
+                ip_from_scope(scope),
             )
-        except MalformedCredential as exc:
-            raise Close(4401, ErrorCode.UNAUTHENTICATED.value, str(exc)) from None
-        try:
-            self.key = await _db(authenticate_credential)(self.credential, address)
             key = self.key
             if SCOPE not in (key.scopes or []) or not roles.role_allows(key_role(key), SCOPE):
                 raise DomainError(ErrorCode.PERMISSION_DENIED, f"This API key lacks the {SCOPE!r} scope.")
             self.session = await _db(sessions.open_session)(key, "native")
         except DomainError as error:
+            # A browser fails the handshake unless one of the protocols it offered comes back, and
+            # reads a close code only after the handshake: a refusal echoes one too.
+            with contextlib.suppress(Gone):
+                await self.socket.accept(protocol_to_echo(scope.get("subprotocols") or ()))
             raise Close.of(error) from None
-        await self.socket.accept(self.credential.subprotocol if self.credential else None)
+        await self.socket.accept(self.credential.subprotocol)
 
     async def _end(self) -> None:
         """Settle what is left, close the row, then the socket."""
