@@ -64,7 +64,7 @@ def page(mic_browser: Any, web: Any, transactional_db: None) -> Iterator[Any]:
 
 def speak(microphone: Path, text: str) -> float:
     """What the fake microphone plays next: ``text`` read by flite's slt; its length in seconds."""
-    pf.flite("slt", microphone, text)
+    pf.read_aloud("slt", microphone, text)
     return float(sf.info(str(microphone)).duration)
 
 

@@ -202,7 +202,7 @@ def queued_only(monkeypatch: pytest.MonkeyPatch) -> None:
     from webapp.speech import submission
     from webapp.speech.services import dispatch
 
-    monkeypatch.setattr(submission, "require_worker_for", lambda voice, speaker=None: None)
+    monkeypatch.setattr(submission, "require_worker_for", lambda *voice_speaker_fallback: None)
     monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
 
 

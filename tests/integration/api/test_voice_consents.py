@@ -41,7 +41,7 @@ def record(client: ApiClient, path: Path, base: str = NATIVE, **fields: str) -> 
 
 
 def reading(tmp: Path, text: str, voice: str = "slt") -> Path:
-    return pf.flite(voice, tmp / f"{voice}-{hashlib.sha1(text.encode()).hexdigest()[:8]}.wav", text)
+    return pf.read_aloud(voice, tmp / f"{voice}-{hashlib.sha1(text.encode()).hexdigest()[:8]}.wav", text)
 
 
 def code_of(response: Any) -> str:

@@ -34,7 +34,7 @@ def phrase(client: Client, language: str = "en") -> dict[str, Any]:
 
 
 def reading(tmp: Path, text: str) -> Path:
-    return pf.flite("slt", tmp / f"slt-{hashlib.sha1(text.encode()).hexdigest()[:8]}.wav", text)
+    return pf.read_aloud("slt", tmp / f"slt-{hashlib.sha1(text.encode()).hexdigest()[:8]}.wav", text)
 
 
 def record(client: Client, path: Path, **fields: str) -> Any:

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def consent(client: ApiClient, tmp: Path, reader: str) -> str:
     """A consent recorded with ``reader`` (a flite voice) reading a fresh phrase: its id."""
     phrase = client.get("/v1/audio/voice_consents/phrase").json()
-    wav = pf.flite(reader, tmp / f"consent-{reader}.wav", phrase["text"])
+    wav = pf.read_aloud(reader, tmp / f"consent-{reader}.wav", phrase["text"])
     with open(wav, "rb") as fh:
         form = {"name": reader, "language": "en", "recording": fh}
         r = client.client.post("/api/v1/voice_consents", form, **client._headers(None))

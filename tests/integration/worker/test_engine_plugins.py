@@ -147,7 +147,7 @@ def test_a_zero_shot_voice_speaks_through_any_model_that_clones(
     try:
         # Cloning needs a recorded consent of the speaker (issue 52): slt reads the phrase.
         phrase = client.get("/v1/audio/voice_consents/phrase").json()
-        with open(pf.flite("slt", tmp_path / "consent.wav", phrase["text"]), "rb") as fh:
+        with open(pf.read_aloud("slt", tmp_path / "consent.wav", phrase["text"]), "rb") as fh:
             form = {"name": "slt", "language": "en", "recording": fh}
             r = client.client.post("/api/v1/voice_consents", form, HTTP_AUTHORIZATION=f"Bearer {raw_key}")
         assert r.status_code == 201, r.content
