@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import socket
 import struct
 import termios
@@ -24,6 +25,8 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn_worker import UvicornWorker
+
+from webapp.credentials import redact_query_keys
 
 STREAM_BUFFER_BYTES = 16 * 1024
 # The name webapp/speech/api/streaming.py looks for: the app imports nothing of deploy/, so the
@@ -115,6 +118,18 @@ class SmallBufferWebSocketProtocol(WebSocketsSansIOProtocol):
         super().shutdown()
 
 
+class QueryKeyFilter(logging.Filter):
+    """uvicorn logs each request's and each WebSocket's path with its query string: a key sent as
+    ``?xi-api-key=`` is written as REDACTED, as in Nginx's access log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_query_keys(a) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.msg, str):
+            record.msg = redact_query_keys(record.msg)
+        return True
+
+
 class Worker(UvicornWorker):
     CONFIG_KWARGS: dict[str, Any] = {
         **UvicornWorker.CONFIG_KWARGS,
@@ -124,3 +139,8 @@ class Worker(UvicornWorker):
         "ws_ping_interval": WS_PING_INTERVAL,
         "ws_ping_timeout": WS_PING_TIMEOUT,
     }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in ("uvicorn.access", "uvicorn.error"):
+            logging.getLogger(name).addFilter(QueryKeyFilter())

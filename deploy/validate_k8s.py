@@ -50,6 +50,8 @@ SECRET_TEMPLATE = K8S / "secret.example.yaml"
 SETTINGS_ENV = K8S / "base" / "settings.env"
 CHECKOV_SKIPS = K8S / "checkov-skips.yaml"
 DOCKERFILE = ROOT / "deploy" / "container" / "Dockerfile"
+GUNICORN_CONF = ROOT / "deploy" / "gunicorn.conf.py"
+NGINX_TEMPLATE = ROOT / "nginx" / "nginx.conf.template"
 README = ROOT / "README.md"
 
 # The oldest Kubernetes release the manifests are written for: autoscaling/v2, policy/v1, batch/v1
@@ -425,6 +427,16 @@ def project_problems(
                 report.fail(
                     where, f"{wname} {c['name']}: needs readOnlyRootFilesystem and no privilege escalation"
                 )
+            if image_repo(image) == "tts-edge":
+                drain_problems(
+                    report,
+                    where,
+                    workload,
+                    pod,
+                    c,
+                    nginx_shutdown_timeout(),
+                    "Nginx's worker_shutdown_timeout",
+                )
             if image_repo(image) in DJANGO_IMAGES:
                 for var in env_of(c, {}):
                     if not known_setting(var):
@@ -445,6 +457,15 @@ def project_problems(
             if command[:4] == ["celery", "-A", "webapp", "worker"]:
                 worker_problems(report, where, workload, pod, c, settings, scaled)
             if command[:1] == ["gunicorn"]:
+                drain_problems(
+                    report,
+                    where,
+                    workload,
+                    pod,
+                    c,
+                    gunicorn_graceful_timeout(),
+                    "gunicorn's graceful_timeout",
+                )
                 for kind, path in (("readinessProbe", "/healthz/ready"), ("livenessProbe", "/healthz/live")):
                     if c.get(kind, {}).get("httpGet", {}).get("path") != path:
                         report.fail(where, f"{wname}: the web tier's {kind} is GET {path} (webapp/health.py)")
@@ -471,6 +492,9 @@ def project_problems(
                 f"{name_of(doc)}: exposed with externalTrafficPolicy {spec.get('externalTrafficPolicy', 'Cluster')}"
                 " hides the client's address; set it to Local, or name the balancer in TTS_NGINX_REAL_IP_FROM",
             )
+    # SIGTERM makes Nginx drop every connection; SIGQUIT lets answers and sessions finish.
+    if edge_stop_signal() != "SIGQUIT":
+        report.fail(where, "the Dockerfile's edge stage must set STOPSIGNAL SIGQUIT (Nginx's graceful quit)")
     egress_problems(report, where, docs)
     metrics_problems(report, where, docs, settings)
     expected = DATA_CLIENTS | {c for c in data_clients if c.startswith("worker-")}
@@ -547,6 +571,60 @@ def metrics_problems(report: Report, where: str, docs: list[Doc], settings: dict
                 report.fail(
                     where, f"{name_of(workload)}: the edge answers /metrics beyond its own pod ({allowed})"
                 )
+
+
+# Seconds the web and edge pods wait in preStop before their process hears SIGTERM (SIGQUIT for
+# Nginx): the endpoints controller and every kube-proxy take that long to stop sending new
+# connections to a pod that is going.
+MIN_ENDPOINT_DRAIN_SECONDS = 3
+DRAIN_MARGIN_SECONDS = 5
+
+
+def gunicorn_graceful_timeout(path: Path = GUNICORN_CONF) -> int:
+    """gunicorn's graceful_timeout: requests and sessions in flight get this long after SIGTERM."""
+    found = re.search(r"^graceful_timeout = (\d+)$", path.read_text(), re.MULTILINE)
+    if not found:
+        raise ValueError(f"{path}: no `graceful_timeout = N` line")
+    return int(found.group(1))
+
+
+def nginx_shutdown_timeout(path: Path = NGINX_TEMPLATE) -> int:
+    """Nginx's worker_shutdown_timeout: how long a graceful quit waits for open connections."""
+    found = re.search(r"^worker_shutdown_timeout (\d+)s;$", path.read_text(), re.MULTILINE)
+    if not found:
+        raise ValueError(f"{path}: no `worker_shutdown_timeout Ns;` line")
+    return int(found.group(1))
+
+
+def edge_stop_signal(path: Path = DOCKERFILE) -> str | None:
+    """The STOPSIGNAL of the Dockerfile's edge stage (None when it sets none)."""
+    stage = re.search(r"^FROM \S+ AS edge$(.*?)(?=^FROM |\Z)", path.read_text(), re.MULTILINE | re.DOTALL)
+    found = re.search(r"^STOPSIGNAL (\S+)$", stage.group(1), re.MULTILINE) if stage else None
+    return found.group(1) if found else None
+
+
+def drain_problems(
+    report: Report, where: str, workload: Doc, pod: Doc, c: Doc, drain: int, what: str
+) -> None:
+    """A web or edge container: a preStop pause while endpoints forget the pod, then a drain that
+    fits in the pod's grace period (else the kubelet kills sessions and waits mid-answer)."""
+    wname = name_of(workload)
+    command = [str(a) for a in c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])]
+    pause = int(command[1]) if len(command) == 2 and command[0] == "sleep" and command[1].isdigit() else None
+    if pause is None or pause < MIN_ENDPOINT_DRAIN_SECONDS:
+        report.fail(
+            where,
+            f"{wname} {c['name']}: needs a preStop exec [sleep, N] with N >= {MIN_ENDPOINT_DRAIN_SECONDS} "
+            "(new connections keep arriving until the endpoints forget the pod)",
+        )
+        return
+    period = int(pod.get("terminationGracePeriodSeconds", 30))
+    if period < pause + drain + DRAIN_MARGIN_SECONDS:
+        report.fail(
+            where,
+            f"{wname}: terminationGracePeriodSeconds {period} must be at least the preStop sleep {pause} + "
+            f"{what} {drain} + {DRAIN_MARGIN_SECONDS} s, or the kubelet kills what is still draining",
+        )
 
 
 def pod_labels(workload: Doc) -> dict[str, str]:

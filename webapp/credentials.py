@@ -24,6 +24,7 @@ session socket all read keys through this one module (the bottom layer, pyprojec
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote_plus
@@ -42,6 +43,10 @@ QUERY_NAMES = ("xi-api-key", "xi_api_key")
 TOKEN_PROTOCOL = "token"
 # OpenAI's browser clients: the key after this prefix, beside their own protocol ("realtime").
 OPENAI_KEY_PROTOCOL = "openai-insecure-api-key."
+
+# A key-bearing query parameter in a logged URL, names compared as from_query compares them.
+_LOGGED_QUERY_KEY = re.compile(r"([?&](?:xi-api-key|xi_api_key)=)[^&\s\"']*", re.IGNORECASE)
+REDACTED = "REDACTED"
 
 MALFORMED_AUTHORIZATION = "Malformed Authorization header; expected 'Bearer <api key>'."
 
@@ -162,6 +167,12 @@ def credential_from(
     # The same key twice (some SDKs send a header and a subprotocol) is one credential. Whatever
     # form it came in, a socket that offered protocols gets one back.
     return dataclasses.replace(found[0], subprotocol=protocol_to_echo(subprotocols))
+
+
+def redact_query_keys(text: str) -> str:
+    """``text`` (a log line or a path with its query) with each query key's value replaced by
+    ``REDACTED``, as Nginx writes its access log."""
+    return _LOGGED_QUERY_KEY.sub(rf"\g<1>{REDACTED}", text)
 
 
 def headers_of_meta(meta: Mapping[str, object]) -> dict[str, str]:

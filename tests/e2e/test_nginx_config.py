@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,35 @@ def test_retry_after_is_one_leak_interval() -> None:
     assert deploy_nginx.retry_after_seconds("2r/s") == 1
     assert deploy_nginx.retry_after_seconds("10r/m") == 6
     assert deploy_nginx.retry_after_seconds("7r/m") == 9
+
+
+def test_the_kubernetes_edge_renders_the_session_location_and_a_bounded_graceful_quit(tmp_path: Path) -> None:
+    """The edge image's entry point (deploy/container/edge.py, run as the image runs it, with
+    --check) renders the same template: the session socket's location and settings, and a
+    worker_shutdown_timeout that fits in the edge pod's grace period (validate_k8s checks the sum)."""
+    from deploy.provision import ensure_certificate
+    from deploy.validate_k8s import nginx_shutdown_timeout
+
+    cert, key = ensure_certificate(CFG)
+    env = {
+        **os.environ,
+        "TTS_VAR_DIR": str(tmp_path),
+        "TTS_EDGE_UPSTREAM": "127.0.0.1:8000",
+        "TTS_TLS_CERT": str(cert),
+        "TTS_TLS_KEY": str(key),
+        "TTS_TLS_DHPARAM": str(tmp_path / "dhparam.pem"),
+        "TTS_NGINX_SESSION_READ_TIMEOUT": "600s",
+    }
+    entry = Path(deploy_nginx.__file__).parent / "container" / "edge.py"
+    result = subprocess.run(
+        [sys.executable, str(entry), "--check"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "test is successful" in result.stderr, result.stderr
+    conf = next(tmp_path.rglob("nginx.conf"))
+    text = conf.read_text()
+    assert "server 127.0.0.1:8000" in text
+    assert f"worker_shutdown_timeout {nginx_shutdown_timeout()}s;" in text
+    location = text.split("location = /v1/audio/speech/stream {", 1)[1].split("}", 1)[0]
+    assert "snippets/websocket.conf;" in location
+    websocket = (conf.parent / "snippets" / "websocket.conf").read_text()
+    assert "proxy_set_header Upgrade $http_upgrade;" in websocket and "proxy_read_timeout 600s;" in websocket

@@ -267,12 +267,30 @@ def test_other_rules(rendered: dict[str, Docs]) -> None:
     def default_namespace(docs: Docs) -> None:
         find(docs, "Service", "tts-web")["metadata"]["namespace"] = "default"
 
+    def web_without_pause(docs: Docs) -> None:
+        del container(docs, "tts-web", "web")["lifecycle"]
+
+    def edge_grace_short(docs: Docs) -> None:
+        find(docs, "Deployment", "tts-edge")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 60
+
+    def web_grace_short(docs: Docs) -> None:
+        find(docs, "Deployment", "tts-web")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 20
+
     cases: list[tuple[Callable[[Docs], None], str]] = [
         (typo_setting, "TTS_WORKER_STOP_GRAC is not a setting in the README's table"),
         (beat_rolling, "beat runs as 1 replica with the Recreate strategy"),
         (root_fs, "tts-edge edge: needs readOnlyRootFilesystem"),
         (web_probe, "readinessProbe is GET /healthz/ready"),
         (default_namespace, "Service/tts-web: no namespace"),
+        (web_without_pause, "tts-web web: needs a preStop exec [sleep, N]"),
+        (
+            edge_grace_short,
+            "tts-edge: terminationGracePeriodSeconds 60 must be at least the preStop sleep 5 + Nginx's",
+        ),
+        (
+            web_grace_short,
+            "tts-web: terminationGracePeriodSeconds 20 must be at least the preStop sleep 5 + gunicorn's",
+        ),
     ]
     for change, expected in cases:
         problems = problems_after(rendered, "local", change)

@@ -154,3 +154,19 @@ def test_credentials_are_frozen_values() -> None:
     with pytest.raises(AttributeError):
         credential.token = OTHER  # type: ignore[misc]
     assert credential.subprotocol is None
+
+
+@pytest.mark.parametrize(
+    ("logged", "written"),
+    [
+        (f"/v1/audio/speech/stream?xi-api-key={KEY}", "/v1/audio/speech/stream?xi-api-key=REDACTED"),
+        (
+            f'GET /v1/models?a=1&XI_API_KEY={KEY}&b=2 HTTP/1.1" 200',
+            'GET /v1/models?a=1&XI_API_KEY=REDACTED&b=2 HTTP/1.1" 200',
+        ),
+        (f"/a?xi_api_key={KEY}&xi-api-key={OTHER}", "/a?xi_api_key=REDACTED&xi-api-key=REDACTED"),
+        (f"/a?not-xi-api-key={KEY}", f"/a?not-xi-api-key={KEY}"),  # not a parameter the app reads
+    ],
+)
+def test_a_query_key_is_redacted_from_what_is_logged(logged: str, written: str) -> None:
+    assert c.redact_query_keys(logged) == written

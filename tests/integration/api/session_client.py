@@ -41,7 +41,9 @@ def open_session(
         ssl=tls_context(),
         additional_headers=extra,
         subprotocols=subprotocols,  # type: ignore[arg-type]
-        open_timeout=10,
+        # Handshakes take milliseconds; on a 2-core host beside a CPU-bound process, one right after
+        # gunicorn started has taken over 10 s.
+        open_timeout=30,
         max_size=None,
     )
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.integration.api.conftest import Tenant
+from tests.integration.api.session_client import SESSION_PATH, closed, open_session, read_until, send
 from tests.integration.api.session_client import Received as Got
-from tests.integration.api.session_client import closed, open_session, read_until, send
 from tests.reliability.helpers import PIPER
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -272,3 +272,42 @@ def test_stream_audio_false_sends_each_unit_in_one_frame_and_mp3_is_mp3(
     for _, frame in got.frames:
         assert frame[:3] == b"ID3" or (frame[0] == 0xFF and frame[1] & 0xE0 == 0xE0)
     assert [d["total_bytes"] for d in got.of("audio.done")] == [len(f) for _, f in got.frames]
+
+
+def test_every_key_form_agents_send_opens_a_session_through_nginx_and_no_log_keeps_a_query_key(
+    tenant: Tenant, voice: str, web: Any
+) -> None:
+    """Token, xi-api-key (header, query), Deepgram's and OpenAI's subprotocol forms, through Nginx;
+    a key in the query is REDACTED in Nginx's access log and in gunicorn's log lines alike."""
+    from tests.stack import CFG
+
+    key = tenant.raw_key
+    agent = {"User-Agent": "agent-sdk"}  # a header, so open_session adds no Authorization of its own
+    forms: list[tuple[str, dict[str, Any], str | None]] = [
+        ("Token", {"headers": {"Authorization": f"Token {key}"}}, None),
+        ("xi-api-key header", {"headers": {"xi-api-key": key}}, None),
+        ("query", {"headers": agent, "path": f"{SESSION_PATH}?xi-api-key={key}&model=tts-1"}, None),
+        ("Deepgram", {"subprotocols": ["token", key]}, "token"),
+        ("OpenAI", {"subprotocols": ["realtime", f"openai-insecure-api-key.{key}"]}, "realtime"),
+    ]
+    for name, how, echoed in forms:
+        with open_session(port(web), None, **how) as ws:
+            assert ws.subprotocol == echoed, name
+            send(ws, {"type": "session.config", "voice": voice})
+            got = read_until(ws, Got(), lambda g: g.of("session.ready") or closed(g), timeout=20)
+            assert got.of("session.ready"), (name, got.close_code, got.close_reason)
+    forged = key[:-4] + ("aaaa" if not key.endswith("aaaa") else "bbbb")
+    with open_session(port(web), None, headers=agent, path=f"{SESSION_PATH}?xi_api_key={forged}") as ws:
+        got = read_until(ws, Got(), closed, timeout=10)
+    assert (got.close_code, got.close_reason) == (4401, "unauthenticated")
+
+    secret, forged_secret = key.split("_", 2)[2], forged.split("_", 2)[2]  # tts_<prefix>_<secret>
+    deadline = time.monotonic() + 10
+    while True:
+        logs = {n: (CFG.log_dir / f"{n}.log").read_text(errors="replace") for n in ("nginx", "gunicorn")}
+        if all("xi_api_key=REDACTED" in text for text in logs.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for name, text in logs.items():
+        assert "xi-api-key=REDACTED" in text and "xi_api_key=REDACTED" in text, name
+        assert secret not in text and forged_secret not in text, name

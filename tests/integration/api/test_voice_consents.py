@@ -22,6 +22,8 @@ from tests import prompt_files as pf
 from tests.integration.api.conftest import ApiClient, Tenant, problem
 from tests.integration.api.people import key_for, member
 
+pytestmark = pytest.mark.usefixtures("recognised_consent_codes")
+
 OPENAI = "/v1/audio/voice_consents"
 NATIVE = "/api/v1/voice_consents"
 

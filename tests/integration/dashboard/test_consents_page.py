@@ -21,6 +21,8 @@ from tests.dashboard_data import make_owner, member_of
 from tests.integration.dashboard.conftest import client_for
 from webapp.speech.models import Voice, VoiceConsent
 
+pytestmark = pytest.mark.usefixtures("recognised_consent_codes")
+
 PAGE = "/app/voices/consents/"
 PHRASE = "/app/voices/consents/phrase/"
 RECORD = "/app/voices/consents/record/"

@@ -22,7 +22,7 @@ from tests.plugin_builds import make_client
 from tests.reliability.helpers import flush_queues, start_worker, wait_until
 from tests.stack import TestStack
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("recognised_consent_codes")]
 
 
 def consent(client: ApiClient, tmp: Path, reader: str) -> str:

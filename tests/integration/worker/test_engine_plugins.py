@@ -129,6 +129,7 @@ def test_an_installed_engine_package_serves_its_voices_and_models_and_goes_when_
         stack.stop_service(worker)
 
 
+@pytest.mark.usefixtures("recognised_consent_codes")
 def test_a_zero_shot_voice_speaks_through_any_model_that_clones(
     stack: TestStack, plugin_site: Path, tmp_path: Path, web: Any
 ) -> None:
