@@ -376,6 +376,9 @@ TTS_WORKER_DEVICE = env_str("TTS_WORKER_DEVICE", "cpu")  # cpu | cuda | cuda:N |
 # single-threaded children serve more audio per second than one child with two
 # threads (docs/performance.md, "workers"); on a GPU run one worker per GPU with 1 child.
 TTS_WORKER_CONCURRENCY = env_int("TTS_WORKER_CONCURRENCY", WORKER_CONCURRENCY_DEFAULT)
+# Children of each engine's pool that batch jobs leave free for interactive work (session units,
+# /v1/audio/speech): batch runs on at most children - this, never fewer than one (services/lanes.py).
+TTS_WORKER_INTERACTIVE_RESERVED = max(0, env_int("TTS_WORKER_INTERACTIVE_RESERVED", 0))
 TTS_WORKER_THREADS = env_int("TTS_WORKER_THREADS", 1)
 # Piper on the CPU: inference threads for a job while no other job runs on the host
 # (a lone request uses every core; with company each child keeps to TTS_WORKER_THREADS).

@@ -58,7 +58,9 @@ def make_org(name: str = "acme", **plan_fields: Any) -> Any:
     return create_organization(name, plan=plan)
 
 
-def submit(org: Any, text: str, voice: str = ESPEAK, fmt: str = "wav", **params: Any) -> Any:
+def submit(
+    org: Any, text: str, voice: str = ESPEAK, fmt: str = "wav", lane: str = "batch", **params: Any
+) -> Any:
     from webapp.speech import lifecycle
     from webapp.speech.models import Voice
 
@@ -72,6 +74,7 @@ def submit(org: Any, text: str, voice: str = ESPEAK, fmt: str = "wav", **params:
         params=params,
         billable_chars=len(text),
         use_cache=False,
+        lane=lane,
     )
     job, created = lifecycle.submit_job(org, request)
     assert created

@@ -231,8 +231,14 @@ class SpeechSession(models.Model):
         return f"session {self.id} ({self.status})"
 
 
+class JobLane(models.TextChoices):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
 class SynthesisJob(models.Model):
     Status = JobStatus
+    Lane = JobLane
     ACTIVE = ACTIVE_STATUSES
     FINISHED = FINISHED_STATUSES
 
@@ -264,6 +270,9 @@ class SynthesisJob(models.Model):
     params = models.JSONField(default=dict)  # speed, pitch, volume, language, instructions
     cloning_mode = models.CharField(max_length=12, blank=True)  # uploaded voices: zero_shot | approximate
     source = models.CharField(max_length=20, default="api")  # api | openai | dashboard
+    # Interactive work (a client waiting on its audio: session units, /v1/audio/speech) is claimed
+    # before batch work of the same engine (lifecycle.claim_next); docs/workers.md, "Lanes".
+    lane = models.CharField(max_length=12, choices=JobLane.choices, default=JobLane.BATCH, db_default="batch")
     # The X-Request-Id of the submit (Nginx's $request_id): log lines of every attempt carry it.
     request_id = models.CharField(max_length=64, blank=True)
     # The submit's own webhook URL: this job's job.* events go there too (webapp/webhooks).

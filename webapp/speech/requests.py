@@ -25,7 +25,7 @@ from webapp.api_fields import (
     StrictSerializer,
 )
 from webapp.speech import submission
-from webapp.speech.submission import FORMATS, LOUDNESS_RANGE, MAX_INSTRUCTIONS, VOICE_FALLBACKS
+from webapp.speech.submission import FORMATS, LANES, LOUDNESS_RANGE, MAX_INSTRUCTIONS, VOICE_FALLBACKS
 
 
 class SpeechTextField(StrictCharField):
@@ -105,6 +105,14 @@ class SpeechRequestSerializer(StrictSerializer):
     cache = StrictBooleanField(required=False, default=True, help_text=CACHE_HELP)
     voice_fallback = serializers.ChoiceField(
         choices=VOICE_FALLBACKS, required=False, default="none", help_text=VOICE_FALLBACK_HELP
+    )
+    lane = serializers.ChoiceField(
+        choices=LANES,
+        required=False,
+        default="batch",
+        help_text='"batch" (default): claimed after interactive work of the same model; "interactive": '
+        "a client waits on this job's audio now (as every /v1/audio/speech request and realtime "
+        "session does), so workers take it before batch work (docs/api.md, Lanes).",
     )
     webhook_url = StrictCharField(
         required=False,

@@ -51,6 +51,7 @@ LOUDNESS_RANGE = (-40.0, -5.0)
 # voice cannot be cloned"). "none" (the default): 422 cloning_unavailable naming why; "closest": it
 # speaks through the closest built-in voice its analysis measured (approximate, never called cloning).
 VOICE_FALLBACKS = ("none", "closest")
+LANES = ("batch", "interactive")  # SynthesisJob.Lane's values, the request field's choices
 
 
 def _bad(code: str, field: str, detail: str, **extra: Any) -> DomainError:
@@ -242,6 +243,8 @@ def job_request(
         # The OpenAI route answers a client that waits on the job (or its stream): it holds the
         # job's waiter lease, and its going away abandons the job.
         waited=source == "openai",
+        # A client waiting on the audio is interactive; a native job only when it asks to be.
+        lane="interactive" if source == "openai" else data.get("lane") or "batch",
         use_cache=data.get("cache") is not False,
         webhook_url=data.get("webhook_url") or "",
     )

@@ -65,6 +65,11 @@ def test_it_replays_vllm_omnis_documented_exchange(tenant: Tenant, voice: str, w
     (closed_event,) = got.of("session.closed")
     assert closed_event["units"] == 2
     assert closed_event["charged_chars"] == sum(d["charged_chars"] for d in dones) > 0
+    # A client waits on every unit: each is interactive work, claimed before batch jobs.
+    from webapp.speech.models import SynthesisJob
+
+    lanes = SynthesisJob.objects.filter(organization_id=tenant.org.pk).values_list("lane", flat=True)
+    assert list(lanes) == ["interactive", "interactive"]
 
 
 def test_a_session_is_one_history_entry_and_one_webhook(tenant: Tenant, voice: str, web: Any) -> None:

@@ -52,6 +52,9 @@ class JobSerializer(serializers.Serializer):
     text_chars = serializers.IntegerField()
     voice = serializers.CharField()
     format = serializers.CharField()
+    lane = serializers.ChoiceField(
+        choices=SynthesisJob.Lane.choices, help_text="interactive work is claimed before batch work"
+    )
     progress = serializers.FloatField()
     queue_position = serializers.IntegerField(allow_null=True)
     eta_seconds = serializers.FloatField(allow_null=True)

@@ -820,7 +820,9 @@ class Session:
     def _submit_job(self, data: dict[str, Any]) -> Any:
         request = self._check_job(data)
         assert self.key is not None and self.session is not None
-        request = dataclasses.replace(request, session_id=self.session.id, waited=True, source="session")
+        request = dataclasses.replace(
+            request, session_id=self.session.id, waited=True, source="session", lane="interactive"
+        )
         job, _ = submission.submit(self.key.organization, request, api_key=self.key, user=self.key.user)
         return job.id
 

@@ -75,6 +75,7 @@ class JobRequest:
     closest_fallback: bool = False
     # The realtime session this job is a unit of (None: a job of its own).
     session_id: Any = None
+    lane: str = "batch"  # SynthesisJob.Lane: interactive work is claimed first
 
 
 def request_fingerprint(payload: Any) -> str:
@@ -174,6 +175,7 @@ def submit_job(
             request_id=current_request_id(),
             retry_of=retry_of,
             session_id=request.session_id,
+            lane=request.lane,
             use_cache=request.use_cache,
             webhook_url=request.webhook_url,
             created_at=now,

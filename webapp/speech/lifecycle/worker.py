@@ -159,8 +159,10 @@ def claim_job(
     return job
 
 
-# The fair pick: the queued job of the engine whose tenant runs the fewest jobs, then the
-# oldest; SKIP LOCKED, so concurrent claimers take different jobs instead of waiting.
+# The fair pick: interactive work first (a client waits on it now), then the queued job of the
+# engine whose tenant runs the fewest jobs, then the oldest; SKIP LOCKED, so concurrent claimers
+# take different jobs instead of waiting. Each message claims one job whatever its lane, so the
+# messages of an engine's queue still match its queued jobs one for one (dispatch.resend_lost).
 _FAIREST_QUEUED = f"""
     WITH running AS (
         SELECT organization_id, count(*) AS n FROM {TABLE}
@@ -168,14 +170,32 @@ _FAIREST_QUEUED = f"""
     )
     SELECT j.id FROM {TABLE} j LEFT JOIN running r ON r.organization_id = j.organization_id
     WHERE {sql_status_in((Status.QUEUED,), "j.status")} AND j.engine = %s AND NOT j.cancel_requested AND j.attempts < %s
-    ORDER BY COALESCE(r.n, 0), j.created_at, j.id
+      AND (j.lane = '{SynthesisJob.Lane.INTERACTIVE}' OR %s)
+    ORDER BY j.lane = '{SynthesisJob.Lane.INTERACTIVE}' DESC, COALESCE(r.n, 0), j.created_at, j.id
     LIMIT 1 FOR UPDATE OF j SKIP LOCKED"""
 
 
-def claim_next(engine: str, worker_id: str) -> SynthesisJob | None:
-    """Take the fairest queued job of ``engine``: the tenant running the fewest jobs, then the oldest."""
+# pg_advisory_xact_lock(class, hashtext(engine)): one claimer of an engine at a time counts its
+# running batch jobs and claims, while a cap on them is in force.
+_BATCH_CAP_LOCK = 0x6C61_6E65  # "lane"
+
+
+def batch_running(engine: str) -> int:
+    return SynthesisJob.objects.filter(
+        status=Status.RUNNING, engine=engine, lane=SynthesisJob.Lane.BATCH
+    ).count()
+
+
+def claim_next(engine: str, worker_id: str, batch_slots: int | None = None) -> SynthesisJob | None:
+    """Take the fairest queued job of ``engine``: interactive before batch, then the tenant running
+    the fewest jobs, then the oldest. ``batch_slots``: batch jobs of the engine may run on at most
+    this many children at once (services/lanes.py); None: no cap."""
     with transaction.atomic(durable=True):
-        row = fetch_one(_FAIREST_QUEUED, [engine, settings.TTS_JOB_MAX_ATTEMPTS])
+        batch_open = True
+        if batch_slots is not None:
+            fetch_one("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [_BATCH_CAP_LOCK, engine])
+            batch_open = batch_running(engine) < batch_slots
+        row = fetch_one(_FAIREST_QUEUED, [engine, settings.TTS_JOB_MAX_ATTEMPTS, batch_open])
         if row is None:
             return None
         return _claim(row[0], Q(status=Status.QUEUED), worker_id)

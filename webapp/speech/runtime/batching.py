@@ -113,7 +113,9 @@ class _Group:
     def _one(self, job: SynthesisJob, limits: tuple[float, float]) -> Outcome | None:
         """One job in its own thread; None when the database stayed away."""
         try:
-            return run_claimed(self.state, job, limits)
+            outcome = run_claimed(self.state, job, limits)
+            claims.ended(job)
+            return outcome
         except JobLost as exc:
             log.error("job %s: %s; left to the lease reaper", job.id, exc)
             self.lost = True

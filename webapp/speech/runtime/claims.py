@@ -4,8 +4,10 @@ A message is a wake-up. Its delivery re-claims the message's own job when
 that job's owner is gone (dead here by its pid: at once; elsewhere with its
 heartbeat missing: once its lease has expired by the database clock), else
 takes the fairest queued job of the message's engine (``lifecycle.claim_next``:
-the tenant with the fewest running jobs, then the oldest). A job that no one
-may claim (spent, canceled) is closed so it never stays open.
+interactive work first, then the tenant with the fewest running jobs, then the
+oldest), batch jobs only while the engine's batch share of children is not full
+(``services.lanes``). A job that no one may claim (spent, canceled) is closed so
+it never stays open.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from webapp.speech import lifecycle, owners
 from webapp.speech.models import SynthesisJob
 from webapp.speech.runtime import worker
 from webapp.speech.runtime.attempt import DB_ERRORS, db_retry
+from webapp.speech.services import lanes
 from webapp.speech.services.dispatch import job_time_limits
 from webapp.speech.services.outputs import discard_attempt
 
@@ -89,11 +92,11 @@ def _owner_gone(owner: str, me: str) -> tuple[list[str], str]:
     return ([owner], "") if local else ([], owner)
 
 
-def _message_job(job_id: str) -> tuple[str, str, str, int] | None:
-    """(status, owner, engine, token) of the message's job, read together; None when it was deleted."""
+def _message_job(job_id: str) -> tuple[str, str, str, int, str] | None:
+    """(status, owner, engine, token, lane) of the message's job, read together; None when it was deleted."""
     return (
         SynthesisJob.objects.filter(id=job_id)
-        .values_list("status", "worker", "engine", "claim_token")
+        .values_list("status", "worker", "engine", "claim_token", "lane")
         .first()
     )
 
@@ -108,7 +111,7 @@ def _claim(state: worker.WorkerState, job_id: str) -> SynthesisJob | None:
     row = db_retry(_message_job, job_id)
     if row is None:
         return None  # deleted meanwhile
-    status, owner, engine, seen_token = row
+    status, owner, engine, seen_token, lane = row
     dead, suspect = _owner_gone(owner if status == SynthesisJob.Status.RUNNING else "", me)
     if dead or suspect:
         job = _claimed(state, functools.partial(lifecycle.claim_job, suspect=suspect), job_id, me, dead)
@@ -120,17 +123,37 @@ def _claim(state: worker.WorkerState, job_id: str) -> SynthesisJob | None:
             return job
     job = None
     if engine in settings.TTS_WORKER_ENGINES:
-        job = _claimed(state, lifecycle.claim_next, engine, me)
+        slots = lanes.batch_slots(engine)
+        job = _claimed(state, lifecycle.claim_next, engine, me, slots)
         if job is None and status == SynthesisJob.Status.QUEUED:
-            # SKIP LOCKED passes over a row locked for a moment, such as this very job's
-            # dispatch marking it sent just after publishing this message. With nothing
-            # else queued, dropping the message would leave the job without one until
-            # the lost-delivery sweep: wait for that lock and take the job instead.
-            job = _claimed(state, lifecycle.claim_job, job_id, me)
+            if lane == SynthesisJob.Lane.BATCH and slots is not None and _batch_full(engine, slots):
+                # The batch share is full: this message is spent, and the next batch job's end
+                # passes a wake-up on (lanes.pass_on).
+                lanes.note_refused(engine)
+            else:
+                # SKIP LOCKED passes over a row locked for a moment, such as this very job's
+                # dispatch marking it sent just after publishing this message. With nothing
+                # else queued, dropping the message would leave the job without one until
+                # the lost-delivery sweep: wait for that lock and take the job instead.
+                job = _claimed(state, lifecycle.claim_job, job_id, me)
     if job is None or str(job.id) != str(job_id):
         # The message's job may be one no one can claim (spent, canceled): it must not stay open.
         db_retry(lifecycle.close_unclaimable, job_id)
     return job
+
+
+def _batch_full(engine: str, slots: int) -> bool:
+    return bool(db_retry(lifecycle.batch_running, engine) >= slots)
+
+
+def ended(job: SynthesisJob) -> None:
+    """A claimed job's attempt is over: a batch job frees a batch slot, which a refused message may want."""
+    if job.lane != SynthesisJob.Lane.BATCH or settings.TTS_WORKER_INTERACTIVE_RESERVED <= 0:
+        return
+    try:
+        lanes.pass_on(job.engine)
+    except DB_ERRORS as exc:
+        log.warning("job %s: no wake-up passed on (the sweep re-sends what the queue lacks): %s", job.id, exc)
 
 
 def claim_for_message(
@@ -148,7 +171,7 @@ def claim_for_message(
 
 def claim_next(state: worker.WorkerState, engine: str) -> SynthesisJob | None:
     """The fairest queued job of ``engine`` for this child (a batching child's further claims)."""
-    return _claimed(state, lifecycle.claim_next, engine, state.worker_id)
+    return _claimed(state, lifecycle.claim_next, engine, state.worker_id, lanes.batch_slots(engine))
 
 
 def limits_of(job: SynthesisJob, sent: list[float] | None = None) -> tuple[float, float]:

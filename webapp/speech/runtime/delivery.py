@@ -33,6 +33,7 @@ def deliver(job_id: str, limits: list[float] | None) -> str:
         claimed = claims.claim_for_message(state, job_id, limits)
         if claimed is not None:
             outcome = run_claimed(state, *claimed)
+            claims.ended(claimed[0])
     except JobLost as exc:
         log.error("job %s: %s; message handed back", job_id, exc)
         raise Reject(str(exc), requeue=True) from exc

@@ -96,6 +96,7 @@ class JobView:
             "text_chars": job.text_chars,
             "voice": job.voice_name,
             "format": job.format,
+            "lane": job.lane,
             "progress": progress["progress"],
             "queue_position": progress["queue_position"],
             "eta_seconds": progress["eta_seconds"],

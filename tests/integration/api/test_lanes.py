@@ -1,0 +1,63 @@
+"""Lanes: a job says whether a client waits on it now (interactive) or not (batch, the default).
+
+Workers claim interactive work first (tests/integration/worker/test_fair_claims.py); here, what
+decides a job's lane and what the API says about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.integration.api.conftest import Tenant, problem
+
+pytestmark = pytest.mark.usefixtures("builtin_voices")
+
+SPEAK = {"text": "Wait a minute.", "voice": "espeak-en-us"}
+
+
+@pytest.fixture
+def queued_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Injected: no worker needed and no message sent; the jobs stay queued."""
+    from webapp.speech import submission
+    from webapp.speech.services import dispatch
+
+    monkeypatch.setattr(submission, "require_worker_for", lambda *voice_speaker_fallback: None)
+    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
+
+
+@pytest.mark.usefixtures("queued_only")
+def test_a_native_job_is_batch_unless_it_asks_to_be_interactive(make_tenant: Callable[..., Tenant]) -> None:
+    from webapp.speech.models import SynthesisJob
+
+    tenant = make_tenant()
+    plain = tenant.client.post("/api/v1/speech", SPEAK)
+    asked = tenant.client.post("/api/v1/speech", {**SPEAK, "lane": "interactive"})
+    assert plain.status_code == asked.status_code == 202, (plain.content, asked.content)
+    assert (plain.json()["lane"], asked.json()["lane"]) == ("batch", "interactive")
+    assert SynthesisJob.objects.get(id=asked.json()["id"]).lane == "interactive"
+    assert tenant.client.get(f"/api/v1/speech/{plain.json()['id']}").json()["lane"] == "batch"
+
+
+@pytest.mark.usefixtures("queued_only")
+@pytest.mark.parametrize("lane", ["urgent", "", 1, None])
+def test_an_unknown_lane_is_a_400_naming_the_field(make_tenant: Callable[..., Tenant], lane: object) -> None:
+    from webapp.speech.models import SynthesisJob
+
+    tenant = make_tenant()
+    r = tenant.client.post("/api/v1/speech", {**SPEAK, "lane": lane})
+    assert r.status_code == 400 and problem(r).get("field") == "lane", r.content
+    assert not SynthesisJob.objects.filter(organization_id=tenant.org.pk).exists()
+
+
+def test_the_openai_endpoint_s_requests_are_interactive_whatever_they_send(
+    make_tenant: Callable[..., Tenant],
+) -> None:
+    """A client of /v1/audio/speech waits on its answer; a `lane` it sends cannot make it batch."""
+    from webapp.speech import submission
+
+    tenant = make_tenant()
+    for data in ({**SPEAK}, {**SPEAK, "lane": "batch"}):
+        assert submission.job_request(tenant.org, data, "openai").lane == "interactive"
+    assert submission.job_request(tenant.org, {**SPEAK}, "api").lane == "batch"

@@ -1,0 +1,73 @@
+"""Capacity kept for interactive work: how many of an engine's worker children batch jobs may hold.
+
+With ``TTS_WORKER_INTERACTIVE_RESERVED`` = r > 0, batch jobs of an engine run on at most
+(children serving it - r) children at once, never fewer than one (batch work always progresses):
+the r others stay free for interactive work (a realtime session's unit, a /v1/audio/speech
+request), which then starts as soon as it is queued instead of after a batch job ends. The
+children are counted from the heartbeats; the running batch jobs from the rows, under a lock per
+engine in the claim itself (``lifecycle.claim_next``), so concurrent claimers cannot pass the cap.
+
+A batch message that finds the batch share full claims nothing and is spent. So that its job is
+not left waiting for the lost-delivery sweep (``dispatch.resend_lost``, minutes), the refusal is
+noted in Redis and the child that ends a batch job of that engine then wakes the queue once more
+for the oldest queued batch job (:func:`pass_on`): one message for each slot that frees. If Redis
+loses the note, the sweep still re-sends what the queue lacks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from redis.exceptions import RedisError
+
+from webapp import redis_clients
+from webapp.speech.models import SynthesisJob
+from webapp.speech.services import dispatch, eta
+
+log = logging.getLogger(__name__)
+
+REFUSED_KEY = "tts:lanes:batch_refused:"
+
+
+def batch_slots(engine: str, workers: list[dict[str, Any]] | None = None) -> int | None:
+    """The children ``engine``'s batch jobs may hold at once; None: no cap (nothing reserved)."""
+    reserved = settings.TTS_WORKER_INTERACTIVE_RESERVED
+    if reserved <= 0:
+        return None
+    children = sum(eta.serving_children(engine, workers).values())
+    return max(1, children - reserved)
+
+
+def note_refused(engine: str) -> None:
+    """A batch message of ``engine`` was spent without a claim: the next batch job's end passes one on."""
+    try:
+        redis_clients.locks().set(REFUSED_KEY + engine, "1", ex=settings.TTS_JOB_REDELIVER_SECONDS)
+    except RedisError as exc:
+        log.warning("could not note a refused batch message of %s (the sweep re-sends it): %s", engine, exc)
+
+
+def pass_on(engine: str) -> bool:
+    """After a batch job of ``engine`` ended: while batch messages have been refused, wake the queue
+    for the oldest queued batch job; whether a message was sent."""
+    try:
+        if not redis_clients.locks().exists(REFUSED_KEY + engine):
+            return False
+    except RedisError:
+        return False
+    oldest = (
+        SynthesisJob.objects.filter(
+            status=SynthesisJob.Status.QUEUED, engine=engine, lane=SynthesisJob.Lane.BATCH
+        )
+        .order_by("created_at")
+        .values_list("id", flat=True)
+        .first()
+    )
+    if oldest is None:
+        try:
+            redis_clients.locks().delete(REFUSED_KEY + engine)
+        except RedisError:
+            pass
+        return False
+    return dispatch.dispatch_job(oldest)
