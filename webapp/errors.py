@@ -79,6 +79,9 @@ class ErrorCode(StrEnum):
     STORAGE_LIMIT = "storage_limit"
     TOO_MANY_WAITS = "too_many_waits"
     TOO_MANY_SESSIONS = "too_many_sessions"  # realtime sessions open at once, per key or tenant
+    # An engine's interactive work already waits as long as it may (services/lanes.py): a new
+    # session, context or /v1/audio/speech request is refused at once rather than served late.
+    INTERACTIVE_LANE_FULL = "interactive_lane_full"
     SESSION_LIMIT = "session_limit"  # a realtime session's own bounds: contexts, buffer, messages, length
     TOO_MANY_AUTH_FAILURES = "too_many_auth_failures"
     TOO_MANY_UPLOADS = "too_many_uploads"

@@ -28,7 +28,7 @@ from webapp.errors import DomainError, ErrorCode
 from webapp.speech import heartbeat, lifecycle
 from webapp.speech.lifecycle import JobRequest
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.services import dispatch, prompts
+from webapp.speech.services import dispatch, lanes, prompts
 from webapp.speech.services.eta import serving_children
 from webapp.speech.services.pins import DictionaryPins, dictionary_pins
 from webapp.speech.services.queries import visible_voice, visible_voices
@@ -400,6 +400,11 @@ def require_worker_for(voice: Voice, speaker: Voice | None = None, closest_fallb
     )
 
 
+def engine_of(request: JobRequest) -> str:
+    """The engine that will speak ``request`` (an uploaded voice speaks through a built-in one's)."""
+    return prompts.speaking_voice(request.voice, request.speaker, approximate=request.closest_fallback)[1]
+
+
 def submit(
     organization: Organization,
     request: JobRequest,
@@ -420,6 +425,9 @@ def submit(
         if replay is not None:
             return replay, False
     require_worker_for(request.voice, request.speaker, request.closest_fallback)
+    if request.lane == SynthesisJob.Lane.INTERACTIVE and request.session_id is None:
+        # A unit of an open session was admitted with its session (or context); new work is not.
+        lanes.admit(engine_of(request))
     try:
         return lifecycle.submit_job(
             organization,

@@ -7,6 +7,7 @@ decides a job's lane and what the API says about it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,34 @@ def test_the_openai_endpoint_s_requests_are_interactive_whatever_they_send(
     for data in ({**SPEAK}, {**SPEAK, "lane": "batch"}):
         assert submission.job_request(tenant.org, data, "openai").lane == "interactive"
     assert submission.job_request(tenant.org, {**SPEAK}, "api").lane == "batch"
+
+
+@pytest.mark.usefixtures("queued_only")
+def test_a_full_interactive_lane_refuses_new_interactive_work_at_once_and_batch_still_queues(
+    make_tenant: Callable[..., Tenant], settings: Any
+) -> None:
+    import time
+
+    from webapp.speech.models import SynthesisJob
+    from webapp.speech.services import eta
+
+    settings.TTS_INTERACTIVE_QUEUE_PER_CHILD = 2
+    limit = 2 * max(1, sum(eta.serving_children("espeak").values()))
+    tenant = make_tenant(max_concurrent_jobs=100)
+    for _ in range(limit):
+        r = tenant.client.post("/api/v1/speech", {**SPEAK, "lane": "interactive"})
+        assert r.status_code == 202, r.content
+    started = time.monotonic()
+    full = tenant.client.post("/api/v1/speech", {**SPEAK, "lane": "interactive"})
+    took = time.monotonic() - started
+    assert full.status_code == 429 and problem(full)["code"] == "interactive_lane_full", full.content
+    assert full["Retry-After"] == "1" and took < 0.1, (full["Retry-After"], took)
+    # The OpenAI endpoint's requests are interactive: refused the same way, in OpenAI's error shape.
+    openai = tenant.client.post(
+        "/v1/audio/speech", {"model": "tts-1", "input": "Hi.", "voice": "espeak-en-us"}
+    )
+    assert openai.status_code == 429 and openai.json()["error"]["code"] == "interactive_lane_full"
+    # Batch work is not refused: it waits its turn behind the interactive jobs.
+    assert tenant.client.post("/api/v1/speech", SPEAK).status_code == 202
+    lanes = SynthesisJob.objects.filter(organization_id=tenant.org.pk).values_list("lane", flat=True)
+    assert sorted(lanes) == ["batch"] + ["interactive"] * limit

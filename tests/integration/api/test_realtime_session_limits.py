@@ -215,3 +215,57 @@ def _gunicorn_master(port: int) -> int:
             parent = proc.parent()
             return parent.pid if parent is not None and "gunicorn" in " ".join(parent.cmdline()) else proc.pid
     raise AssertionError(f"no gunicorn listens on {port}")
+
+
+@pytest.fixture
+def full_lane(monkeypatch: pytest.MonkeyPatch, tenant: Tenant, voice: str) -> Iterator[None]:
+    """Piper's interactive lane full: as many interactive jobs waiting as its children may have
+    (TTS_INTERACTIVE_QUEUE_PER_CHILD, 4, per child serving it), queued with no message sent, so
+    no worker takes them; canceled afterwards."""
+    from django.conf import settings
+
+    from tests.reliability.helpers import make_org, submit
+    from webapp.speech import lifecycle
+    from webapp.speech.services import dispatch, eta
+
+    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
+    children = max(1, sum(eta.serving_children("piper").values()))
+    other = make_org("lane-full")
+    waiting = [
+        submit(other, f"Waiting {i}.", voice=voice, lane="interactive")
+        for i in range(settings.TTS_INTERACTIVE_QUEUE_PER_CHILD * children)
+    ]
+    try:
+        yield
+    finally:
+        for job in waiting:
+            job.refresh_from_db()
+            if job.status == "queued":
+                lifecycle.cancel_job(job)
+
+
+def test_a_full_interactive_lane_refuses_a_new_session_at_once_with_4429(
+    tight: int, tenant: Tenant, voice: str, full_lane: None
+) -> None:
+    ws = open_plain(tight, tenant.raw_key)
+    sent = time.monotonic()
+    send(ws, {"type": "session.config", "voice": voice})
+    got = read_until(ws, Got(), closed, timeout=10)
+    assert (got.close_code, got.close_reason) == (4429, "interactive_lane_full")
+    assert time.monotonic() - sent < 1.0  # at once, not after the waiting units
+
+
+def test_a_full_interactive_lane_refuses_a_new_context_and_the_session_goes_on(
+    tight: int, tenant: Tenant, voice: str, request: pytest.FixtureRequest
+) -> None:
+    ws = configured(tight, tenant, voice)
+    send(ws, {"type": "input.text", "text": "First context.", "context_id": "a", "flush": True})
+    got = read_until(ws, Got(), lambda g: g.of("session.done"), timeout=60)
+    request.getfixturevalue("full_lane")
+    send(ws, {"type": "input.text", "text": "Second context.", "context_id": "b", "flush": True})
+    send(ws, {"type": "ping"})
+    got = read_until(ws, got, lambda g: g.of("pong") or closed(g), timeout=10)
+    (error,) = got.of("error")
+    assert (error["code"], error["status"], error["context_id"]) == ("interactive_lane_full", 429, "b")
+    assert not closed(got)  # the session and its first context go on
+    ws.close()

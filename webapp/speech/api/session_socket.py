@@ -51,6 +51,7 @@ from webapp.speech.api.streaming import JobStream as _JobStream
 from webapp.speech.api.streaming import LiveEncoder, StreamBroken
 from webapp.speech.models import JobTimestamps, SpeechSession, SynthesisJob
 from webapp.speech.requests import SpeechRequestSerializer
+from webapp.speech.services import lanes
 from webapp.speech.services.ledger import reports
 from webapp.tenants import roles
 from webapp.tenants.auth import Credential, authenticate_handshake, protocol_to_echo
@@ -381,6 +382,7 @@ class Session:
         self.credential: Credential | None = None
         self.session: SpeechSession | None = None
         self.config: Config | None = None
+        self.engine = ""  # the configured voice's engine (admission of new contexts)
         self.contexts: dict[str, Context] = {}
         self.closed_contexts: set[str] = set()
         self.queue: deque[UnitWork | Flush] = deque()
@@ -637,6 +639,10 @@ class Session:
         # The whole job request is checked now (voice, model, rate, controls): a unit later fails only
         # for what changed meanwhile (a limit reached, a voice deleted).
         checked = await _db(self._check_job)(dict(data, text="Hello."), True)
+        # A full interactive lane refuses the session now (4429) rather than serving it late.
+        engine = await _db(submission.engine_of)(checked)
+        await _db(lanes.admit)(engine)
+        self.engine = engine
         timestamps = (
             event.get("timestamps", True)
             and (checked.voice.capabilities or {}).get("timestamps") is not False
@@ -713,6 +719,14 @@ class Session:
         text = event.get("text")
         if not isinstance(text, str):
             raise DomainError(ErrorCode.INVALID_REQUEST, "input.text needs a text string.", field="text")
+        context_id = event.get("context_id", DEFAULT_CONTEXT)
+        if (
+            self.contexts
+            and isinstance(context_id, str)
+            and context_id not in self.contexts
+            and context_id not in self.closed_contexts
+        ):
+            await _db(lanes.admit)(self.engine)  # a context beyond the first is new interactive work
         context = self._context(event)
         limit = int(settings.TTS_SESSION_BUFFER_CHARS)
         if self.buffered + len(text) > limit:

@@ -1,4 +1,13 @@
-"""Capacity kept for interactive work: how many of an engine's worker children batch jobs may hold.
+"""Capacity kept for interactive work, and admission to it.
+
+**Admission** (:func:`admit`): a new realtime session or context, a /v1/audio/speech request and
+a native job asking for the interactive lane are refused at once, ``429 interactive_lane_full``,
+while the engine's queued interactive jobs number ``TTS_INTERACTIVE_QUEUE_PER_CHILD`` per child
+serving it (at least one child counted): work admitted then would wait behind them, and an agent
+is better served by a fast "no" it can route around than by audio seconds late. Units of
+sessions already open are not refused: the session was admitted.
+
+**Reserved children**: how many of an engine's worker children batch jobs may hold.
 
 With ``TTS_WORKER_INTERACTIVE_RESERVED`` = r > 0, batch jobs of an engine run on at most
 (children serving it - r) children at once, never fewer than one (batch work always progresses):
@@ -23,6 +32,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from webapp import redis_clients
+from webapp.errors import DomainError, ErrorCode
 from webapp.speech.models import SynthesisJob
 from webapp.speech.services import dispatch, eta
 
@@ -71,3 +81,22 @@ def pass_on(engine: str) -> bool:
             pass
         return False
     return dispatch.dispatch_job(oldest)
+
+
+ADMISSION_RETRY_AFTER = 1  # seconds: a unit takes about that long; the agent may route elsewhere now
+
+
+def admit(engine: str, workers: list[dict[str, Any]] | None = None) -> None:
+    """Refuse new interactive work of ``engine`` while its lane is full (``429 interactive_lane_full``)."""
+    children = max(1, sum(eta.serving_children(engine, workers).values()))
+    limit = settings.TTS_INTERACTIVE_QUEUE_PER_CHILD * children
+    waiting = SynthesisJob.objects.filter(
+        status=SynthesisJob.Status.QUEUED, engine=engine, lane=SynthesisJob.Lane.INTERACTIVE
+    ).count()
+    if waiting >= limit:
+        raise DomainError(
+            ErrorCode.INTERACTIVE_LANE_FULL,
+            f"Model {engine} has {waiting} interactive requests waiting for {children} worker "
+            f"{'child' if children == 1 else 'children'}; try again shortly or elsewhere.",
+            retry_after=ADMISSION_RETRY_AFTER,
+        )
