@@ -381,7 +381,7 @@ TTS_WORKER_CONCURRENCY = env_int("TTS_WORKER_CONCURRENCY", WORKER_CONCURRENCY_DE
 TTS_WORKER_INTERACTIVE_RESERVED = max(0, env_int("TTS_WORKER_INTERACTIVE_RESERVED", 0))
 # New interactive work (sessions, contexts, /v1/audio/speech) is refused with 429 while this many
 # interactive jobs per child serving the engine wait to start (services/lanes.py, admit).
-TTS_INTERACTIVE_QUEUE_PER_CHILD = max(1, env_int("TTS_INTERACTIVE_QUEUE_PER_CHILD", 4))
+TTS_INTERACTIVE_QUEUE_PER_CHILD = max(1, env_int("TTS_INTERACTIVE_QUEUE_PER_CHILD", 8))
 TTS_WORKER_THREADS = env_int("TTS_WORKER_THREADS", 1)
 # Piper on the CPU: inference threads for a job while no other job runs on the host
 # (a lone request uses every core; with company each child keeps to TTS_WORKER_THREADS).

@@ -220,7 +220,7 @@ def _gunicorn_master(port: int) -> int:
 @pytest.fixture
 def full_lane(monkeypatch: pytest.MonkeyPatch, tenant: Tenant, voice: str) -> Iterator[None]:
     """Piper's interactive lane full: as many interactive jobs waiting as its children may have
-    (TTS_INTERACTIVE_QUEUE_PER_CHILD, 4, per child serving it), queued with no message sent, so
+    (TTS_INTERACTIVE_QUEUE_PER_CHILD, 8, per child serving it), queued with no message sent, so
     no worker takes them; canceled afterwards."""
     from django.conf import settings
 
