@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Case, When
+from django.db.models import Case, Count, Q, When
 from redis.exceptions import RedisError
 
 from synth.errors import AnnotationError, InvalidText
@@ -398,6 +398,29 @@ def require_worker_for(voice: Voice, speaker: Voice | None = None, closest_fallb
         f"No synthesis worker serving voice {speaking} is running right now; try again later.",
         retry_after=NO_WORKER_RETRY_AFTER,
     )
+
+
+# ElevenLabs' names for an account's concurrency in use and allowed (agents' SDKs read them), and
+# ours for the key's share of it.
+CONCURRENCY_HEADERS = (
+    "current-concurrent-requests",
+    "maximum-concurrent-requests",
+    "key-current-concurrent-requests",
+)
+
+
+def concurrency_headers(organization: Organization, api_key: ApiKey | None) -> dict[str, str]:
+    """The tenant's active jobs (queued and running), its plan's cap on them, and the key's active jobs."""
+    counts = SynthesisJob.objects.filter(
+        organization_id=organization.pk, status__in=SynthesisJob.ACTIVE
+    ).aggregate(tenant=Count("id"), key=Count("id", filter=Q(api_key_id=getattr(api_key, "pk", None))))
+    headers = {
+        CONCURRENCY_HEADERS[0]: str(counts["tenant"]),
+        CONCURRENCY_HEADERS[1]: str(organization.plan.max_concurrent_jobs),
+    }
+    if api_key is not None:
+        headers[CONCURRENCY_HEADERS[2]] = str(counts["key"])
+    return headers
 
 
 def engine_of(request: JobRequest) -> str:

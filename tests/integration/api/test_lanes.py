@@ -93,3 +93,38 @@ def test_a_full_interactive_lane_refuses_new_interactive_work_at_once_and_batch_
     assert tenant.client.post("/api/v1/speech", SPEAK).status_code == 202
     lanes = SynthesisJob.objects.filter(organization_id=tenant.org.pk).values_list("lane", flat=True)
     assert sorted(lanes) == ["batch"] + ["interactive"] * limit
+
+
+@pytest.mark.usefixtures("queued_only")
+def test_a_submit_answers_with_the_concurrency_in_use_and_allowed(make_tenant: Callable[..., Tenant]) -> None:
+    """ElevenLabs' current-/maximum-concurrent-requests for the tenant, and the key's own share."""
+    from tests.integration.api.people import key_for
+
+    tenant = make_tenant(max_concurrent_jobs=7)
+    other = key_for(tenant, None, ["speech:read", "speech:write"])
+    assert other.post("/api/v1/speech", SPEAK).status_code == 202
+    assert tenant.client.post("/api/v1/speech", SPEAK).status_code == 202
+    r = tenant.client.post("/api/v1/speech", {**SPEAK, "lane": "interactive"})
+    assert r.status_code == 202, r.content
+    assert (
+        r["current-concurrent-requests"],
+        r["maximum-concurrent-requests"],
+        r["key-current-concurrent-requests"],
+    ) == ("3", "7", "2")
+
+
+def test_the_openai_endpoint_answers_with_the_concurrency_headers_too(
+    live_tenant: Callable[..., Tenant], web: Any, builtin_voices: list[str]
+) -> None:
+    """Through Nginx, both ways /v1/audio/speech answers: the whole file after its wait, and a stream."""
+    import requests
+
+    tenant = live_tenant(max_concurrent_jobs=5)
+    url = f"https://127.0.0.1:{web.cfg.https_port}/v1/audio/speech"
+    headers = {"Authorization": f"Bearer {tenant.raw_key}"}
+    for fmt in ("wav", "pcm"):
+        body = {"model": "tts-1", "input": "Hello there.", "voice": "alloy", "response_format": fmt}
+        r = requests.post(url, json=body, headers=headers, verify=False, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.headers["maximum-concurrent-requests"] == "5", (fmt, dict(r.headers))
+        assert r.headers["current-concurrent-requests"] == r.headers["key-current-concurrent-requests"] == "1"

@@ -149,7 +149,7 @@ def submit(
     serializer = SpeechRequestSerializer(data=data, context=context)
     serializer.is_valid(raise_exception=True)
     auth = request.auth if isinstance(request.auth, ApiKey) else None
-    return submission.submit(
+    submitted = submission.submit(
         organization,
         serializer.validated_data["job"],
         body=data,
@@ -158,6 +158,9 @@ def submit(
         # Both APIs honour the client's key; none is derived when it sends none.
         idempotency_key=_idempotency_key(request) if source in ("api", "openai") else None,
     )
+    # The answer carries them (TenantAPIView.finalize_response), the job just submitted counted.
+    request.concurrency = submission.concurrency_headers(organization, auth)  # type: ignore[attr-defined]
+    return submitted
 
 
 class SpeechListView(TenantAPIView):

@@ -11,11 +11,16 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from webapp.speech.services.waiting import Wait
+from webapp.speech.submission import CONCURRENCY_HEADERS
 
 
 def rate_headers(response: HttpResponseBase) -> dict[str, str]:
-    """The RateLimit headers of a response."""
-    return {k: v for k, v in response.items() if k.lower().startswith("ratelimit")}
+    """The RateLimit headers of a response, and a submit's concurrency headers."""
+    return {
+        k: v
+        for k, v in response.items()
+        if k.lower().startswith("ratelimit") or k.lower() in CONCURRENCY_HEADERS
+    }
 
 
 class WaitingAPIView(APIView):

@@ -37,6 +37,9 @@ class TenantAPIView(APIView):
         if usage is not None:
             for key, value in usage.headers().items():
                 response[key] = value
+        # A submit's concurrency in use and allowed (webapp.speech.submission.concurrency_headers).
+        for key, value in getattr(request, "concurrency", {}).items():
+            response[key] = value
         return super().finalize_response(request, response, *args, **kwargs)
 
     @property
