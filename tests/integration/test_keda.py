@@ -21,7 +21,7 @@ ROLE = "tts_keda_test"
 PASSWORD = "keda-test-password"
 
 
-def _jobs(org: Any, engine: str, statuses: dict[str, int]) -> None:
+def _jobs(org: Any, engine: str, statuses: dict[str, int], lane: str = "batch") -> None:
     from webapp.speech.models import SynthesisJob
 
     common = {"organization": org, "voice_name": "v", "engine": engine, "text": "x", "text_chars": 1}
@@ -33,6 +33,7 @@ def _jobs(org: Any, engine: str, statuses: dict[str, int]) -> None:
                 status=status,
                 format="wav",
                 claim_token=1,
+                lane=lane,
                 audio_bytes=1000 if status == "succeeded" else 0,
                 **common,
             )
@@ -63,7 +64,11 @@ def test_keda_sql_prints_the_role_and_each_queues_query() -> None:
     call_command("keda_sql", "--engine", "piper", "--engine", "chatterbox", stdout=out)
     text = out.getvalue()
     assert "CREATE ROLE tts_keda LOGIN PASSWORD :'keda_password'" in text
-    assert "GRANT SELECT (engine, status) ON TABLE speech_synthesisjob TO tts_keda;" in text
+    assert "GRANT SELECT (engine, status, lane) ON TABLE speech_synthesisjob TO tts_keda;" in text
+    assert (
+        "-- synth.piper, interactive\n" + "SELECT count(*) FROM speech_synthesisjob WHERE engine = 'piper'"
+        in text
+    )
     assert "-- synth.chatterbox\nSELECT count(*) FROM speech_synthesisjob WHERE engine = 'chatterbox'" in text
     only = io.StringIO()
     call_command("keda_sql", "--engine", "piper", "--query-only", stdout=only)
@@ -105,10 +110,12 @@ def test_the_role_is_granted_by_the_app_role_and_reads_only_the_count(
 
     org = create_organization("KEDA role")
     _jobs(org, "piper", {"queued": 3, "running": 1, "succeeded": 5})
+    _jobs(org, "piper", {"running": 1, "succeeded": 2}, lane="interactive")
     # Committed (a transactional test): the role's own connection sees them.
     url = CFG.database_url.replace(f"{PG_APP_ROLE}:{CFG.pg_password}@", f"{ROLE}:{PASSWORD}@")
     with psycopg.connect(url, autocommit=True) as db:
-        assert db.execute(keda.backlog_query("piper")).fetchone() == (4,)
+        assert db.execute(keda.backlog_query("piper")).fetchone() == (5,)
+        assert db.execute(keda.interactive_query("piper")).fetchone() == (1,)
         for forbidden in (
             "SELECT text FROM speech_synthesisjob LIMIT 1",  # the tenants' texts
             "SELECT count(*) FROM tenants_apikey",  # any other table

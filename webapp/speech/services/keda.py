@@ -26,8 +26,9 @@ ROLE = "tts_keda"
 TABLE = SynthesisJob._meta.db_table
 # The index's condition, as the query must state it for PostgreSQL to use the partial index.
 ACTIVE_SQL = sql_status_in(ACTIVE_STATUSES)
-# What KEDA may read: the two columns the query names (a count reads no other column).
-COLUMNS = ("engine", "status")
+# What KEDA may read: the columns the queries name (a count reads no other column).
+COLUMNS = ("engine", "status", "lane")
+INTERACTIVE_SQL = f"lane = '{SynthesisJob.Lane.INTERACTIVE}'"
 _ENGINE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,49}$")
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -38,6 +39,13 @@ def backlog_query(engine: str) -> str:
     if not _ENGINE.match(engine):
         raise ValueError(f"{engine!r} is not an engine name like piper")
     return f"SELECT count(*) FROM {TABLE} WHERE engine = '{engine}' AND {ACTIVE_SQL}"
+
+
+def interactive_query(engine: str) -> str:
+    """The count of ``engine``'s interactive jobs in flight (queued or running): a pool's second
+    trigger, so that agents' sessions and /v1/audio/speech requests scale it on their own count,
+    with a smaller target than the whole backlog's (docs/scaling.md, "Interactive work")."""
+    return f"{backlog_query(engine)} AND {INTERACTIVE_SQL}"
 
 
 def role_sql(database: str, role: str = ROLE) -> str:
@@ -67,5 +75,9 @@ GRANT SELECT ({columns}) ON TABLE {TABLE} TO {role};
 
 def keda_sql(database: str, engines: list[str], role: str = ROLE) -> str:
     """The role's script, then each engine queue's query (what ``manage.py keda_sql`` prints)."""
-    queries = "\n".join(f"-- {queue_for_engine(e)}\n{backlog_query(e)};" for e in engines)
+    queries = "\n".join(
+        f"-- {queue_for_engine(e)}\n{backlog_query(e)};\n-- {queue_for_engine(e)}, interactive\n"
+        f"{interactive_query(e)};"
+        for e in engines
+    )
     return f"{role_sql(database, role)}\n-- KEDA's query per queue (postgresql trigger, index {INDEX}):\n{queries}\n"
