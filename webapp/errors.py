@@ -80,7 +80,7 @@ class ErrorCode(StrEnum):
     TOO_MANY_WAITS = "too_many_waits"
     TOO_MANY_SESSIONS = "too_many_sessions"  # realtime sessions open at once, per key or tenant
     # An engine's interactive work already waits as long as it may (services/lanes.py): a new
-    # session, context or /v1/audio/speech request is refused at once rather than served late.
+    # session, context or streamed /v1/audio/speech request is refused at once, not served late.
     INTERACTIVE_LANE_FULL = "interactive_lane_full"
     SESSION_LIMIT = "session_limit"  # a realtime session's own bounds: contexts, buffer, messages, length
     TOO_MANY_AUTH_FAILURES = "too_many_auth_failures"

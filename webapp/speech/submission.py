@@ -436,11 +436,14 @@ def submit(
     api_key: ApiKey | None = None,
     user: Any = None,
     idempotency_key: str | None = None,
+    admit: bool = False,
 ) -> tuple[SynthesisJob, bool]:
     """Submit a checked request: (job, created). ``body``: what the client sent, for Idempotency-Key.
 
     A retry with the same Idempotency-Key gets its job back before anything else
     is checked (a retry must not fail because, say, no worker is up right now).
+    ``admit``: the request streams interactive audio, refused while its lane is full
+    (``services.lanes.admit``).
     """
     fingerprint = lifecycle.request_fingerprint(dict(body or {}))
     if idempotency_key is not None:
@@ -448,8 +451,9 @@ def submit(
         if replay is not None:
             return replay, False
     require_worker_for(request.voice, request.speaker, request.closest_fallback)
-    if request.lane == SynthesisJob.Lane.INTERACTIVE and request.session_id is None:
-        # A unit of an open session was admitted with its session (or context); new work is not.
+    if admit:
+        # A new stream is refused at once while its lane is full (a session's units are not: the
+        # session was admitted with its config or context).
         lanes.admit(engine_of(request))
     try:
         return lifecycle.submit_job(

@@ -65,7 +65,7 @@ def test_the_openai_endpoint_s_requests_are_interactive_whatever_they_send(
 
 
 @pytest.mark.usefixtures("queued_only")
-def test_a_full_interactive_lane_refuses_new_interactive_work_at_once_and_batch_still_queues(
+def test_a_full_interactive_lane_refuses_a_new_stream_at_once_and_queued_work_still_queues(
     make_tenant: Callable[..., Tenant], settings: Any
 ) -> None:
     import time
@@ -79,20 +79,19 @@ def test_a_full_interactive_lane_refuses_new_interactive_work_at_once_and_batch_
     for _ in range(limit):
         r = tenant.client.post("/api/v1/speech", {**SPEAK, "lane": "interactive"})
         assert r.status_code == 202, r.content
-    started = time.monotonic()
-    full = tenant.client.post("/api/v1/speech", {**SPEAK, "lane": "interactive"})
-    took = time.monotonic() - started
-    assert full.status_code == 429 and problem(full)["code"] == "interactive_lane_full", full.content
-    assert full["Retry-After"] == "1" and took < 0.1, (full["Retry-After"], took)
-    # The OpenAI endpoint's requests are interactive: refused the same way, in OpenAI's error shape.
-    openai = tenant.client.post(
-        "/v1/audio/speech", {"model": "tts-1", "input": "Hi.", "voice": "espeak-en-us"}
-    )
-    assert openai.status_code == 429 and openai.json()["error"]["code"] == "interactive_lane_full"
-    # Batch work is not refused: it waits its turn behind the interactive jobs.
+    speech = {"model": "tts-1", "input": "Hi.", "voice": "espeak-en-us"}
+    for asked in ({"stream_format": "audio"}, {"stream_format": "sse"}):
+        started = time.monotonic()
+        full = tenant.client.post("/v1/audio/speech", {**speech, **asked})
+        took = time.monotonic() - started
+        assert full.status_code == 429, full.content
+        assert full.json()["error"]["code"] == "interactive_lane_full"  # OpenAI's error shape there
+        assert full["Retry-After"] == "1" and took < 0.1, (full["Retry-After"], took)
+    # Work that does not stream is not refused: it waits its turn (interactive ones first).
+    assert tenant.client.post("/api/v1/speech", {**SPEAK, "lane": "interactive"}).status_code == 202
     assert tenant.client.post("/api/v1/speech", SPEAK).status_code == 202
     lanes = SynthesisJob.objects.filter(organization_id=tenant.org.pk).values_list("lane", flat=True)
-    assert sorted(lanes) == ["batch"] + ["interactive"] * limit
+    assert sorted(lanes) == ["batch"] + ["interactive"] * (limit + 1)
 
 
 @pytest.mark.usefixtures("queued_only")

@@ -265,8 +265,9 @@ def test_a_submit_locks_the_tenant_once_and_reads_its_usage_row_once(make_tenant
     # 18 once: the tenant locked twice, the usage row read twice, its jobs counted and summed apart.
     # 13 until the limits (live jobs, prompt bytes, usage row, queue room) became one statement
     # and the reservation (event and usage row) another. Now: key, voice, savepoint, tenant,
-    # limits, job, reservation, release, ETA; and the tenant's default pronunciation dictionary.
-    assert len(statements) == 10, statements
+    # limits, job, reservation, release, ETA; the tenant's default pronunciation dictionary; and
+    # the answer's concurrency headers (the tenant's and the key's live jobs, one aggregate).
+    assert len(statements) == 11, statements
 
 
 @pytest.mark.usefixtures("synth_worker", "builtin_voices", "no_dispatch")

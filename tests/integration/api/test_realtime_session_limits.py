@@ -206,6 +206,22 @@ def test_on_sigterm_a_session_finishes_its_unit_and_closes_with_1012(
     assert dones[0]["total_bytes"] > 0
 
 
+def test_on_sigterm_an_idle_session_closes_with_1012_at_once(
+    stack: TestStack, tenant: Tenant, voice: str, django_db_setup: None
+) -> None:
+    """Nothing to send when the drain comes: the session closes at once, not when gunicorn's
+    graceful timeout (20 s) cuts the connection."""
+    with tcp_gunicorn(stack, "gunicorn-draining-idle") as port:
+        ws = configured(port, tenant, voice)
+        send(ws, {"type": "input.text", "text": "Short.", "flush": True})
+        got = read_until(ws, Got(), lambda g: g.of("session.done"))
+        os.kill(_gunicorn_master(port), signal.SIGTERM)
+        told = time.monotonic()
+        got = read_until(ws, got, closed, timeout=30)
+    assert (got.close_code, got.close_reason) == (1012, "server_restart")
+    assert time.monotonic() - told < 5, time.monotonic() - told
+
+
 def _gunicorn_master(port: int) -> int:
     import psutil
 

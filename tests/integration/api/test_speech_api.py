@@ -35,6 +35,7 @@ def test_submit_returns_202_with_job_and_location(make_tenant: Any) -> None:
         "text_chars",
         "voice",
         "format",
+        "lane",
         "progress",
         "queue_position",
         "eta_seconds",

@@ -158,10 +158,11 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
         # Before the submit: a request refused for want of a wait slot leaves no job behind.
         slot = WaitSlot.take(self.organization, wait)
         try:
-            job, created = _submit(request, self.organization, serializer.validated_data)
             sse = serializer.validated_data.get("stream_format") == "sse"
+            asked_stream = sse or wants_stream(request, serializer.validated_data)
+            job, created = _submit(request, self.organization, serializer.validated_data, asked_stream)
             timestamps = bool(serializer.validated_data.get("timestamps"))
-            streams = (sse or wants_stream(request, serializer.validated_data)) and job.format in STREAMABLE
+            streams = asked_stream and job.format in STREAMABLE
             if streams and model_streams(job):
                 stream = (SSEJobStream if sse else JobStream)(
                     job.pk,
@@ -208,10 +209,15 @@ def _leave(job_id: Any) -> None:
     lifecycle.report_handed(job_id, handing=lifecycle.Handing.LEFT)
 
 
-def _submit(request: Request, organization: Organization, data: dict[str, Any]) -> tuple[SynthesisJob, bool]:
-    """The job, and whether this request made it (not an Idempotency-Key replay)."""
+def _submit(
+    request: Request, organization: Organization, data: dict[str, Any], streams: bool
+) -> tuple[SynthesisJob, bool]:
+    """The job, and whether this request made it (not an Idempotency-Key replay). ``streams``: the
+    client asked for a stream, which a full interactive lane refuses at once (a whole file waits)."""
     try:
-        return submit(request, organization, job_body(data), "openai", bool(data.get("timestamps")))
+        return submit(
+            request, organization, job_body(data), "openai", bool(data.get("timestamps")), admit=streams
+        )
     except DomainError as error:
         if error.field == "text":
             error.field = "input"  # OpenAI's name for it

@@ -851,7 +851,15 @@ class Session:
                 )
             if not self.queue:
                 self.queue_changed.clear()
-                await self.queue_changed.wait()
+                # An idle session hears the server's drain too: it closes 1012 at once, not when
+                # gunicorn's graceful timeout cuts it off.
+                changed = asyncio.ensure_future(self.queue_changed.wait())
+                draining = asyncio.ensure_future(self.socket.draining.wait())
+                try:
+                    await asyncio.wait((changed, draining), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for future in (changed, draining):
+                        future.cancel()
                 continue
             item = self.queue[0]
             if isinstance(item, Flush):

@@ -138,7 +138,12 @@ def _idempotency_key(request: Request) -> str | None:
 
 
 def submit(
-    request: Request, organization: Organization, data: Any, source: str, word_timestamps: bool = False
+    request: Request,
+    organization: Organization,
+    data: Any,
+    source: str,
+    word_timestamps: bool = False,
+    admit: bool = False,
 ) -> tuple[SynthesisJob, bool]:
     """Shared by /api/v1/speech and /v1/audio/speech: parse the body, then the one submit service."""
     if not isinstance(data, dict):
@@ -157,6 +162,7 @@ def submit(
         user=auth.user if auth else None,
         # Both APIs honour the client's key; none is derived when it sends none.
         idempotency_key=_idempotency_key(request) if source in ("api", "openai") else None,
+        admit=admit,
     )
     # The answer carries them (TenantAPIView.finalize_response), the job just submitted counted.
     request.concurrency = submission.concurrency_headers(organization, auth)  # type: ignore[attr-defined]

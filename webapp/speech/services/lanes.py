@@ -1,7 +1,7 @@
 """Capacity kept for interactive work, and admission to it.
 
-**Admission** (:func:`admit`): a new realtime session or context, a /v1/audio/speech request and
-a native job asking for the interactive lane are refused at once, ``429 interactive_lane_full``,
+**Admission** (:func:`admit`): a new realtime session or context and a streamed
+/v1/audio/speech request are refused at once, ``429 interactive_lane_full``,
 while the engine's queued interactive jobs number ``TTS_INTERACTIVE_QUEUE_PER_CHILD`` per child
 serving it (at least one child counted): work admitted then would wait behind them, and an agent
 is better served by a fast "no" it can route around than by audio seconds late. Units of
