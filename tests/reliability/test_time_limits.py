@@ -109,14 +109,16 @@ def test_a_job_slowed_by_a_busy_host_but_advancing_is_not_stopped_by_its_soft_li
     worker = start_worker(stack, "w-busy", engines="piper")
     try:
         org = make_org("busy")
-        # What the work costs on this machine, unpaused (2-4 s of CPU on a quick one, three
-        # times that on a slow one): the soft limit is set well above it.
-        (alone,) = wait_status([submit(org, LONG, voice=PIPER).id], timeout=90)
+        # What the work costs on this machine, unpaused (4-8 s of CPU on a quick one, three
+        # times that on a slow one): the soft limit is set well above it. Twice LONG: with LONG
+        # alone a quick host finished the job within its first five pauses, short of the budget.
+        text = f"{LONG} {LONG}"
+        (alone,) = wait_status([submit(org, text, voice=PIPER).id], timeout=90)
         assert alone.status == "succeeded", (alone.error_code, alone.error_message)
         budget = max(10.0, 2 * alone.metrics["cpu_ms"] / 1000)
         # The wall-clock ceiling (soft x TTS_JOB_WALL_FACTOR + grace) is far above the soft limit.
         with override_settings(TTS_JOB_BASE_SECONDS=budget, TTS_JOB_SECONDS_PER_CHAR=0.0):
-            slow = submit(org, LONG, voice=PIPER)
+            slow = submit(org, text, voice=PIPER)
         # The host is "busy": the child gets no CPU for longer than the budget, and advances in between.
         paused = pause_while_running(slow.id, budget + 2, slice_seconds=2.0)
         (done,) = wait_status([slow.id], timeout=90 + 2 * budget)
