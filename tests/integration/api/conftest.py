@@ -49,6 +49,17 @@ class ApiClient:
 
 
 @pytest.fixture
+def queued_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Injected: a worker 'serves' every voice and no message is sent (the broker 'is down'):
+    accepted jobs stay queued, and no real worker is needed."""
+    from webapp.speech import submission
+    from webapp.speech.services import dispatch
+
+    monkeypatch.setattr(submission, "require_worker_for", lambda *voice_speaker_fallback: None)
+    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
+
+
+@pytest.fixture
 def make_tenant(db: None) -> Callable[..., Tenant]:
     from webapp.tenants.models import Plan
     from webapp.tenants.services import OPERATOR, create_api_key, create_organization

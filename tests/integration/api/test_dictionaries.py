@@ -196,16 +196,6 @@ def test_it_moves_the_default_to_the_dictionary_last_made_default(make_tenant: A
 # --------------------------------------------------------------------- submits
 
 
-@pytest.fixture
-def queued_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Injected: no worker needed and no message sent; the jobs stay queued."""
-    from webapp.speech import submission
-    from webapp.speech.services import dispatch
-
-    monkeypatch.setattr(submission, "require_worker_for", lambda *voice_speaker_fallback: None)
-    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
-
-
 SPEAK = {"text": "Wait a minute.", "voice": "espeak-en-us"}
 
 

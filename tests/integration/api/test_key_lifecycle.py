@@ -29,14 +29,8 @@ def _static_manifest(django_db_setup: None) -> None:
 
 
 @pytest.fixture(autouse=True)
-def no_dispatch(monkeypatch: pytest.MonkeyPatch, builtin_voices: list[str]) -> None:
-    """Injected: a worker 'serves' every voice, and accepted jobs stay queued (the broker 'is down'):
-    the cap counts their reservations, and no real worker is needed."""
-    from webapp.speech import submission
-    from webapp.speech.services import dispatch
-
-    monkeypatch.setattr(submission, "require_worker_for", lambda *voice_speaker_fallback: None)
-    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
+def no_dispatch(queued_only: None, builtin_voices: list[str]) -> None:
+    """Accepted jobs stay queued (conftest's queued_only): the cap counts their reservations."""
 
 
 def test_it_records_the_last_use_and_its_address_at_most_once_a_minute(make_tenant: Any) -> None:

@@ -18,16 +18,6 @@ pytestmark = pytest.mark.usefixtures("builtin_voices")
 SPEAK = {"text": "Wait a minute.", "voice": "espeak-en-us"}
 
 
-@pytest.fixture
-def queued_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Injected: no worker needed and no message sent; the jobs stay queued."""
-    from webapp.speech import submission
-    from webapp.speech.services import dispatch
-
-    monkeypatch.setattr(submission, "require_worker_for", lambda *voice_speaker_fallback: None)
-    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
-
-
 @pytest.mark.usefixtures("queued_only")
 def test_a_native_job_is_batch_unless_it_asks_to_be_interactive(make_tenant: Callable[..., Tenant]) -> None:
     from webapp.speech.models import SynthesisJob

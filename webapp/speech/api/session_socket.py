@@ -373,6 +373,16 @@ class Config:
     policy: CutPolicy
 
 
+async def _first_of(*waits: Awaitable[Any]) -> None:
+    """Until the first of ``waits`` is done; the others are cancelled."""
+    futures = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future in futures:
+            future.cancel()
+
+
 class Session:
     """One socket's session, from the handshake to the close."""
 
@@ -853,13 +863,7 @@ class Session:
                 self.queue_changed.clear()
                 # An idle session hears the server's drain too: it closes 1012 at once, not when
                 # gunicorn's graceful timeout cuts it off.
-                changed = asyncio.ensure_future(self.queue_changed.wait())
-                draining = asyncio.ensure_future(self.socket.draining.wait())
-                try:
-                    await asyncio.wait((changed, draining), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for future in (changed, draining):
-                        future.cancel()
+                await _first_of(self.queue_changed.wait(), self.socket.draining.wait())
                 continue
             item = self.queue[0]
             if isinstance(item, Flush):
@@ -1020,13 +1024,7 @@ class Session:
 
     async def _wait(self, wakeups: AsyncWakeups, item: UnitWork) -> None:
         """Until the unit's job says something, or the unit is cleared."""
-        waiting = asyncio.ensure_future(wakeups.wait())
-        cleared = asyncio.ensure_future(item.cleared.wait())
-        try:
-            await asyncio.wait((waiting, cleared), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for future in (waiting, cleared):
-                future.cancel()
+        await _first_of(wakeups.wait(), item.cleared.wait())
 
     async def _send_timestamps(self, item: UnitWork, stream: UnitStream, sent: int) -> int:
         if not self.config or not self.config.timestamps or stream.reader is None:
