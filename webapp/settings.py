@@ -376,9 +376,10 @@ TTS_WORKER_DEVICE = env_str("TTS_WORKER_DEVICE", "cpu")  # cpu | cuda | cuda:N |
 # single-threaded children serve more audio per second than one child with two
 # threads (docs/performance.md, "workers"); on a GPU run one worker per GPU with 1 child.
 TTS_WORKER_CONCURRENCY = env_int("TTS_WORKER_CONCURRENCY", WORKER_CONCURRENCY_DEFAULT)
-# Children of each engine's pool that batch jobs leave free for interactive work (session units,
-# /v1/audio/speech): batch runs on at most children - this, never fewer than one (services/lanes.py).
-TTS_WORKER_INTERACTIVE_RESERVED = max(0, env_int("TTS_WORKER_INTERACTIVE_RESERVED", 0))
+# Job slots of each engine (a child's one job, a batching child's group) that batch jobs leave free
+# for interactive work (session units, /v1/audio/speech): batch holds at most slots - this, never
+# fewer than one (services/lanes.py). 0 reserves nothing.
+TTS_WORKER_INTERACTIVE_RESERVED = max(0, env_int("TTS_WORKER_INTERACTIVE_RESERVED", 1))
 # New interactive work (sessions, contexts, /v1/audio/speech) is refused with 429 while this many
 # interactive jobs per child serving the engine wait to start (services/lanes.py, admit).
 TTS_INTERACTIVE_QUEUE_PER_CHILD = max(1, env_int("TTS_INTERACTIVE_QUEUE_PER_CHILD", 8))

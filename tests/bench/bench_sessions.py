@@ -12,8 +12,8 @@ cutting policy with a first unit of at least 24 characters. Timed at the client:
 - batch throughput is the characters of batch jobs finished per second during the sessions,
   against the same backlog alone.
 
-Run once per worker layout: the default (``TTS_WORKER_INTERACTIVE_RESERVED`` 0) and one child of
-the two reserved for interactive work (1).
+Run once per worker layout: the default (``TTS_WORKER_INTERACTIVE_RESERVED`` 1: one job slot of
+the two children's two kept for interactive work) and nothing reserved (0), for comparison.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def run(quick: bool) -> list[str]:
     port = int(stack.cfg.https_port)
     lines: list[str] = []
     try:
-        for reserved in ("0", "1"):
+        for reserved in ("1", "0"):
             _layout(stack, reserved)
             batch_org = make_org(f"bench-backlog-{reserved}-{time.time_ns()}")
             # The backlog alone, for its throughput.

@@ -117,3 +117,53 @@ def test_the_openai_endpoint_answers_with_the_concurrency_headers_too(
         assert r.status_code == 200, r.text
         assert r.headers["maximum-concurrent-requests"] == "5", (fmt, dict(r.headers))
         assert r.headers["current-concurrent-requests"] == r.headers["key-current-concurrent-requests"] == "1"
+
+
+def _beat(engine: str, slots: int | None, state: str = "ready") -> dict[str, Any]:
+    beat: dict[str, Any] = {"state": state, "engines": [engine], "device": "cpu"}
+    if slots is not None:
+        beat["job_slots"] = {engine: slots}
+    return beat
+
+
+def test_batch_work_leaves_one_job_slot_free_by_default_counting_a_batching_child_s_group(
+    settings: Any,
+) -> None:
+    """The reservation counts job slots, not children: a GPU child batching eight jobs leaves batch
+    work seven of them, two one-job children leave it one, and a lone child still runs batch work."""
+    from webapp import settings as project_settings
+    from webapp.speech.services import lanes
+
+    assert project_settings.TTS_WORKER_INTERACTIVE_RESERVED == 1  # the default
+    settings.TTS_WORKER_INTERACTIVE_RESERVED = 1
+    assert lanes.batch_slots("piper", [_beat("piper", 8)]) == 7
+    assert lanes.batch_slots("piper", [_beat("piper", 1), _beat("piper", 1)]) == 1
+    assert lanes.batch_slots("piper", [_beat("piper", 1)]) == 1  # the floor: batch always progresses
+    # A heartbeat from before job slots counts one; a child that is not serving counts none.
+    assert lanes.batch_slots("piper", [_beat("piper", None)] * 3 + [_beat("piper", 8, "loading")]) == 2
+    settings.TTS_WORKER_INTERACTIVE_RESERVED = 0
+    assert lanes.batch_slots("piper", [_beat("piper", 8)]) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_among_tenants_running_nothing_the_one_served_least_recently_is_claimed_first(
+    make_tenant: Callable[..., Tenant], settings: Any, queued_only: None
+) -> None:
+    """Batch jobs one at a time (a share of one slot): every tenant runs none at each claim, and a
+    burst queued first must not be served whole before another tenant's one job."""
+    from django.utils import timezone
+
+    from webapp.speech import lifecycle
+    from webapp.speech.models import SynthesisJob
+
+    a, b = make_tenant(), make_tenant()
+    burst = [
+        a.client.post("/api/v1/speech", {**SPEAK, "text": f"Chapter {i}."}).json()["id"] for i in range(3)
+    ]
+    late = b.client.post("/api/v1/speech", SPEAK).json()["id"]
+    first = lifecycle.claim_next("espeak", "node:ns-1:1", batch_slots=1)
+    assert first is not None and str(first.id) == burst[0]
+    # A's job ends; nothing runs; A was served just now and B not at all: B's job goes next.
+    SynthesisJob.objects.filter(id=first.id).update(status="succeeded", finished_at=timezone.now())
+    order = [lifecycle.claim_next("espeak", f"node:ns-1:{n}") for n in range(2, 5)]
+    assert [str(j.id) for j in order if j is not None] == [late, burst[1], burst[2]]

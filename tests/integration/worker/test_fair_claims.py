@@ -111,7 +111,7 @@ def test_a_waiting_clients_job_starts_next_on_a_worker_busy_with_batch_work(
 def test_a_reserved_child_starts_interactive_work_at_once_and_batch_work_keeps_flowing(
     stack: TestStack, builtin_voices: list[str]
 ) -> None:
-    """Two children, one reserved: tenant B's interactive job starts within 2 s of its submit while
+    """Two children, one job slot reserved (the default): tenant B's interactive job starts within 2 s of its submit while
     A's batch job still runs, and A's batch jobs run one at a time, all of them (none is left
     without a message)."""
     from webapp.speech import lifecycle
@@ -121,8 +121,8 @@ def test_a_reserved_child_starts_interactive_work_at_once_and_batch_work_keeps_f
     a, b = make_org("lane-reserved-a"), make_org("lane-reserved-b")
     batch = [submit(a, f"{LONG} {LONG} {LONG} Job {i}.", voice=PIPER) for i in range(3)]  # about 6 s each
     worker = start_worker(
-        stack, "w-reserved", engines="piper", concurrency=2, TTS_WORKER_INTERACTIVE_RESERVED="1"
-    )
+        stack, "w-reserved", engines="piper", concurrency=2
+    )  # default settings: one reserved
     try:
         wait_until(lambda: sum(eta.serving_children("piper").values()) == 2, 30, "two children serving")
         first = wait_until(lambda: job(batch[0].id).started_at, 120, "the first batch job to start")

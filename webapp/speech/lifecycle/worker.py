@@ -160,18 +160,32 @@ def claim_job(
 
 
 # The fair pick: interactive work first (a client waits on it now), then the queued job of the
-# engine whose tenant runs the fewest jobs, then the oldest; SKIP LOCKED, so concurrent claimers
-# take different jobs instead of waiting. Each message claims one job whatever its lane, so the
+# engine whose tenant runs the fewest jobs, then the one whose tenant was served least recently
+# (its latest success of the engine within FAIR_RECENT_SECONDS, read from the partial index the
+# ETA uses), then the oldest; SKIP LOCKED, so concurrent claimers take different jobs instead of
+# waiting. The recency turn matters when jobs run one at a time (a batch share of one slot):
+# every tenant then runs none at each claim, and without it a burst queued first would be served
+# whole before another tenant's one job. Each message claims one job whatever its lane, so the
 # messages of an engine's queue still match its queued jobs one for one (dispatch.resend_lost).
+FAIR_RECENT_SECONDS = 600
 _FAIREST_QUEUED = f"""
     WITH running AS (
         SELECT organization_id, count(*) AS n FROM {TABLE}
         WHERE {sql_status_in((Status.RUNNING,))} GROUP BY organization_id
+    ), served AS (
+        SELECT organization_id, max(finished_at) AS at FROM {TABLE}
+        WHERE {sql_status_in((Status.SUCCEEDED,))} AND engine = %(engine)s
+          AND finished_at > now() - interval '{FAIR_RECENT_SECONDS} seconds'
+        GROUP BY organization_id
     )
-    SELECT j.id FROM {TABLE} j LEFT JOIN running r ON r.organization_id = j.organization_id
-    WHERE {sql_status_in((Status.QUEUED,), "j.status")} AND j.engine = %s AND NOT j.cancel_requested AND j.attempts < %s
-      AND (j.lane = '{SynthesisJob.Lane.INTERACTIVE}' OR %s)
-    ORDER BY j.lane = '{SynthesisJob.Lane.INTERACTIVE}' DESC, COALESCE(r.n, 0), j.created_at, j.id
+    SELECT j.id FROM {TABLE} j
+      LEFT JOIN running r ON r.organization_id = j.organization_id
+      LEFT JOIN served s ON s.organization_id = j.organization_id
+    WHERE {sql_status_in((Status.QUEUED,), "j.status")} AND j.engine = %(engine)s
+      AND NOT j.cancel_requested AND j.attempts < %(attempts)s
+      AND (j.lane = '{SynthesisJob.Lane.INTERACTIVE}' OR %(batch_open)s)
+    ORDER BY j.lane = '{SynthesisJob.Lane.INTERACTIVE}' DESC, COALESCE(r.n, 0), s.at NULLS FIRST,
+      j.created_at, j.id
     LIMIT 1 FOR UPDATE OF j SKIP LOCKED"""
 
 
@@ -188,14 +202,17 @@ def batch_running(engine: str) -> int:
 
 def claim_next(engine: str, worker_id: str, batch_slots: int | None = None) -> SynthesisJob | None:
     """Take the fairest queued job of ``engine``: interactive before batch, then the tenant running
-    the fewest jobs, then the oldest. ``batch_slots``: batch jobs of the engine may run on at most
-    this many children at once (services/lanes.py); None: no cap."""
+    the fewest jobs, then the tenant served least recently, then the oldest. ``batch_slots``: at most this many batch jobs of the engine
+    may run at once, on all its workers (services/lanes.py); None: no cap."""
     with transaction.atomic(durable=True):
         batch_open = True
         if batch_slots is not None:
             fetch_one("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [_BATCH_CAP_LOCK, engine])
             batch_open = batch_running(engine) < batch_slots
-        row = fetch_one(_FAIREST_QUEUED, [engine, settings.TTS_JOB_MAX_ATTEMPTS, batch_open])
+        row = fetch_one(
+            _FAIREST_QUEUED,
+            {"engine": engine, "attempts": settings.TTS_JOB_MAX_ATTEMPTS, "batch_open": batch_open},
+        )
         if row is None:
             return None
         return _claim(row[0], Q(status=Status.QUEUED), worker_id)

@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import connections
 
 from webapp.speech.models import SynthesisJob
-from webapp.speech.runtime import claims, recycling, worker
+from webapp.speech.runtime import claims, mode, recycling, worker
 from webapp.speech.runtime.attempt import SKIPPED, JobLost, Outcome, run_claimed
 
 log = logging.getLogger(__name__)
@@ -65,10 +65,7 @@ class _Group:
     def __init__(self, state: worker.WorkerState, engine: str) -> None:
         self.state = state
         self.engine = engine
-        # No more at once than one loaded model of the engine runs (its concurrent_jobs capability:
-        # eSpeak's one on a batching GPU worker, a heavy model with a batch-1 cache one).
-        model = state.models.get(engine) or {}
-        self.size = max(1, min(settings.TTS_WORKER_BATCH_JOBS, int(model.get("concurrent_jobs") or 1)))
+        self.size = mode.jobs_at_once(engine, state.models)
         self.started = time.monotonic()
         self.lost = False
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from django.conf import settings
 
@@ -11,6 +12,19 @@ from django.conf import settings
 def batching_enabled() -> bool:
     """Whether this worker's children run several jobs at once (CPU workers: never by default)."""
     return settings.TTS_WORKER_PIPER_RUNTIME == "torch" and settings.TTS_WORKER_BATCH_JOBS > 1
+
+
+def jobs_at_once(engine: str, models: Mapping[str, Mapping[str, Any]]) -> int:
+    """The jobs of ``engine`` one child of this worker runs at once: its job slots.
+
+    One unless the child batches; then TTS_WORKER_BATCH_JOBS, but no more than the loaded
+    model runs at once (its ``concurrent_jobs`` capability: eSpeak's one on a batching GPU
+    worker, a heavy model with a batch-1 cache one).
+    """
+    if not batching_enabled():
+        return 1
+    model = models.get(engine) or {}
+    return max(1, min(settings.TTS_WORKER_BATCH_JOBS, int(model.get("concurrent_jobs") or 1)))
 
 
 def cpu_clock() -> Callable[[], float]:

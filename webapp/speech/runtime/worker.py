@@ -35,7 +35,7 @@ from synth.hostjobs import HostJobs
 from webapp import redis_clients
 from webapp.speech import heartbeat, lifecycle, owners, voices
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.runtime import hooks, probe, recycling, rolling
+from webapp.speech.runtime import hooks, mode, probe, recycling, rolling
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,8 @@ class WorkerState:
             "state": self.state,
             "device": self.device,
             "engines": self.engines,
+            # Jobs of each engine this child runs at once: what the lanes' reservation counts.
+            "job_slots": {engine: mode.jobs_at_once(engine, self.models) for engine in self.engines},
             "models": self.models,
             "unavailable": self.unavailable,
             "installed": self.installed,

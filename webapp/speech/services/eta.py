@@ -50,25 +50,43 @@ class EtaBasis:
     cold_start: float = 0.0
 
 
-def serving_children(engine: str, workers: list[dict[str, Any]] | None = None) -> dict[str, int]:
-    """Live worker children serving ``engine``, counted by device, from the heartbeats.
+def _serving(engine: str, workers: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The heartbeats of live children serving ``engine``.
 
-    A child counts when it is ready (or recycling, about to be ready again) and
-    its worker is configured for the engine. Redis being down only loses the
-    count (the ETA then assumes one child), never the API answer.
+    A child counts when it is ready (or recycling, about to be ready again) and its worker is
+    configured for the engine. Redis being down only loses the count (callers then assume one
+    child), never the API answer.
     """
     if workers is None:
         try:
             workers = heartbeat.live_workers()
         except Exception as exc:
-            log.warning("ETA without heartbeats: %s", exc)
+            log.warning("counting children without heartbeats: %s", exc)
             workers = []
+    return [
+        w
+        for w in workers
+        if w.get("state") in heartbeat.SERVING_STATES and engine in (w.get("engines") or [])
+    ]
+
+
+def serving_children(engine: str, workers: list[dict[str, Any]] | None = None) -> dict[str, int]:
+    """Live worker children serving ``engine``, counted by device, from the heartbeats."""
     out: dict[str, int] = {}
-    for w in workers:
-        if w.get("state") in heartbeat.SERVING_STATES and engine in (w.get("engines") or []):
-            device = str(w.get("device") or "cpu")
-            out[device] = out.get(device, 0) + 1
+    for w in _serving(engine, workers):
+        device = str(w.get("device") or "cpu")
+        out[device] = out.get(device, 0) + 1
     return out
+
+
+def serving_slots(engine: str, workers: list[dict[str, Any]] | None = None) -> int:
+    """Jobs of ``engine`` its live children run at once, all together: one per child, a batching
+    child's group size (its heartbeat's ``job_slots``; a heartbeat without them counts one)."""
+    slots = 0
+    for w in _serving(engine, workers):
+        per_engine = w.get("job_slots")
+        slots += max(1, int(per_engine.get(engine) or 1)) if isinstance(per_engine, dict) else 1
+    return slots
 
 
 def rolling_seconds_per_char(engine: str) -> tuple[dict[str, float], float | None]:

@@ -7,14 +7,18 @@ serving it (at least one child counted): work admitted then would wait behind th
 is better served by a fast "no" it can route around than by audio seconds late. Units of
 sessions already open are not refused: the session was admitted.
 
-**Reserved children**: how many of an engine's worker children batch jobs may hold.
+**Reserved job slots**: how many of an engine's job slots batch jobs may hold.
 
-With ``TTS_WORKER_INTERACTIVE_RESERVED`` = r > 0, batch jobs of an engine run on at most
-(children serving it - r) children at once, never fewer than one (batch work always progresses):
-the r others stay free for interactive work (a realtime session's unit, a /v1/audio/speech
-request), which then starts as soon as it is queued instead of after a batch job ends. The
-children are counted from the heartbeats; the running batch jobs from the rows, under a lock per
-engine in the claim itself (``lifecycle.claim_next``), so concurrent claimers cannot pass the cap.
+A child runs one job at a time, or a group of them when it batches (a GPU child: up to
+``TTS_WORKER_BATCH_JOBS``); those are its job slots, which its heartbeat reports. With
+``TTS_WORKER_INTERACTIVE_RESERVED`` = r > 0 (default 1), batch jobs of an engine run in at most
+(the job slots serving it - r) at once, never fewer than one (batch work always progresses): the
+r others stay free for interactive work (a realtime session's unit, a /v1/audio/speech request),
+which then starts as soon as it is queued instead of after a batch job ends. Counting slots
+rather than children keeps a batching child's batches: one reserved slot of its eight leaves
+batch work seven. The slots are counted from the heartbeats; the running batch jobs from the
+rows, under a lock per engine in the claim itself (``lifecycle.claim_next``), so concurrent
+claimers cannot pass the cap.
 
 A batch message that finds the batch share full claims nothing and is spent. So that its job is
 not left waiting for the lost-delivery sweep (``dispatch.resend_lost``, minutes), the refusal is
@@ -42,12 +46,11 @@ REFUSED_KEY = "tts:lanes:batch_refused:"
 
 
 def batch_slots(engine: str, workers: list[dict[str, Any]] | None = None) -> int | None:
-    """The children ``engine``'s batch jobs may hold at once; None: no cap (nothing reserved)."""
+    """The job slots ``engine``'s batch jobs may hold at once; None: no cap (nothing reserved)."""
     reserved = settings.TTS_WORKER_INTERACTIVE_RESERVED
     if reserved <= 0:
         return None
-    children = sum(eta.serving_children(engine, workers).values())
-    return max(1, children - reserved)
+    return max(1, eta.serving_slots(engine, workers) - reserved)
 
 
 def note_refused(engine: str) -> None:
