@@ -29,7 +29,7 @@ check_ready_to_serve()
 
 from webapp.health import answered_first  # noqa: E402 -- imports Django's parts: after its setup
 from webapp.private_apis import check_all  # noqa: E402
-from webapp.speech.api.session_socket import session_app  # noqa: E402
+from webapp.speech.api.sockets import session_app  # noqa: E402
 
 # Each private name of a library the site relies on, checked now that logging is set up:
 # a missing one is logged with the library's version, and its code falls back (webapp/private_apis.py).

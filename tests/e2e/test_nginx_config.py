@@ -14,6 +14,9 @@ import pytest
 from deploy import nginx as deploy_nginx
 from tests.stack import CFG
 
+# The realtime sessions' location: the native path and the agents' dialects.
+SESSION_LOCATION = "location ~ ^/v1/(audio/speech/stream|speak|text-to-speech/[^/]+/(multi-)?stream-input)$ {"
+
 
 def _render(name: str, **env: str) -> Path:
     cfg = dataclasses.replace(CFG, http_port=18080, https_port=18443)
@@ -92,7 +95,7 @@ def test_the_session_socket_location_takes_its_settings() -> None:
         TTS_NGINX_CONN_SESSIONS_PER_IP="7",
     )
     text = conf.read_text()
-    location = text.split("location = /v1/audio/speech/stream {", 1)[1].split("}", 1)[0]
+    location = text.split(SESSION_LOCATION, 1)[1].split("}", 1)[0]
     assert "snippets/proxy.conf;" in location and "snippets/websocket.conf;" in location
     assert "limit_req zone=keyed_write" in location and "limit_req zone=write" in location
     websocket = (conf.parent / "snippets" / "websocket.conf").read_text()
@@ -171,7 +174,7 @@ def test_the_kubernetes_edge_renders_the_session_location_and_a_bounded_graceful
     text = conf.read_text()
     assert "server 127.0.0.1:8000" in text
     assert f"worker_shutdown_timeout {nginx_shutdown_timeout()}s;" in text
-    location = text.split("location = /v1/audio/speech/stream {", 1)[1].split("}", 1)[0]
+    location = text.split(SESSION_LOCATION, 1)[1].split("}", 1)[0]
     assert "snippets/websocket.conf;" in location
     websocket = (conf.parent / "snippets" / "websocket.conf").read_text()
     assert "proxy_set_header Upgrade $http_upgrade;" in websocket and "proxy_read_timeout 600s;" in websocket

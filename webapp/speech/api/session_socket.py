@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections, connections
 from rest_framework.exceptions import ValidationError
@@ -146,7 +146,13 @@ def _db(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
 
 class Socket:
     """The ASGI WebSocket connection: sends that fail once the client is gone, and the server's
-    wait until what was sent left the process (``tts.wait_sent``)."""
+    wait until what was sent left the process (``tts.wait_sent``).
+
+    This class speaks the native protocol; a dialect (api/dialects.py) is a subclass that
+    translates each message on its way in and each event on its way out.
+    """
+
+    protocol = "native"  # the dialect, as the session's row records it
 
     def __init__(
         self,
@@ -209,8 +215,11 @@ class Socket:
         await self._out({"type": "websocket.send", "text": json.dumps(event, separators=(",", ":"))})
 
     async def send_bytes(self, data: bytes) -> bool:
-        """Send a frame and wait until it left the process: False when the client is gone first."""
-        await self._out({"type": "websocket.send", "bytes": data})
+        """Send an audio frame and wait until it left the process: False when the client is gone first."""
+        return await self._send_and_wait({"type": "websocket.send", "bytes": data})
+
+    async def _send_and_wait(self, message: dict[str, Any]) -> bool:
+        await self._out(message)
         if self._wait_sent is None:
             return True
         try:
@@ -223,7 +232,8 @@ class Socket:
             self.gone = True
         return left
 
-    async def close(self, code: int, reason: str = "") -> None:
+    async def close(self, code: int, reason: str = "", message: str = "") -> None:
+        """The close frame; ``message``: what a dialect may say in its own error shape first."""
         if self.closed or self.gone:
             return
         with contextlib.suppress(Gone):
@@ -394,7 +404,8 @@ class Session:
         self.config: Config | None = None
         self.engine = ""  # the configured voice's engine (admission of new contexts)
         self.contexts: dict[str, Context] = {}
-        self.closed_contexts: set[str] = set()
+        # Closed contexts: no more text, but their audio still to come may be cleared (a barge-in).
+        self.closed_contexts: dict[str, Context] = {}
         self.queue: deque[UnitWork | Flush] = deque()
         self.queue_changed = asyncio.Event()
         self.submit_lock = asyncio.Lock()
@@ -417,7 +428,7 @@ class Session:
         try:
             await self._open()
         except Close as close:
-            await self.socket.close(close.code, close.reason)
+            await self.socket.close(close.code, close.reason, close.message)
             return
         tasks = [
             asyncio.create_task(self._read(), name="session-read"),
@@ -467,7 +478,7 @@ class Session:
             key = self.key
             if SCOPE not in (key.scopes or []) or not roles.role_allows(key_role(key), SCOPE):
                 raise DomainError(ErrorCode.PERMISSION_DENIED, f"This API key lacks the {SCOPE!r} scope.")
-            self.session = await _db(sessions.open_session)(key, "native")
+            self.session = await _db(sessions.open_session)(key, self.socket.protocol)
         except DomainError as error:
             # A browser fails the handshake unless one of the protocols it offered comes back, and
             # reads a close code only after the handshake: a refusal echoes one too.
@@ -505,7 +516,7 @@ class Session:
                             "audio_seconds": closed.audio_seconds,
                         }
                     )
-        await self.socket.close(ending.code, ending.reason)
+        await self.socket.close(ending.code, ending.reason, ending.message)
 
     # ----------------------------------------------------------------- reading
 
@@ -568,12 +579,12 @@ class Session:
             elif kind == "input.done":
                 await self._flush(self._context(event))
             elif kind == "input.clear":
-                await self._clear(self._context(event, create=False))
+                await self._clear(self._context(event, create=False, closed=True))
             elif kind == "context.close":
                 context = self._context(event, create=False)
                 await self._flush(context)
                 self.contexts.pop(context.id, None)
-                self.closed_contexts.add(context.id)
+                self.closed_contexts[context.id] = context
             elif kind == "session.close":
                 for context in list(self.contexts.values()):
                     if context.cutter.waiting:
@@ -691,7 +702,8 @@ class Session:
 
     # ----------------------------------------------------------------- text
 
-    def _context(self, event: dict[str, Any], create: bool = True) -> Context:
+    def _context(self, event: dict[str, Any], create: bool = True, closed: bool = False) -> Context:
+        """The event's context; ``create``: a new id opens one; ``closed``: a closed one will do."""
         context_id = event.get("context_id", DEFAULT_CONTEXT)
         if not isinstance(context_id, str) or not 0 < len(context_id) <= MAX_CONTEXT_ID:
             raise DomainError(
@@ -702,6 +714,8 @@ class Session:
         context = self.contexts.get(context_id)
         if context is not None:
             return context
+        if closed and context_id in self.closed_contexts:
+            return self.closed_contexts[context_id]
         if context_id in self.closed_contexts:
             raise DomainError(
                 ErrorCode.INVALID_REQUEST,
@@ -1105,23 +1119,4 @@ def _failure_of(job_id: Any) -> tuple[str, str]:
     return (row[0], row[1]) if row else ("", "")
 
 
-# --------------------------------------------------------------------- the ASGI app
-
-
-async def session_app(
-    scope: dict[str, Any], receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
-) -> None:
-    """The WebSocket side of webapp/asgi.py: one session per socket at SESSION_PATH."""
-    socket = Socket(scope, receive, send)
-    first = await socket.receive()
-    if first["type"] != "websocket.connect":
-        return
-    if scope.get("path") != SESSION_PATH:
-        await socket.close(4404, ErrorCode.NOT_FOUND.value)
-        return
-    # The session's sync calls run in a thread of its own (not one shared by every session).
-    async with ThreadSensitiveContext():
-        await Session(socket).run()
-
-
-__all__ = ["SESSION_PATH", "Session", "session_app"]
+__all__ = ["SESSION_PATH", "Close", "Session", "Socket", "error_event"]
