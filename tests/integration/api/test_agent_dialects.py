@@ -206,6 +206,16 @@ def test_multi_stream_input_closes_contexts_with_isfinal_and_a_barge_in_drops_th
             ws, got, lambda g: any(e.get("isFinal") and e.get("contextId") == "b" for _, e in g.events)
         )
         final_b = len(got.events)
+        # A flushed turn closed gracefully, then closed again mid-audio: the rest is dropped too.
+        send(ws, {"text": " ", "context_id": "c"})
+        send(ws, {"text": LONG, "context_id": "c", "flush": True})
+        send(ws, {"context_id": "c", "close_context": True})
+        read_until(ws, got, lambda g: any(e.get("contextId") == "c" and e.get("audio") for _, e in g.events))
+        send(ws, {"context_id": "c", "close_context": True})
+        read_until(
+            ws, got, lambda g: any(e.get("isFinal") and e.get("contextId") == "c" for _, e in g.events)
+        )
+        final_c = len(got.events)
         send(ws, {"text": ""})  # a keepalive on multi: nothing happens
         send(ws, {"close_socket": True})
         read_until(ws, got, closed)
@@ -218,11 +228,16 @@ def test_multi_stream_input_closes_contexts_with_isfinal_and_a_barge_in_drops_th
         )
         > 0
     )
-    # Nothing of context b after its isFinal.
+    # Nothing of context b after its isFinal, nor of c after its.
     assert not [m for _, m in got.events[final_b:] if m.get("contextId") == "b"]
+    assert not [m for _, m in got.events[final_c:] if m.get("contextId") == "c"]
+    heard_c = sum(
+        len(base64.b64decode(m["audio"])) for m in messages if m.get("contextId") == "c" and m.get("audio")
+    )
+    assert 0 < seconds(heard_c) < len(LONG) / 30  # well short of the whole text
     assert got.close_code == 1000
     (row,) = session_rows(tenant)
-    assert row.charged_chars < len("One short line. ") + len(LONG)
+    assert row.charged_chars < len("One short line. ") + 2 * len(LONG)
 
 
 def test_an_unknown_output_format_is_refused_in_their_error_shape(

@@ -404,8 +404,7 @@ class Session:
         self.config: Config | None = None
         self.engine = ""  # the configured voice's engine (admission of new contexts)
         self.contexts: dict[str, Context] = {}
-        # Closed contexts: no more text, but their audio still to come may be cleared (a barge-in).
-        self.closed_contexts: dict[str, Context] = {}
+        self.closed_contexts: set[str] = set()
         self.queue: deque[UnitWork | Flush] = deque()
         self.queue_changed = asyncio.Event()
         self.submit_lock = asyncio.Lock()
@@ -584,7 +583,7 @@ class Session:
                 context = self._context(event, create=False)
                 await self._flush(context)
                 self.contexts.pop(context.id, None)
-                self.closed_contexts[context.id] = context
+                self.closed_contexts.add(context.id)
             elif kind == "session.close":
                 for context in list(self.contexts.values()):
                     if context.cutter.waiting:
@@ -715,7 +714,12 @@ class Session:
         if context is not None:
             return context
         if closed and context_id in self.closed_contexts:
-            return self.closed_contexts[context_id]
+            # No more text, but its audio still to come may be cleared (a barge-in).
+            working = [
+                i.context for i in [self.current, *self.queue] if i is not None and i.context.id == context_id
+            ]
+            if working:
+                return working[0]
         if context_id in self.closed_contexts:
             raise DomainError(
                 ErrorCode.INVALID_REQUEST,
