@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -115,3 +117,39 @@ def live_tenant(
 
 def base_url(web: Any) -> str:
     return f"https://127.0.0.1:{web.cfg.https_port}"
+
+
+@pytest.fixture
+def full_lane(monkeypatch: pytest.MonkeyPatch, builtin_voices: list[str]) -> Iterator[None]:
+    """Piper's interactive lane full: as many interactive jobs waiting as its children may have
+    (TTS_INTERACTIVE_QUEUE_PER_CHILD, 8, per child serving it), queued with no message sent, so
+    no worker takes them; canceled afterwards."""
+    from django.conf import settings
+
+    from tests.reliability.helpers import PIPER, make_org, submit
+    from webapp.speech import lifecycle
+    from webapp.speech.services import dispatch, eta
+
+    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
+    children = max(1, sum(eta.serving_children("piper").values()))
+    other = make_org("lane-full")
+    waiting = [
+        submit(other, f"Waiting {i}.", voice=PIPER, lane="interactive")
+        for i in range(settings.TTS_INTERACTIVE_QUEUE_PER_CHILD * children)
+    ]
+    try:
+        yield
+    finally:
+        for job in waiting:
+            job.refresh_from_db()
+            if job.status == "queued":
+                lifecycle.cancel_job(job)
+
+
+@pytest.fixture(scope="session")
+def clients_python() -> Path:
+    """The agent clients' interpreter (.venv-clients, with vLLM-Omni's wheel for its request models),
+    made from tests/clients/requirements.lock when that changed."""
+    root = Path(__file__).resolve().parents[3]
+    subprocess.run([str(root / "tests" / "clients" / "prepare.sh")], check=True, timeout=600)
+    return root / ".venv-clients" / "bin" / "python"

@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,13 +38,6 @@ LONG = (
 )
 AFTER = "Sorry, go ahead."
 RATE = 24000
-
-
-@pytest.fixture(scope="session")
-def clients_python() -> Path:
-    """The agent clients' interpreter (.venv-clients), made from tests/clients/requirements.lock."""
-    subprocess.run([str(ROOT / "tests" / "clients" / "prepare.sh")], check=True, timeout=600)
-    return ROOT / ".venv-clients" / "bin" / "python"
 
 
 @pytest.fixture
@@ -304,3 +298,21 @@ def test_deepgram_without_a_key_is_refused_and_with_an_unknown_encoding_too(
         got = read_until(ws, Got(), closed)
     # Theirs is a close frame: the code and our error code as its reason, no message first.
     assert (got.close_code, got.close_reason, got.events) == (4400, "invalid_request", [])
+
+
+def test_a_full_interactive_lane_refuses_each_dialect_at_once_in_its_own_shape(
+    tenant: Tenant, voice: str, web: Any, full_lane: None
+) -> None:
+    """The one lane and the one error mapping: ElevenLabs' error message then 4429, Deepgram's
+    close frame alone."""
+    with eleven_open(web, tenant, eleven_path(voice)) as ws:
+        sent = time.monotonic()
+        send(ws, {"text": " "})
+        got = read_until(ws, Got(), closed)
+    assert time.monotonic() - sent < 1.0
+    (problem,) = [e for _, e in got.events]
+    assert (problem["error"], problem["code"], got.close_code) == ("interactive_lane_full", 4429, 4429)
+    path = f"/v1/speak?model={voice}"
+    with open_session(port(web), None, path=path, headers={"Authorization": f"Token {tenant.raw_key}"}) as ws:
+        got = read_until(ws, Got(), closed)
+    assert (got.close_code, got.close_reason, got.events) == (4429, "interactive_lane_full", [])

@@ -80,7 +80,12 @@ def _audio_and_usage(events: list[dict[str, Any]]) -> tuple[bytes, dict[str, Any
 def _check_usage(usage: dict[str, Any], job: Any) -> None:
     charged = _charge(job.id)
     assert charged == job.text_chars  # the whole job was handed: its billable characters
-    assert usage == {"input_tokens": charged, "output_tokens": 0, "total_tokens": charged}
+    assert usage == {
+        "input_tokens": charged,
+        "output_tokens": 0,
+        "total_tokens": charged,
+        "input_token_details": {"text_tokens": charged, "audio_tokens": 0},  # vLLM-Omni's breakdown
+    }
 
 
 def test_sse_pcm_deltas_are_the_stored_audio_and_done_says_the_charge(live_tenant: Any, web: Any) -> None:

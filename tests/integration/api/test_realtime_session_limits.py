@@ -233,33 +233,6 @@ def _gunicorn_master(port: int) -> int:
     raise AssertionError(f"no gunicorn listens on {port}")
 
 
-@pytest.fixture
-def full_lane(monkeypatch: pytest.MonkeyPatch, tenant: Tenant, voice: str) -> Iterator[None]:
-    """Piper's interactive lane full: as many interactive jobs waiting as its children may have
-    (TTS_INTERACTIVE_QUEUE_PER_CHILD, 8, per child serving it), queued with no message sent, so
-    no worker takes them; canceled afterwards."""
-    from django.conf import settings
-
-    from tests.reliability.helpers import make_org, submit
-    from webapp.speech import lifecycle
-    from webapp.speech.services import dispatch, eta
-
-    monkeypatch.setattr(dispatch, "dispatch_job", lambda job_id, *known: False)
-    children = max(1, sum(eta.serving_children("piper").values()))
-    other = make_org("lane-full")
-    waiting = [
-        submit(other, f"Waiting {i}.", voice=voice, lane="interactive")
-        for i in range(settings.TTS_INTERACTIVE_QUEUE_PER_CHILD * children)
-    ]
-    try:
-        yield
-    finally:
-        for job in waiting:
-            job.refresh_from_db()
-            if job.status == "queued":
-                lifecycle.cancel_job(job)
-
-
 def test_a_full_interactive_lane_refuses_a_new_session_at_once_with_4429(
     tight: int, tenant: Tenant, voice: str, full_lane: None
 ) -> None:

@@ -7,10 +7,13 @@ tenant's one-sentence job waits at the end of the engine's queue.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+import time
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
+from tests.integration.api.session_client import Received as Got
+from tests.integration.api.session_client import open_session, read_until, send
 from tests.reliability.helpers import (
     LONG,
     PIPER,
@@ -144,6 +147,43 @@ def test_a_reserved_child_starts_interactive_work_at_once_and_batch_work_keeps_f
         assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False)), spans
     finally:
         for queued in batch:
+            if job(queued.id).status == "queued":
+                lifecycle.cancel_job(queued)
+        stack.stop_service(worker)
+
+
+@pytest.mark.usefixtures("no_session_worker")
+def test_a_tenants_100_queued_batch_jobs_do_not_delay_another_tenants_session_unit(
+    stack: TestStack, builtin_voices: list[str], web: Any
+) -> None:
+    """Default worker settings (two children, one job slot kept free of batch work): tenant B's
+    realtime session hears its first unit's audio within 2 s, through Nginx and TLS, while tenant
+    A's 100 batch jobs of about 6 s each wait; unreserved, it would wait for a batch job to end."""
+    from webapp.speech import lifecycle
+    from webapp.speech.models import SynthesisJob
+    from webapp.speech.services import eta
+    from webapp.tenants.services import OPERATOR, create_api_key
+
+    flush_queues(stack, "synth.piper")
+    a, b = make_org("lane-backlog-a"), make_org("lane-backlog-b")
+    _, raw_key = create_api_key(b, "agent", created_by=OPERATOR, scopes=["speech:write", "speech:read"])
+    backlog = [submit(a, f"{LONG} {LONG} {LONG} Chapter {i}.", voice=PIPER) for i in range(100)]
+    worker = start_worker(stack, "w-backlog", engines="piper", concurrency=2)
+    try:
+        wait_until(lambda: sum(eta.serving_children("piper").values()) == 2, 30, "two children serving")
+        wait_until(lambda: job(backlog[0].id).started_at, 120, "the backlog to start")
+        with open_session(int(web.cfg.https_port), raw_key) as ws:
+            send(ws, {"type": "session.config", "voice": PIPER, "response_format": "pcm"})
+            got = read_until(ws, Got(), lambda g: g.of("session.ready"))
+            sent = time.monotonic()
+            send(ws, {"type": "input.text", "text": "Your order ships tomorrow morning.", "flush": True})
+            got = read_until(ws, got, lambda g: len(g.frames) > 0, timeout=60)
+            first_audio = got.frames[0][0] - sent
+        waiting = SynthesisJob.objects.filter(id__in=[j.id for j in backlog], status="queued").count()
+        assert waiting >= 90, waiting  # the backlog was there all along
+        assert first_audio < 2.0, first_audio
+    finally:
+        for queued in backlog:
             if job(queued.id).status == "queued":
                 lifecycle.cancel_job(queued)
         stack.stop_service(worker)

@@ -55,6 +55,7 @@ from webapp.speech.api.views import TenantAPIView, submit
 from webapp.speech.api.waiting import WaitingAPIView
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services.files import media_path
+from webapp.speech.services.ledger import reports
 from webapp.speech.services.waiting import Wait, WaiterLease, WaitSlot, keep_lease, wait_view
 from webapp.tenants.models import Organization
 
@@ -112,7 +113,7 @@ def job_body(data: dict[str, Any]) -> dict[str, Any]:
     and the voice goes as sent (the submission tries it as that model's voice, then the map).
     """
     fmt, rate = FORMATS[data.get("response_format") or "mp3"]
-    model = str(data["model"])
+    model = str(data.get("model") or OPENAI_MODELS[0])  # vLLM-Omni's clients may name none
     if model in OPENAI_MODELS:
         ours: dict[str, Any] = {"text": data["input"], "voice": resolve_voice(data["voice"]), "format": fmt}
     else:
@@ -123,10 +124,12 @@ def job_body(data: dict[str, Any]) -> dict[str, Any]:
         rate = data["sample_rate"]  # checked against the voice's rates for the format at submit
     if rate is not None:
         ours["sample_rate"] = rate
+    if data.get("language"):
+        ours["language"] = data["language"]
     for name in ("speed", "loudness", "seed"):
         if data.get(name) is not None:
             ours[name] = data[name]
-    if data.get("instructions"):
+    if data.get("instructions"):  # (None: vLLM-Omni's null)
         ours["instructions"] = data["instructions"]
     if data.get("cache") is False:
         ours["cache"] = False
@@ -319,7 +322,10 @@ def deliver(
         )
         return JobStreamResponse(stream)
     if status == SynthesisJob.Status.SUCCEEDED and audio_path:
-        return AnswerResponse(media_path(audio_path), content_type(audio_format), job_id, lease)
+        response = AnswerResponse(media_path(audio_path), content_type(audio_format), job_id, lease)
+        for name, value in reports.speech_usage_headers(reports.job_reserved(job_id)).items():
+            response[name] = value  # vLLM-Omni's usage, before the body: what the whole answer is charged
+        return response
     raise _not_delivered(SynthesisJob.objects.get(pk=job_id))
 
 

@@ -152,17 +152,66 @@ SAMPLE_RATE_HELP = (
 )
 
 
+# vLLM-Omni's speech request fields this service does not serve, and why: each is refused with a
+# 400 naming it when it asks for something (a null, a false, an empty value asks for nothing).
+# Silently dropped, they would change the audio the client gets and still be charged in full.
+VLLM_OMNI_REFUSED = {
+    "ref_audio": "a one-off reference prompt is not served on this endpoint yet; upload the voice "
+    "(POST /api/v1/voices, with a consent) and name it as the voice",
+    "ref_text": "a one-off reference prompt is not served on this endpoint yet; upload the voice with "
+    "its reference text (POST /api/v1/voices) and name it as the voice",
+    "ref_audio_2": "two-speaker dialogue is not served",
+    "ambient_sound": "sound effects are not served",
+    "duration_seconds": "a target duration is not served",
+    "x_vector_only_mode": "no model here clones from a speaker embedding alone",
+    "speaker_embedding": "no model here takes a speaker embedding",
+    "max_new_tokens": "a generation token limit is not served (the plan's limits bound every request)",
+    "initial_codec_chunk_frames": "no model here streams codec chunks; audio streams per sentence",
+    "non_streaming_mode": "no model here has Qwen3-TTS's prompt modes",
+    "extra_params": "model-specific parameters are not passed through",
+    "word_timestamps": 'word timestamps come as events of stream_format "sse" with "timestamps": true, '
+    "or from GET /api/v1/speech/{id}/timestamps",
+}
+TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
+
+
 class OpenAISpeechSerializer(serializers.Serializer):
-    """OpenAI's body: unknown fields are ignored (newer clients send more)."""
+    """OpenAI's body, with vLLM-Omni's fields: each honoured or refused by name (VLLM_OMNI_REFUSED).
+    Other unknown fields are ignored (OpenAI's newer clients send more)."""
 
     model = StrictCharField(
+        required=False,
+        allow_null=True,
         max_length=100,
-        help_text="tts-1, tts-1-hd and gpt-4o-mini-tts: the voice's own model; any other id of "
+        help_text="tts-1, tts-1-hd and gpt-4o-mini-tts (or none): the voice's own model; any other id of "
         "GET /v1/models names the model (engine) that speaks.",
     )
     input = SpeechTextField(trim_whitespace=False, allow_blank=True, max_length=4096)
     voice = serializers.JSONField(
-        help_text="An OpenAI voice name (alloy, echo, ...) or one of our voice ids."
+        required=False,
+        allow_null=True,
+        help_text='An OpenAI voice name (alloy, echo, ...) or one of our voice ids; {"id": ...} too.',
+    )
+    speaker = StrictCharField(
+        required=False, allow_null=True, max_length=200, help_text="vLLM-Omni's other name for voice."
+    )
+    stream = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text='vLLM-Omni\'s streaming switch: true streams as stream_format says, "sse" when it says nothing.',
+    )
+    task_type = serializers.ChoiceField(
+        choices=TASK_TYPES,
+        required=False,
+        allow_null=True,
+        help_text='vLLM-Omni\'s: "CustomVoice" (a preset voice) and "Base" (a cloned voice) are what the voice '
+        'is already; "VoiceDesign" is refused.',
+    )
+    language = StrictCharField(
+        required=False,
+        allow_null=True,
+        max_length=35,
+        help_text='A language tag the voice speaks (en-us, cmn); "Auto" or null: the voice\'s own.',
     )
     response_format = serializers.ChoiceField(
         choices=tuple(OPENAI_FORMATS),
@@ -172,12 +221,12 @@ class OpenAISpeechSerializer(serializers.Serializer):
         "for telephony.",
     )
     sample_rate = StrictIntegerField(
-        required=False, min_value=1, max_value=384_000, help_text=SAMPLE_RATE_HELP
+        required=False, allow_null=True, min_value=1, max_value=384_000, help_text=SAMPLE_RATE_HELP
     )
-    speed = StrictNumberField(required=False, min_value=0.25, max_value=4.0)
-    instructions = StrictCharField(required=False, allow_blank=True, max_length=4096)
+    speed = StrictNumberField(required=False, allow_null=True, min_value=0.25, max_value=4.0)
+    instructions = StrictCharField(required=False, allow_null=True, allow_blank=True, max_length=4096)
     seed = StrictIntegerField(
-        required=False, min_value=SEED_RANGE[0], max_value=SEED_RANGE[1], help_text=SEED_HELP
+        required=False, allow_null=True, min_value=SEED_RANGE[0], max_value=SEED_RANGE[1], help_text=SEED_HELP
     )
     cache = StrictBooleanField(required=False, default=True, help_text=CACHE_HELP)
     voice_fallback = serializers.ChoiceField(
@@ -186,6 +235,7 @@ class OpenAISpeechSerializer(serializers.Serializer):
     stream_format = serializers.ChoiceField(
         choices=("audio", "sse"),
         required=False,
+        allow_null=True,
         help_text='"audio": chunked audio as the sentences finish; "sse": the same as server-sent events '
         "(text/event-stream), a speech.audio.delta event (base64 audio) per chunk, then speech.audio.done "
         "with usage (input_tokens = total_tokens = the billable characters charged).",
@@ -199,6 +249,22 @@ class OpenAISpeechSerializer(serializers.Serializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        raw = self.initial_data if isinstance(self.initial_data, dict) else {}
+        for name, why in VLLM_OMNI_REFUSED.items():
+            if raw.get(name) not in (None, False, "", [], {}):
+                raise serializers.ValidationError({name: f"{name}: {why}."})
+        if attrs.get("voice") in (None, "") and not attrs.get("speaker"):
+            raise serializers.ValidationError({"voice": "This field is required."})
+        if attrs.get("voice") in (None, ""):
+            attrs["voice"] = attrs["speaker"]  # vLLM-Omni's alias, used only without a voice
+        if attrs.get("task_type") == "VoiceDesign":
+            raise serializers.ValidationError(
+                {"task_type": "VoiceDesign is not served: name a preset or uploaded voice."}
+            )
+        if attrs.get("stream") and attrs.get("stream_format") is None:
+            attrs["stream_format"] = "sse"  # vLLM-Omni: stream=true without a stream_format is SSE
+        if str(attrs.get("language") or "").lower() == "auto":
+            attrs["language"] = None
         if attrs.get("timestamps") and attrs.get("stream_format") != "sse":
             raise serializers.ValidationError(
                 {"timestamps": 'timestamps are events of stream_format "sse"; ask for that stream.'}

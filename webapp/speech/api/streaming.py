@@ -506,8 +506,7 @@ class SSEJobStream(JobStream):
         return whole
 
     def closing(self) -> bytes:
-        chars = reports.job_charge(self.job_id)
-        usage = {"input_tokens": chars, "output_tokens": 0, "total_tokens": chars}
+        usage = reports.speech_usage(reports.job_charge(self.job_id))
         return self._stored_timestamps() + sse_event({"type": "speech.audio.done", "usage": usage})
 
     def _stored_timestamps(self) -> bytes:

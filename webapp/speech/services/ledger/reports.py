@@ -213,6 +213,33 @@ def job_charge(job_id: Any) -> int:
     return charge.characters if charge is not None else 0
 
 
+def job_reserved(job_id: Any) -> int:
+    """What the job reserved: what a whole answer is charged, known before the answer is sent."""
+    reserve = UsageEvent.objects.filter(job_key=job_id, kind=UsageEvent.Kind.RESERVE).first()
+    return reserve.characters if reserve is not None else 0
+
+
+def speech_usage(characters: int) -> dict[str, Any]:
+    """vLLM-Omni's usage object for characters charged: a character is this service's token."""
+    return {
+        "input_tokens": characters,
+        "output_tokens": 0,
+        "total_tokens": characters,
+        "input_token_details": {"text_tokens": characters, "audio_tokens": 0},
+    }
+
+
+def speech_usage_headers(characters: int) -> dict[str, str]:
+    """vLLM-Omni's usage headers of a whole (not streamed) answer."""
+    return {
+        "X-VLLM-OMNI-INPUT-TOKENS": str(characters),
+        "X-VLLM-OMNI-OUTPUT-TOKENS": "0",
+        "X-VLLM-OMNI-TOTAL-TOKENS": str(characters),
+        "X-VLLM-OMNI-INPUT-TEXT-TOKENS": str(characters),
+        "X-VLLM-OMNI-INPUT-AUDIO-TOKENS": "0",
+    }
+
+
 Status = SynthesisJob.Status
 
 
