@@ -87,8 +87,21 @@ def test_a_field_this_service_does_not_serve_is_a_400_naming_it(
     assert not SynthesisJob.objects.filter(organization_id=tenant.org.pk).exists()  # nothing half-done
 
 
-def test_a_refused_field_that_asks_for_nothing_is_accepted() -> None:
+def test_a_refused_field_that_asks_for_nothing_is_accepted_and_so_are_nulls() -> None:
     s = serializer(ref_audio=None, x_vector_only_mode=False, word_timestamps=False, extra_params={})
+    assert s.is_valid(), s.errors
+    # vLLM-Omni's optional fields may come as null: each means "the default".
+    nulls = {
+        "model",
+        "speed",
+        "sample_rate",
+        "seed",
+        "instructions",
+        "stream_format",
+        "task_type",
+        "language",
+    }
+    s = serializer(**dict.fromkeys(nulls))
     assert s.is_valid(), s.errors
 
 

@@ -73,9 +73,12 @@ class DialectSocket(Socket):
             k: v[-1] for k, v in parse_qs((scope.get("query_string") or b"").decode("latin-1")).items()
         }
         self.ready = False  # the session answered its config
-        self.refusal: DomainError | None = (
-            None  # what the URL asks cannot be served: the first receive says so
-        )
+        # What the URL asks cannot be served: the first receive says so.
+        self.refusal: DomainError | None = None
+        self.setup()
+
+    def setup(self) -> None:
+        """The dialect's own state, from the scope (its path and its query)."""
 
     # ----------------------------------------------------------------- in
 
@@ -135,14 +138,8 @@ class ElevenLabsSocket(DialectSocket):
 
     protocol = "elevenlabs"
 
-    def __init__(
-        self,
-        scope: dict[str, Any],
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
-        super().__init__(scope, receive, send)
-        match = ELEVENLABS_PATH.match(str(scope.get("path") or ""))
+    def setup(self) -> None:
+        match = ELEVENLABS_PATH.match(str(self.scope.get("path") or ""))
         assert match is not None  # routed here by it (api/sockets.py)
         self.voice = unquote(match["voice"])
         self.multi = match["kind"] == "multi-stream-input"
@@ -320,13 +317,7 @@ class DeepgramSocket(DialectSocket):
 
     protocol = "deepgram"
 
-    def __init__(
-        self,
-        scope: dict[str, Any],
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
-        super().__init__(scope, receive, send)
+    def setup(self) -> None:
         self.flushed = 0  # sequence ids of Flushed and Cleared
         self.cleared = 0
         self.voice = ""
