@@ -1,4 +1,4 @@
-"""KEDA's signal (webapp/speech/services/keda.py): the backlog query uses its index on a long history,
+"""KEDA's signal (webapp/speech/services/keda.py): the backlog query reads an index, not a long history,
 and the role `manage.py keda_sql` prints is made by the cluster's administrator, granted by the app's
 role (no superuser), and reads that count and nothing else."""
 
@@ -43,7 +43,7 @@ def _jobs(org: Any, engine: str, statuses: dict[str, int], lane: str = "batch") 
     )
 
 
-def test_the_backlog_query_uses_the_index_on_a_long_history(db: None) -> None:
+def test_the_backlog_query_reads_an_index_not_the_long_history(db: None) -> None:
     from webapp.speech.services import keda
     from webapp.tenants.services import create_organization
 
@@ -56,7 +56,10 @@ def test_the_backlog_query_uses_the_index_on_a_long_history(db: None) -> None:
         assert cursor.fetchone() == (9,)
         cursor.execute("EXPLAIN " + keda.backlog_query("piper"))
         plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert keda.INDEX in plan and "Seq Scan" not in plan, plan
+    # Its own partial index, or the (status, created_at) one when the planner's statistics say that
+    # is as cheap (seen once in a full run): either reads only the active rows, never the history.
+    assert "Seq Scan" not in plan and "Index" in plan, plan
+    assert keda.INDEX in plan or "speech_synt_status_" in plan, plan
 
 
 def test_keda_sql_prints_the_role_and_each_queues_query() -> None:

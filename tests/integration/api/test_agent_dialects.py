@@ -210,7 +210,7 @@ def test_multi_stream_input_closes_contexts_with_isfinal_and_a_barge_in_drops_th
             ws, got, lambda g: any(e.get("isFinal") and e.get("contextId") == "c" for _, e in g.events)
         )
         final_c = len(got.events)
-        send(ws, {"text": ""})  # a keepalive on multi: nothing happens
+        send(ws, {"text": ""})  # a keepalive on multi: nothing is spoken
         send(ws, {"close_socket": True})
         read_until(ws, got, closed)
     messages = [e for _, e in got.events]
@@ -316,3 +316,25 @@ def test_a_full_interactive_lane_refuses_each_dialect_at_once_in_its_own_shape(
     with open_session(port(web), None, path=path, headers={"Authorization": f"Token {tenant.raw_key}"}) as ws:
         got = read_until(ws, Got(), closed)
     assert (got.close_code, got.close_reason, got.events) == (4429, "interactive_lane_full", [])
+
+
+def test_keepalives_and_refused_messages_count_against_the_message_rate(
+    tenant: Tenant, voice: str, web: Any
+) -> None:
+    """A message that means nothing to the session (ElevenLabs' keepalive, a Deepgram message of an
+    unknown type) still counts: a flood of them closes the session 4429, as native messages do."""
+    from django.conf import settings
+
+    flood = int(settings.TTS_SESSION_MESSAGES_PER_SECOND) + 20
+    with eleven_open(web, tenant, eleven_path(voice, multi=True)) as ws:
+        send(ws, {"text": " ", "context_id": "a"})
+        for _ in range(flood):
+            send(ws, {"text": ""})
+        got = read_until(ws, Got(), closed)
+    assert (got.close_code, got.close_reason) == (4429, "session_limit")
+    path = f"/v1/speak?model={voice}"
+    with open_session(port(web), None, path=path, headers={"Authorization": f"Token {tenant.raw_key}"}) as ws:
+        for _ in range(flood):
+            send(ws, {"type": "Nonsense"})
+        got = read_until(ws, Got(), closed)
+    assert (got.close_code, got.close_reason) == (4429, "session_limit")

@@ -90,11 +90,14 @@ class DialectSocket(Socket):
             if message["type"] != "websocket.receive":
                 return message
             try:
-                self.pending.extend(self.translate(message))
+                # A message that asks for nothing (ElevenLabs' keepalive) is a ping to the session:
+                # it keeps the session from idling out and counts against its message rate.
+                self.pending.extend(self.translate(message) or [{"type": "ping"}])
             except DomainError as error:
                 if not self.ready:
                     raise Close.of(error) from None
                 await self.send_json(error_event(error))
+                self.pending.append({"type": "ping"})  # a refused message counts against the rate too
         return {"type": "websocket.receive", "text": json.dumps(self.pending.popleft())}
 
     def translate(self, message: dict[str, Any]) -> list[dict[str, Any]]:
