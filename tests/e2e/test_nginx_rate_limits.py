@@ -113,7 +113,9 @@ def test_openai_endpoint_limit_uses_openai_error_shape(limited: NginxInstance) -
         sessions, limited.url("/v1/audio/speech"), json={"model": "tts-1", "input": "hi", "voice": "alloy"}
     )
     refused = [r for r in responses if r.status_code == 429]
-    assert len(refused) == 2, [r.status_code for r in responses]
+    # Two when the six land within a second; one when a slow host spreads them past it (a slot refilled,
+    # seen once in a full run). What this test is about is the refusal's shape.
+    assert 1 <= len(refused) <= 2, [r.status_code for r in responses]
     for response in refused:
         assert response.headers["Content-Type"] == "application/json"
         assert response.headers["Retry-After"] == "1"
