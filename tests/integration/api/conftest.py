@@ -119,6 +119,19 @@ def base_url(web: Any) -> str:
     return f"https://127.0.0.1:{web.cfg.https_port}"
 
 
+def https_port(web: Any) -> int:
+    return int(web.cfg.https_port)
+
+
+@pytest.fixture
+def voice(builtin_voices: list[str]) -> str:
+    """The realtime tests' voice: Piper's, which streams and gives word timestamps."""
+    from tests.reliability.helpers import PIPER
+
+    assert PIPER in builtin_voices
+    return PIPER
+
+
 @pytest.fixture
 def full_lane(monkeypatch: pytest.MonkeyPatch, builtin_voices: list[str]) -> Iterator[None]:
     """Piper's interactive lane full: as many interactive jobs waiting as its children may have

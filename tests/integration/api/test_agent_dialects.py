@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from tests.integration.api.conftest import Tenant
+from tests.integration.api.conftest import https_port as port
 from tests.integration.api.session_client import Received as Got
 from tests.integration.api.session_client import closed, open_session, read_until, send
-from tests.reliability.helpers import PIPER
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,16 +43,6 @@ RATE = 24000
 @pytest.fixture
 def tenant(live_tenant: Callable[..., Tenant], web: Any) -> Tenant:
     return live_tenant()
-
-
-@pytest.fixture
-def voice(builtin_voices: list[str]) -> str:
-    assert PIPER in builtin_voices
-    return PIPER
-
-
-def port(web: Any) -> int:
-    return int(web.cfg.https_port)
 
 
 def run_client(python: Path, name: str, web: Any, tenant: Tenant, voice: str) -> dict[str, Any]:

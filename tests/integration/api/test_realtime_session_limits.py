@@ -18,7 +18,6 @@ import pytest
 from tests.integration.api.conftest import Tenant
 from tests.integration.api.session_client import Received as Got
 from tests.integration.api.session_client import closed, open_plain, read_until, send
-from tests.reliability.helpers import PIPER
 from tests.stack import TestStack, tcp_gunicorn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,12 +40,6 @@ def tight(stack: TestStack, django_db_setup: None) -> Iterator[int]:
 @pytest.fixture
 def tenant(live_tenant: Callable[..., Tenant]) -> Tenant:
     return live_tenant()
-
-
-@pytest.fixture
-def voice(builtin_voices: list[str]) -> str:
-    assert PIPER in builtin_voices
-    return PIPER
 
 
 def configured(port: int, tenant: Tenant, voice: str, **config: Any) -> Any:

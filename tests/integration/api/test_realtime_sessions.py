@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.integration.api.conftest import Tenant
+from tests.integration.api.conftest import https_port as port
 from tests.integration.api.session_client import SESSION_PATH, closed, open_session, read_until, send
 from tests.integration.api.session_client import Received as Got
 from tests.reliability.helpers import PIPER
@@ -24,16 +25,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def tenant(live_tenant: Callable[..., Tenant], web: Any) -> Tenant:
     return live_tenant()
-
-
-@pytest.fixture
-def voice(builtin_voices: list[str]) -> str:
-    assert PIPER in builtin_voices
-    return PIPER
-
-
-def port(web: Any) -> int:
-    return int(web.cfg.https_port)
 
 
 def test_it_replays_vllm_omnis_documented_exchange(tenant: Tenant, voice: str, web: Any) -> None:
@@ -202,7 +193,7 @@ def test_a_worker_killed_mid_unit_requeues_it_and_the_session_goes_on(
     builtin_voices: list[str],
     no_session_worker: None,
 ) -> None:
-    from tests.reliability.helpers import PIPER, flush_queues, start_worker, usage_events
+    from tests.reliability.helpers import flush_queues, start_worker, usage_events
     from webapp.speech.models import SynthesisJob
 
     flush_queues(stack, "synth.piper")
