@@ -470,6 +470,8 @@ TTS_WORKER_HOOKS = env_str("TTS_WORKER_HOOKS", "")
 # API behaviour.
 TTS_LONG_POLL_MAX_SECONDS = env_int("TTS_LONG_POLL_MAX_SECONDS", 30)
 TTS_OPENAI_WAIT_SECONDS = env_int("TTS_OPENAI_WAIT_SECONDS", 120)
+# POST /v1/audio/speech/batch: the largest answer (its audio in base64) it builds in memory.
+TTS_OPENAI_BATCH_MAX_BYTES = env_int("TTS_OPENAI_BATCH_MAX_BYTES", 64 * 1024 * 1024)
 # A client waiting on /v1/audio/speech holds a lease on its job, renewed every third of it while
 # connected; a lease lapsed (the web process was killed) lets the reaper abandon the job.
 TTS_WAITER_LEASE_SECONDS = env_int("TTS_WAITER_LEASE_SECONDS", 15)

@@ -152,3 +152,16 @@ def test_a_whole_answer_carries_vllm_omnis_usage_headers(live_tenant: Any, web: 
     assert r.headers["X-VLLM-OMNI-INPUT-TOKENS"] == r.headers["X-VLLM-OMNI-TOTAL-TOKENS"] == str(charged)
     assert r.headers["X-VLLM-OMNI-INPUT-TEXT-TOKENS"] == str(charged)
     assert r.headers["X-VLLM-OMNI-OUTPUT-TOKENS"] == r.headers["X-VLLM-OMNI-INPUT-AUDIO-TOKENS"] == "0"
+
+
+def test_every_field_of_vllm_omnis_batch_request_and_item_is_taken_by_the_batch(
+    vllm_omni_fields: dict[str, Any],
+) -> None:
+    from webapp.speech.api.openai_batch import ITEM_FIELDS
+
+    batch = {name for names in vllm_omni_fields["BatchSpeechRequest"].values() for name in names}
+    item = {name for names in vllm_omni_fields["SpeechBatchItem"].values() for name in names}
+    assert {"items", "model"} <= batch and "input" in item  # the models were read
+    # Each goes on to the item's /v1/audio/speech body, honoured or refused there by name.
+    assert not batch - {"items", "model", *ITEM_FIELDS}, sorted(batch - {"items", "model", *ITEM_FIELDS})
+    assert not item - {"input", *ITEM_FIELDS}, sorted(item - {"input", *ITEM_FIELDS})

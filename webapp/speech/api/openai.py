@@ -163,7 +163,7 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
         try:
             sse = serializer.validated_data.get("stream_format") == "sse"
             asked_stream = sse or wants_stream(request, serializer.validated_data)
-            job, created = _submit(request, self.organization, serializer.validated_data, asked_stream)
+            job, created = submit_speech(request, self.organization, serializer.validated_data, asked_stream)
             timestamps = bool(serializer.validated_data.get("timestamps"))
             streams = asked_stream and job.format in STREAMABLE
             if streams and model_streams(job):
@@ -184,7 +184,7 @@ class OpenAISpeechView(WaitingAPIView, TenantAPIView):
         # holds the job's waiter lease meanwhile, and its client going away abandons the job.
         lease = WaiterLease(
             renew=lifecycle.renew_waiter,
-            leave=_leave,
+            leave=leave,
             every=settings.TTS_WAITER_LEASE_SECONDS / 3,
             fresh=created,
         )
@@ -206,20 +206,27 @@ def model_streams(job: SynthesisJob) -> bool:
     return (caps or {}).get("streaming", True) is not False
 
 
-def _leave(job_id: Any) -> None:
+def leave(job_id: Any) -> None:
     """The waiting client disconnected before its answer was sent: the job ends, nothing charged."""
     # Also a job that succeeded as it left: its answer was never sent.
     lifecycle.report_handed(job_id, handing=lifecycle.Handing.LEFT)
 
 
-def _submit(
-    request: Request, organization: Organization, data: dict[str, Any], streams: bool
+def submit_speech(
+    request: Request, organization: Organization, data: dict[str, Any], streams: bool, item: int | None = None
 ) -> tuple[SynthesisJob, bool]:
     """The job, and whether this request made it (not an Idempotency-Key replay). ``streams``: the
-    client asked for a stream, which a full interactive lane refuses at once (a whole file waits)."""
+    client asked for a stream, which a full interactive lane refuses at once (a whole file waits).
+    ``item``: the body is that item of a batch (POST /v1/audio/speech/batch)."""
     try:
         return submit(
-            request, organization, job_body(data), "openai", bool(data.get("timestamps")), admit=streams
+            request,
+            organization,
+            job_body(data),
+            "openai",
+            bool(data.get("timestamps")),
+            admit=streams,
+            item=item,
         )
     except DomainError as error:
         if error.field == "text":

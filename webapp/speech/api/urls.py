@@ -4,6 +4,7 @@ from webapp.speech.api import (
     consents,
     export,
     openai,
+    openai_batch,
     openai_catalog,
     session_views,
     streaming,
@@ -40,6 +41,7 @@ _v1_routes: list[URLPattern | URLResolver] = [
 # The OpenAI-compatible surface, at the paths OpenAI clients call.
 _openai_routes: list[URLPattern | URLResolver] = [
     path("audio/speech", openai.openai_speech, name="openai-speech"),
+    path("audio/speech/batch", openai_batch.openai_speech_batch, name="openai-speech-batch"),
     path("audio/voices", openai_catalog.OpenAIVoicesView.as_view(), name="openai-voices"),
     path("models", openai_catalog.OpenAIModelsView.as_view(), name="openai-models"),
     path("audio/voice_consents", consents.OpenAIConsentCollectionView.as_view(), name="openai-consents"),

@@ -6,6 +6,7 @@ job or voice is a 404 on every endpoint, never a 403 and never the object.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from typing import Any
 from urllib.parse import quote
@@ -137,6 +138,13 @@ def _idempotency_key(request: Request) -> str | None:
     return raw
 
 
+def _item_key(key: str | None, item: int | None) -> str | None:
+    """A batch item's own key, derived from the batch's (hashed: the column holds what one key may)."""
+    if key is None or item is None:
+        return key
+    return f"batch:{hashlib.sha256(key.encode()).hexdigest()[:40]}:{item}"
+
+
 def submit(
     request: Request,
     organization: Organization,
@@ -144,8 +152,11 @@ def submit(
     source: str,
     word_timestamps: bool = False,
     admit: bool = False,
+    item: int | None = None,
 ) -> tuple[SynthesisJob, bool]:
-    """Shared by /api/v1/speech and /v1/audio/speech: parse the body, then the one submit service."""
+    """Shared by /api/v1/speech and /v1/audio/speech: parse the body, then the one submit service.
+
+    ``item``: the body is that item of a batch, whose Idempotency-Key names each item apart."""
     if not isinstance(data, dict):
         raise DomainError(
             ErrorCode.INVALID_REQUEST, 'The body must be a JSON object, e.g. {"text": "Hello"}.'
@@ -161,7 +172,7 @@ def submit(
         api_key=auth,
         user=auth.user if auth else None,
         # Both APIs honour the client's key; none is derived when it sends none.
-        idempotency_key=_idempotency_key(request) if source in ("api", "openai") else None,
+        idempotency_key=_item_key(_idempotency_key(request), item) if source in ("api", "openai") else None,
         admit=admit,
     )
     # The answer carries them (TenantAPIView.finalize_response), the job just submitted counted.

@@ -110,6 +110,12 @@ class Wait:
     # The request is the job's waiter (/v1/audio/speech): ``lease.renew`` while it waits, and
     # ``lease.leave`` at once if it goes away before its answer is built (the client disconnected).
     lease: WaiterLease | None = None
+    # More jobs the answer waits for, with the same deadline, done test and lease (a batch's).
+    others: tuple[Any, ...] = ()
+
+    @property
+    def jobs(self) -> tuple[Any, ...]:
+        return (self.job_id, *self.others)
 
 
 @dataclass(frozen=True)
@@ -251,20 +257,28 @@ def wait_view(prepare: Prepare, answer: Answer) -> Callable[..., Coroutine[Any, 
             prepared = await _prepared(prepare, request, *args, **kwargs)
         if not isinstance(prepared, Wait):
             return prepared  # an error, a finished job, a stream: nothing to wait for here
-        renewing = _renewing(prepared)
+        renewing = [task for job_id in prepared.jobs if (task := _renewing(prepared, job_id))]
         try:
             gate.release(request)  # a waiting request holds none of its key's turns
-            state = await await_job(prepared.job_id, prepared.seconds, prepared.done, prepared.in_transaction)
-            return await _answer(answer, request, prepared, state)
+            states = await asyncio.gather(
+                *(
+                    await_job(job_id, prepared.seconds, prepared.done, prepared.in_transaction)
+                    for job_id in prepared.jobs
+                )
+            )
+            return await _answer(answer, request, prepared, states[0])
         except asyncio.CancelledError:
             # The client went away (Django cancels the view on its disconnect): a job kept only
             # for this answer is abandoned now, not run to its end and charged.
             if prepared.lease is not None:
-                await asyncio.shield(_in_pool_thread(prepared.lease.leave, prepared.job_id))
+                lease = prepared.lease
+                await asyncio.shield(
+                    asyncio.gather(*(_in_pool_thread(lease.leave, j) for j in prepared.jobs))
+                )
             raise
         finally:
-            if renewing is not None:
-                renewing.cancel()
+            for task in renewing:
+                task.cancel()
             if prepared.slot is not None:
                 await sync_to_async(prepared.slot.give_back, thread_sensitive=False)()
 
@@ -275,12 +289,12 @@ def wait_view(prepare: Prepare, answer: Answer) -> Callable[..., Coroutine[Any, 
     return csrf_exempt(view)
 
 
-def _renewing(wait: Wait) -> asyncio.Task[None] | None:
-    """The task that renews the request's waiter lease while it waits (None: it holds none)."""
+def _renewing(wait: Wait, job_id: Any) -> asyncio.Task[None] | None:
+    """The task that renews the request's waiter lease of ``job_id`` while it waits (None: it holds none)."""
     lease = wait.lease
     if lease is None:
         return None
-    return keep_lease(lease.renew, wait.job_id, lease.every, first_in=lease.every if lease.fresh else 0.0)
+    return keep_lease(lease.renew, job_id, lease.every, first_in=lease.every if lease.fresh else 0.0)
 
 
 def keep_lease(
