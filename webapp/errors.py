@@ -62,6 +62,7 @@ class ErrorCode(StrEnum):
     CONSENT_PHRASE_USED = "consent_phrase_used"
     CONSENT_NOT_READY = "consent_not_ready"
     VOICE_NOT_READY = "voice_not_ready"
+    VOICE_NAME_TAKEN = "voice_name_taken"
     CONSENT_REVOKED = "consent_revoked"
     CONSENT_PHRASE_EXPIRED = "consent_phrase_expired"
     AUDIO_EXPIRED = "audio_expired"

@@ -471,6 +471,8 @@ TTS_WORKER_HOOKS = env_str("TTS_WORKER_HOOKS", "")
 TTS_LONG_POLL_MAX_SECONDS = env_int("TTS_LONG_POLL_MAX_SECONDS", 30)
 TTS_OPENAI_WAIT_SECONDS = env_int("TTS_OPENAI_WAIT_SECONDS", 120)
 # POST /v1/audio/speech/batch: the largest answer (its audio in base64) it builds in memory.
+# POST /v1/audio/voices (vLLM-Omni's upload): how long it waits for the voice's analysis to end.
+TTS_OPENAI_VOICE_READY_SECONDS = env_float("TTS_OPENAI_VOICE_READY_SECONDS", 20.0)
 TTS_OPENAI_BATCH_MAX_BYTES = env_int("TTS_OPENAI_BATCH_MAX_BYTES", 64 * 1024 * 1024)
 # A client waiting on /v1/audio/speech holds a lease on its job, renewed every third of it while
 # connected; a lease lapsed (the web process was killed) lets the reaper abandon the job.

@@ -104,6 +104,7 @@ class Voice(models.Model):
     # What an upload may name it and say its prompt says (the API's form and the dashboard's).
     MAX_NAME_CHARS = 200
     MAX_TRANSCRIPT_CHARS = 2000
+    MAX_DESCRIPTION_CHARS = 500
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # The public id clients send ("en_US-joe-medium", "espeak-cmn", ...).
@@ -124,6 +125,7 @@ class Voice(models.Model):
     # deleting the voice clears every field below and removes the files at once.
     original_path = models.CharField(max_length=500, blank=True)  # kept only with TTS_KEEP_VOICE_ORIGINALS
     transcript = models.TextField(blank=True)
+    description = models.CharField(max_length=500, blank=True)  # the uploader's words about the voice
     consent_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -56,6 +56,7 @@ from webapp.speech.api.waiting import WaitingAPIView
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services.files import media_path
 from webapp.speech.services.ledger import reports
+from webapp.speech.services.queries import voice_id_named
 from webapp.speech.services.waiting import Wait, WaiterLease, WaitSlot, keep_lease, wait_view
 from webapp.tenants.models import Organization
 
@@ -85,15 +86,16 @@ FORMATS = OPENAI_FORMATS  # response_format -> (our format, its default rate)
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
-def resolve_voice(value: Any) -> str:
-    """OpenAI names through TTS_OPENAI_VOICE_MAP; our own voice ids pass through."""
+def resolve_voice(value: Any, mapped: bool = True) -> str:
+    """OpenAI names through TTS_OPENAI_VOICE_MAP (unless not ``mapped``: a model's own voice, which
+    the submission tries before the map); our own voice ids pass through."""
     if isinstance(value, dict):  # newer clients may send {"id": "..."}
         value = value.get("id")
     if not isinstance(value, str) or not value:
         raise DomainError(
             ErrorCode.INVALID_VOICE, "voice must be a voice name such as 'alloy'.", field="voice"
         )
-    return str(settings.TTS_OPENAI_VOICE_MAP.get(value.lower(), value))
+    return str(settings.TTS_OPENAI_VOICE_MAP.get(value.lower(), value)) if mapped else value
 
 
 class IgnoreAccept(BaseContentNegotiation):
@@ -106,20 +108,22 @@ class IgnoreAccept(BaseContentNegotiation):
         return renderers[0], renderers[0].media_type
 
 
-def job_body(data: dict[str, Any]) -> dict[str, Any]:
+def job_body(data: dict[str, Any], organization: Organization | None = None) -> dict[str, Any]:
     """Our /api/v1/speech body for a validated OpenAI body.
 
     ``model``: OpenAI's own names leave the voice's model speaking; any other is the ``engine``,
     and the voice goes as sent (the submission tries it as that model's voice, then the map).
+    ``organization``: a voice may be the name of one of its uploaded voices (vLLM-Omni's way).
     """
     fmt, rate = FORMATS[data.get("response_format") or "mp3"]
     model = str(data.get("model") or OPENAI_MODELS[0])  # vLLM-Omni's clients may name none
     if model in OPENAI_MODELS:
-        ours: dict[str, Any] = {"text": data["input"], "voice": resolve_voice(data["voice"]), "format": fmt}
+        voice = resolve_voice(data["voice"])
+        ours: dict[str, Any] = {"text": data["input"], "format": fmt}
     else:
-        voice = data["voice"].get("id") if isinstance(data["voice"], dict) else data["voice"]
-        resolve_voice(voice)  # the same 400 for a voice that is not a name
-        ours = {"text": data["input"], "voice": voice, "engine": model, "format": fmt}
+        voice = resolve_voice(data["voice"], mapped=False)
+        ours = {"text": data["input"], "engine": model, "format": fmt}
+    ours["voice"] = voice_id_named(organization, voice) if organization is not None else voice
     if data.get("sample_rate") is not None:
         rate = data["sample_rate"]  # checked against the voice's rates for the format at submit
     if rate is not None:
@@ -222,7 +226,7 @@ def submit_speech(
         return submit(
             request,
             organization,
-            job_body(data),
+            job_body(data, organization),
             "openai",
             bool(data.get("timestamps")),
             admit=streams,

@@ -1,17 +1,15 @@
-"""``GET /v1/models`` and ``GET /v1/audio/voices``: what OpenAI's clients and tools list before speaking.
+"""``GET /v1/models``: what OpenAI's clients and tools list before speaking (the voices:
+api/openai_voices.py).
 
 The models are OpenAI's own names (``tts-1``, ``tts-1-hd``, ``gpt-4o-mini-tts``: the voice's
 own model speaks) and every installed model (engine) with a ready voice, with what it can do
-(synth.registry.CAPABILITY_DEFAULTS) and whether a live worker serves it now. The voices
-are the tenant's (built-in and its own ready voices), each with the OpenAI
-names that ``TTS_OPENAI_VOICE_MAP`` maps to it.
+(synth.registry.CAPABILITY_DEFAULTS) and whether a live worker serves it now.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
@@ -21,7 +19,6 @@ from webapp.speech import heartbeat
 from webapp.speech.api.openai import OPENAI_MODELS
 from webapp.speech.api.views import TenantAPIView
 from webapp.speech.models import Voice
-from webapp.speech.services.queries import visible_voices
 
 MODELS = OPENAI_MODELS
 CREATED = 1_700_000_000  # a fixed timestamp: the field is required, its value means nothing here
@@ -85,33 +82,3 @@ class OpenAIModelsView(TenantAPIView):
                 entry["unavailable"] = True
             data.append(entry)
         return Response({"object": "list", "data": data})
-
-
-def openai_names() -> dict[str, list[str]]:
-    """Our voice id -> the OpenAI names mapped to it."""
-    names: dict[str, list[str]] = {}
-    for name, voice in sorted(settings.TTS_OPENAI_VOICE_MAP.items()):
-        names.setdefault(str(voice), []).append(str(name))
-    return names
-
-
-class OpenAIVoicesView(TenantAPIView):
-    required_scopes = {"GET": "speech:read"}
-
-    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Voices and the OpenAI names mapped to them")
-    def get(self, request: Request) -> Response:
-        names = openai_names()
-        data: list[dict[str, Any]] = [
-            {
-                "id": v.voice_id,
-                "object": "voice",
-                "name": v.name,
-                "language": v.language,
-                "engine": v.engine,
-                "openai_names": names.get(v.voice_id, []),
-            }
-            for v in visible_voices(self.organization).order_by("voice_id")
-        ]
-        return Response(
-            {"object": "list", "data": data, "openai_voice_map": dict(settings.TTS_OPENAI_VOICE_MAP)}
-        )

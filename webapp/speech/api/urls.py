@@ -6,6 +6,7 @@ from webapp.speech.api import (
     openai,
     openai_batch,
     openai_catalog,
+    openai_voices,
     session_views,
     streaming,
     timestamps,
@@ -42,7 +43,10 @@ _v1_routes: list[URLPattern | URLResolver] = [
 _openai_routes: list[URLPattern | URLResolver] = [
     path("audio/speech", openai.openai_speech, name="openai-speech"),
     path("audio/speech/batch", openai_batch.openai_speech_batch, name="openai-speech-batch"),
-    path("audio/voices", openai_catalog.OpenAIVoicesView.as_view(), name="openai-voices"),
+    path("audio/voices", openai_voices.OpenAIVoicesView.as_view(), name="openai-voices"),
+    path(
+        "audio/voices/<str:name>", openai_voices.OpenAIVoiceDetailView.as_view(), name="openai-voice-detail"
+    ),
     path("models", openai_catalog.OpenAIModelsView.as_view(), name="openai-models"),
     path("audio/voice_consents", consents.OpenAIConsentCollectionView.as_view(), name="openai-consents"),
     path("audio/voice_consents/phrase", consents.ConsentPhraseView.as_view(), name="openai-consent-phrase"),

@@ -9,6 +9,8 @@ never used: prompts are stored under generated names.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -26,7 +28,7 @@ from webapp.speech.api.serializers import VoiceSerializer
 from webapp.speech.api.views import VoiceListView
 from webapp.speech.models import Voice, VoiceConsent
 from webapp.speech.services import consents, prompts
-from webapp.tenants.models import ApiKey
+from webapp.tenants.models import ApiKey, Organization
 
 # Multipart framing around the file; Nginx allows the same margin (deploy/nginx.py).
 MULTIPART_MARGIN = 64 * 1024
@@ -61,17 +63,17 @@ def _consent(request: Request, organization: Any) -> VoiceConsent | None:
     return None
 
 
-def _audio(request: Request, limit: int) -> UploadedFile:
-    audio = request.FILES.get("audio")
+def _audio(request: Request, limit: int, name: str) -> UploadedFile:
+    audio = request.FILES.get(name)
     if not isinstance(audio, UploadedFile):
         raise DomainError(
-            ErrorCode.INVALID_REQUEST, "Attach the recording as the file field 'audio'.", field="audio"
+            ErrorCode.INVALID_REQUEST, f"Attach the recording as the file field '{name}'.", field=name
         )
     if audio.size is not None and audio.size > limit:
         raise DomainError(
             ErrorCode.REQUEST_TOO_LARGE,
             f"The file is {audio.size:,} bytes; the limit is {limit:,}.",
-            field="audio",
+            field=name,
         )
     return audio
 
@@ -88,6 +90,53 @@ def who(request: Request) -> tuple[Any, str]:
     return user, label or "unknown"
 
 
+@dataclass(frozen=True)
+class UploadForm:
+    """The multipart field names of an upload: ours (POST /api/v1/voices), or vLLM-Omni's."""
+
+    audio: str = "audio"
+    transcript: str = "transcript"
+    description: str = "description"
+    unique_name: bool = False  # a name the tenant's once (vLLM-Omni names its voices by it)
+
+
+def upload_voice(
+    request: Request,
+    organization: Organization,
+    form: UploadForm,
+    check: Callable[[Request], None] | None = None,
+) -> Voice:
+    """The voice a multipart upload makes (``processing``): limits, fields, consent, then the decode.
+
+    ``check``: the route's own refusals, once the upload was admitted (never before: a refused
+    request still counts against the upload rate)."""
+    admitted = prompts.admit_upload(organization)  # before the body is read
+    declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    if declared > settings.TTS_MAX_UPLOAD_BYTES + MULTIPART_MARGIN:
+        raise DomainError(
+            ErrorCode.REQUEST_TOO_LARGE,
+            f"The upload is {declared:,} bytes; the limit is {settings.TTS_MAX_UPLOAD_BYTES:,}.",
+        )
+    if check is not None:
+        check(request)
+    limit = prompts.upload_limit(organization)
+    audio = _audio(request, limit, form.audio)
+    name = _field(request, "name", Voice.MAX_NAME_CHARS, required=True)
+    transcript = _field(request, form.transcript, Voice.MAX_TRANSCRIPT_CHARS)
+    description = _field(request, form.description, Voice.MAX_DESCRIPTION_CHARS)
+    consent = _consent(request, organization)
+    mode = _form(request).get("cloning_mode") or None
+    user, label = who(request)
+    upload = prompts.VoiceUpload(name, transcript, mode, user, label, consent, description, form.unique_name)
+    try:
+        return prompts.create_voice_from_file(organization, audio, upload, admitted)
+    except DomainError as exc:
+        if exc.code == ErrorCode.QUOTA_EXCEEDED:
+            # Waiting frees no voice slot, so not the 429 of the monthly quota.
+            raise Problem(409, exc.code, exc.message, extra=exc.extra) from exc
+        raise
+
+
 class VoiceCollectionView(VoiceListView):
     """GET lists the voices (VoiceListView); POST uploads a prompt."""
 
@@ -100,27 +149,6 @@ class VoiceCollectionView(VoiceListView):
         summary="Upload a voice prompt (3-15 s of speech, consent=true)",
     )
     def post(self, request: Request) -> Response:
-        admitted = prompts.admit_upload(self.organization)  # before the body is read
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        if declared > settings.TTS_MAX_UPLOAD_BYTES + MULTIPART_MARGIN:
-            raise DomainError(
-                ErrorCode.REQUEST_TOO_LARGE,
-                f"The upload is {declared:,} bytes; the limit is {settings.TTS_MAX_UPLOAD_BYTES:,}.",
-            )
-        limit = prompts.upload_limit(self.organization)
-        audio = _audio(request, limit)
-        name = _field(request, "name", Voice.MAX_NAME_CHARS, required=True)
-        transcript = _field(request, "transcript", Voice.MAX_TRANSCRIPT_CHARS)
-        consent = _consent(request, self.organization)
-        mode = _form(request).get("cloning_mode") or None
-        user, label = who(request)
-        upload = prompts.VoiceUpload(name, transcript, mode, user, label, consent)
-        try:
-            voice = prompts.create_voice_from_file(self.organization, audio, upload, admitted)
-        except DomainError as exc:
-            if exc.code == ErrorCode.QUOTA_EXCEEDED:
-                # Waiting frees no voice slot, so not the 429 of the monthly quota.
-                raise Problem(409, exc.code, exc.message, extra=exc.extra) from exc
-            raise
+        voice = upload_voice(request, self.organization, UploadForm())
         location = reverse("api-voice-detail", args=[voice.voice_id])
         return Response(VoiceSerializer(voice).data, status=202, headers={"Location": location})

@@ -63,6 +63,8 @@ class VoiceUpload:
     consent_by: Any  # the user, or None for a key without one
     consent_label: str  # who confirmed consent, in words that outlive the user row
     consent: VoiceConsent | None = None  # the recorded consent it names (zero_shot needs one)
+    description: str = ""  # free words about the voice (vLLM-Omni's speaker_description)
+    unique_name: bool = False  # the name is the tenant's once among its live voices (vLLM-Omni's upload)
 
 
 @functools.cache
@@ -280,6 +282,8 @@ def _insert(
             _consent_active(upload.consent)  # before the tenant: a revocation locks it before jobs and tenant
         org = locks.lock_tenant(organization.pk)
         _check_room(org)
+        if upload.unique_name:
+            check_name_free(org, upload.name)  # under the tenant's lock: two uploads cannot both take it
         voice = Voice.objects.create(
             id=voice_uuid,
             voice_id=f"voice-{voice_uuid.hex}",
@@ -294,6 +298,7 @@ def _insert(
             prompt_bytes=os.path.getsize(files.media_path(relative)),
             original_path=original,
             transcript=upload.transcript,
+            description=upload.description,
             consent_by=upload.consent_by,
             consent_by_label=upload.consent_label[:300],
             consent_at=now,
@@ -305,6 +310,17 @@ def _insert(
         pk = voice.pk
         transaction.on_commit(lambda: dispatch.send_analysis(pk))
     return voice
+
+
+def check_name_free(organization: Organization, name: str) -> None:
+    if organization.voices.filter(
+        name__iexact=name, status__in=[Voice.Status.PROCESSING, Voice.Status.READY]
+    ).exists():
+        raise DomainError(
+            ErrorCode.VOICE_NAME_TAKEN,
+            f"Voice '{name}' already exists; delete it first (DELETE /v1/audio/voices/{name}).",
+            field="name",
+        )
 
 
 def _consent_active(consent: VoiceConsent) -> None:

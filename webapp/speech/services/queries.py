@@ -20,6 +20,21 @@ def visible_voices(organization: Organization) -> Any:
     )
 
 
+def voice_id_named(organization: Organization, value: str) -> str:
+    """``value`` as a voice id: itself when a voice has that id, else the id of the tenant's one
+    live voice of that name (vLLM-Omni names uploaded voices by name), else itself (unknown)."""
+    if Voice.objects.filter(voice_id=value).exists():
+        return value
+    named = list(
+        Voice.objects.filter(
+            organization=organization,
+            name__iexact=value,
+            status__in=[Voice.Status.READY, Voice.Status.PROCESSING],
+        ).values_list("voice_id", flat=True)[:2]
+    )
+    return named[0] if len(named) == 1 else value
+
+
 def job_row(job_id: Any, organization_id: Any = None) -> SynthesisJob | None:
     """The job with this id (of this tenant, if given), or None.
 
