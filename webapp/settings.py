@@ -473,6 +473,9 @@ TTS_OPENAI_WAIT_SECONDS = env_int("TTS_OPENAI_WAIT_SECONDS", 120)
 # POST /v1/audio/speech/batch: the largest answer (its audio in base64) it builds in memory.
 # POST /v1/audio/voices (vLLM-Omni's upload): how long it waits for the voice's analysis to end.
 TTS_OPENAI_VOICE_READY_SECONDS = env_float("TTS_OPENAI_VOICE_READY_SECONDS", 20.0)
+# A request's reference audio (ref_audio) left without a job this long is deleted by housekeeping
+# (forget_one_off_voices); normally it goes as its job ends.
+TTS_ONE_OFF_VOICE_GRACE_SECONDS = env_int("TTS_ONE_OFF_VOICE_GRACE_SECONDS", 600)
 TTS_OPENAI_BATCH_MAX_BYTES = env_int("TTS_OPENAI_BATCH_MAX_BYTES", 64 * 1024 * 1024)
 # A client waiting on /v1/audio/speech holds a lease on its job, renewed every third of it while
 # connected; a lease lapsed (the web process was killed) lets the reaper abandon the job.
@@ -568,6 +571,7 @@ TTS_HOUSEKEEPING_EVERY = {
         "blank_old_texts": 3600,
         "reject_stale_voices": 300,
         "delete_voice_files": 600,
+        "forget_one_off_voices": 300,
         "remove_orphan_files": 3600,
         "purge_temp_files": 3600,
         "prune_records": 3600,

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
+from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
 
 from webapp.housekeeping.disk import voice_path_fields
 from webapp.housekeeping.jobs import Context, job
-from webapp.speech.models import Voice
+from webapp.speech import voices
+from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services import files, prompts
 
 
@@ -78,4 +80,29 @@ def delete_voice_files(ctx: Context) -> None:
                 ctx.add("bytes_freed", files.remove_file(relative))
             ctx.add("voices")
         if len(pks) < ctx.batch:
+            break
+
+
+@job("forget_one_off_voices", "Delete requests' reference audio (ref_audio) whose job ended or never came.")
+def forget_one_off_voices(ctx: Context) -> None:
+    # Normally deleted as its job ends (voices.one_off_job_ended); this catches a request that died
+    # between its prompt and its submit, or an end whose after-commit hook was lost with its process.
+    cutoff = ctx.now - dt.timedelta(seconds=settings.TTS_ONE_OFF_VOICE_GRACE_SECONDS)
+    active = (SynthesisJob.Status.QUEUED, SynthesisJob.Status.RUNNING)
+    stale = (
+        Voice.objects.filter(one_off=True, created_at__lt=cutoff)
+        .exclude(jobs__status__in=active)
+        .select_related("organization")
+    )
+    seen: set[Any] = set()
+    while not ctx.out_of_time():
+        batch = [v for v in stale.exclude(pk__in=seen).order_by("created_at")[: ctx.batch]]
+        if not batch:
+            break
+        for voice in batch:
+            seen.add(voice.pk)
+            if voice.organization is not None:
+                voices.forget_one_off(voice.organization, voice)
+                ctx.add("deleted")
+        if len(batch) < ctx.batch:
             break

@@ -126,6 +126,9 @@ class Voice(models.Model):
     original_path = models.CharField(max_length=500, blank=True)  # kept only with TTS_KEEP_VOICE_ORIGINALS
     transcript = models.TextField(blank=True)
     description = models.CharField(max_length=500, blank=True)  # the uploader's words about the voice
+    # A request's own reference audio (ref_audio on /v1/audio/speech): listed nowhere, counted in no
+    # plan's voices, deleted once its job ends (webapp/speech/voices.py).
+    one_off = models.BooleanField(default=False)
     consent_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -11,8 +11,8 @@ from django.utils import timezone
 from webapp.audit import services as audit
 from webapp.errors import DomainError, ErrorCode
 from webapp.speech import lifecycle
-from webapp.speech.models import Voice, VoiceConsent
-from webapp.speech.services import consents, files, prompts, sentence_cache
+from webapp.speech.models import SynthesisJob, Voice, VoiceConsent
+from webapp.speech.services import consents, events, files, prompts, sentence_cache
 from webapp.tenants.models import Organization
 
 if TYPE_CHECKING:
@@ -69,7 +69,10 @@ def delete_voice(organization: Organization, voice: Voice) -> None:
         # Biometric data: its queued jobs fail `voice_deleted`, its files go at commit.
         lifecycle.fail_jobs_of_deleted_voice(locked)
         prompts.remove_voice_files(locked)
-        _drop_consent_recording(locked)
+        if not locked.one_off:
+            # A request's reference audio leaves its consent's recording: the next request naming
+            # that consent is checked against it again.
+            _drop_consent_recording(locked)
         org_id, voice_pk = locked.organization_id, locked.pk
         transaction.on_commit(lambda: sentence_cache.purge_voice(org_id, voice_pk))  # its rendered sentences
         locked.delete()
@@ -131,3 +134,20 @@ def add_consent(organization: Organization, voice: Voice, consent_id: str, actor
         details={"consent": consent.consent_id, "cloning_mode": updated.cloning_mode},
     )
     return updated
+
+
+def forget_one_off(organization: Organization, voice: Voice) -> None:
+    """Delete a request's reference-audio voice unless a job still to run uses it."""
+    if not voice.one_off:
+        raise ValueError("only a one-off voice is forgotten with its job")
+    active = (SynthesisJob.Status.QUEUED, SynthesisJob.Status.RUNNING)
+    if SynthesisJob.objects.filter(voice_id=voice.pk, status__in=active).exists():
+        return
+    delete_voice(organization, voice)
+
+
+def one_off_job_ended(event: events.JobEnded) -> None:
+    """After a job ended: the reference audio it was cloned from goes (biometric data kept no longer)."""
+    row = Voice.objects.filter(one_off=True, jobs__id=event.job_id).select_related("organization").first()
+    if row is not None and row.organization is not None:
+        forget_one_off(row.organization, row)

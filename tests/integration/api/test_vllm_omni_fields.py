@@ -58,8 +58,6 @@ def test_every_field_of_vllm_omnis_speech_request_is_honoured_or_refused_by_name
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("ref_audio", "data:audio/wav;base64,UklGRg=="),
-        ("ref_text", "The reference transcript."),
         ("ref_audio_2", "data:audio/wav;base64,UklGRg=="),
         ("ambient_sound", "ocean waves"),
         ("duration_seconds", 4.0),
@@ -88,7 +86,7 @@ def test_a_field_this_service_does_not_serve_is_a_400_naming_it(
 
 
 def test_a_refused_field_that_asks_for_nothing_is_accepted_and_so_are_nulls() -> None:
-    s = serializer(ref_audio=None, x_vector_only_mode=False, word_timestamps=False, extra_params={})
+    s = serializer(ref_audio_2=None, x_vector_only_mode=False, word_timestamps=False, extra_params={})
     assert s.is_valid(), s.errors
     # vLLM-Omni's optional fields may come as null: each means "the default".
     nulls = {
@@ -165,3 +163,44 @@ def test_every_field_of_vllm_omnis_batch_request_and_item_is_taken_by_the_batch(
     # Each goes on to the item's /v1/audio/speech body, honoured or refused there by name.
     assert not batch - {"items", "model", *ITEM_FIELDS}, sorted(batch - {"items", "model", *ITEM_FIELDS})
     assert not item - {"input", *ITEM_FIELDS}, sorted(item - {"input", *ITEM_FIELDS})
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"ref_audio": "https://example.com/me.wav", "consent": "cons_x"}, "ref_audio", "invalid_request"),
+        ({"ref_audio": "file:///etc/passwd", "consent": "cons_x"}, "ref_audio", "invalid_request"),
+        (
+            {"ref_audio": "data:audio/wav,RIFF-not-base64", "consent": "cons_x"},
+            "ref_audio",
+            "invalid_request",
+        ),
+        (
+            {"ref_audio": "data:audio/wav;base64,@@not base64@@", "consent": "cons_x"},
+            "ref_audio",
+            "invalid_audio",
+        ),
+        ({"ref_text": "What the audio says."}, "ref_text", "invalid_request"),
+        ({"ref_audio": "data:audio/wav;base64,UklGRg=="}, "consent", "consent_required"),
+        ({"ref_audio": "data:audio/wav;base64,UklGRg==", "consent": "true"}, "consent", "consent_required"),
+        ({"ref_audio": "data:audio/wav;base64,UklGRg==", "consent": "cons_0123"}, "consent", "invalid_id"),
+        (
+            {"ref_audio": "data:audio/wav;base64,UklGRg==", "consent": "cons_" + "0" * 32},
+            "consent",
+            "not_found",
+        ),
+    ],
+)
+def test_ref_audio_is_only_an_inline_data_url_under_a_recorded_consent(
+    make_tenant: Any, body: dict[str, Any], param: str, code: str
+) -> None:
+    from webapp.speech.models import SynthesisJob, Voice
+
+    tenant = make_tenant()
+    r = tenant.client.post("/v1/audio/speech", {"model": "voxcpm", "input": TEXT, **body})
+    assert 400 <= r.status_code < 500, r.content
+    error = r.json()["error"]
+    assert error["code"] == code and error["param"] == param, error
+    # Nothing half-written: no voice, no job.
+    assert not Voice.objects.filter(organization_id=tenant.org.pk).exists()
+    assert not SynthesisJob.objects.filter(organization_id=tenant.org.pk).exists()

@@ -28,6 +28,7 @@ def test_the_beat_schedule_contains_every_job() -> None:
             "blank_old_texts",
             "reject_stale_voices",
             "delete_voice_files",
+            "forget_one_off_voices",
             "remove_orphan_files",
             "purge_temp_files",
             "prune_records",

@@ -8,6 +8,7 @@ real analysis and VoxCPM workers, on the test stack's PostgreSQL and Redis.
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,3 +164,47 @@ def _embedded(consent_id: str) -> bool:
     from webapp.speech.models import VoiceConsent
 
     return VoiceConsent.objects.filter(pk=consent_id.removeprefix("cons_"), embedding__isnull=False).exists()
+
+
+def data_url(path: Path) -> str:
+    return "data:audio/wav;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def test_ref_audio_clones_for_one_request_under_its_consent_and_is_gone_when_the_job_ends(
+    stack: TestStack, workers: None, voxcpm_voices: None, tmp_path: Path, settings: Any
+) -> None:
+    """vLLM-Omni's ref_audio + ref_text on /v1/audio/speech (issue 56, item 2): a one-off prompt, on
+    the upload's path (decode sandbox, limits, the analysis's speaker check against the consent)."""
+    from webapp.speech.models import SynthesisJob, Voice, VoiceConsent
+
+    settings.TTS_OPENAI_VOICE_READY_SECONDS = 120  # a cold analysis worker on 2 shared cores
+    org, _raw, client = make_client()
+    cons = consent(client, tmp_path, "slt")
+    prompt = pf.flite("slt", tmp_path / "ref-slt.wav")
+    body = {
+        "model": "voxcpm",
+        "input": "Spoken in the reference's voice.",
+        "ref_audio": data_url(prompt),
+        "ref_text": pf.PROMPT_SENTENCE,
+        "consent": cons,
+        "response_format": "wav",
+    }
+    r = client.post("/v1/audio/speech", body)
+    assert r.status_code == 200, r.content[:300]
+    assert b"".join(r.streaming_content)[:4] == b"RIFF"
+    (job,) = SynthesisJob.objects.filter(organization=org)
+    assert job.cloning_mode == "zero_shot" and job.status == SynthesisJob.Status.SUCCEEDED
+    # Never stored past the job: the one-off voice and its prompt go as the job ends.
+    wait_until(lambda: not Voice.objects.filter(organization=org).exists(), 30, "the one-off voice deleted")
+    assert not list((Path(settings.MEDIA_ROOT) / "voices" / str(org.pk)).glob("*"))
+    # Its consent keeps its recording: the next request naming it is checked against it again.
+    assert VoiceConsent.objects.get(pk=cons.removeprefix("cons_")).recording_path
+
+    # Another speaker's audio under slt's consent is refused by the analysis, and nothing is kept.
+    other = {**body, "ref_audio": data_url(pf.flite("awb", tmp_path / "ref-awb.wav"))}
+    refused = client.post("/v1/audio/speech", other)
+    assert refused.status_code == 422, refused.content
+    error = refused.json()["error"]
+    assert error["code"] == "consent_mismatch" and error["param"] == "ref_audio", error
+    assert not Voice.objects.filter(organization=org).exists()
+    assert SynthesisJob.objects.filter(organization=org).count() == 1  # no job for the refused one

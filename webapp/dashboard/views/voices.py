@@ -66,7 +66,7 @@ def _context(tenant: Tenant, form: VoiceUploadForm) -> dict[str, object]:
     builtin = [v for v in usable if v.organization_id is None]
     names = {v.voice_id: v.name for v in builtin}
     own = (
-        Voice.objects.filter(organization=tenant.organization)
+        Voice.objects.filter(organization=tenant.organization, one_off=False)
         .select_related("consent")
         .order_by("-created_at", "name")
     )

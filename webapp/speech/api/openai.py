@@ -52,12 +52,14 @@ from webapp.speech.api.streaming import (
     wants_stream,
 )
 from webapp.speech.api.views import TenantAPIView, submit
+from webapp.speech.api.voices import reference_voice
 from webapp.speech.api.waiting import WaitingAPIView
 from webapp.speech.models import SynthesisJob, Voice
 from webapp.speech.services.files import media_path
 from webapp.speech.services.ledger import reports
 from webapp.speech.services.queries import voice_id_named
 from webapp.speech.services.waiting import Wait, WaiterLease, WaitSlot, keep_lease, wait_view
+from webapp.speech.voices import forget_one_off
 from webapp.tenants.models import Organization
 
 
@@ -221,7 +223,25 @@ def submit_speech(
 ) -> tuple[SynthesisJob, bool]:
     """The job, and whether this request made it (not an Idempotency-Key replay). ``streams``: the
     client asked for a stream, which a full interactive lane refuses at once (a whole file waits).
-    ``item``: the body is that item of a batch (POST /v1/audio/speech/batch)."""
+    ``item``: the body is that item of a batch (POST /v1/audio/speech/batch). ``ref_audio``: the
+    job clones it, as a one-off voice deleted once the job ends (``voices.one_off_job_ended``)."""
+    reference = reference_voice(request, organization, data) if data.get("ref_audio") else None
+    if reference is not None:
+        data = {**data, "voice": reference.voice_id}
+    try:
+        job, created = _submitted(request, organization, data, streams, item)
+    except BaseException:
+        if reference is not None:
+            forget_one_off(organization, reference)  # no job will use it
+        raise
+    if reference is not None and not created:
+        forget_one_off(organization, reference)  # an Idempotency-Key replay's job has its own
+    return job, created
+
+
+def _submitted(
+    request: Request, organization: Organization, data: dict[str, Any], streams: bool, item: int | None
+) -> tuple[SynthesisJob, bool]:
     try:
         return submit(
             request,

@@ -18,11 +18,9 @@ its ``status``); a prompt the analysis rejects is the same 4xx as on our own upl
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.parsers import MultiPartParser
@@ -45,7 +43,6 @@ VLLM_OMNI_UPLOAD = UploadForm(
 )
 # A voice's name is the tenant's once among these (a rejected upload leaves its name free).
 _NAMED = (Voice.Status.PROCESSING, Voice.Status.READY)
-READY_POLL_SECONDS = 0.25
 
 
 def openai_names() -> dict[str, list[str]]:
@@ -77,7 +74,9 @@ def uploaded_entry(voice: Voice) -> dict[str, Any]:
 
 
 def own_voices_named(organization: Organization, name: str) -> Any:
-    return Voice.objects.filter(organization=organization, name__iexact=name, status__in=_NAMED)
+    return Voice.objects.filter(
+        organization=organization, name__iexact=name, status__in=_NAMED, one_off=False
+    )
 
 
 class OpenAIVoicesView(TenantAPIView):
@@ -105,9 +104,9 @@ class OpenAIVoicesView(TenantAPIView):
         usable = {v.voice_id for v in voices if v.organization_id is None}
         usable |= {v.name for v in voices if v.organization_id is not None}
         usable |= {n for v in voices for n in names.get(v.voice_id, [])}
-        uploaded = Voice.objects.filter(organization=self.organization, status__in=_NAMED).order_by(
-            "created_at"
-        )
+        uploaded = Voice.objects.filter(
+            organization=self.organization, status__in=_NAMED, one_off=False
+        ).order_by("created_at")
         return Response(
             {
                 "object": "list",
@@ -125,10 +124,12 @@ class OpenAIVoicesView(TenantAPIView):
     )
     def post(self, request: Request) -> Response:
         voice = upload_voice(request, self.organization, VLLM_OMNI_UPLOAD, check=self._refusals)
-        voice = _analysed(voice, settings.TTS_OPENAI_VOICE_READY_SECONDS)
+        voice = prompts.decided(voice, settings.TTS_OPENAI_VOICE_READY_SECONDS)
         if voice.status == Voice.Status.REJECTED:
             raise DomainError(
-                prompts.upload_error(voice.rejected_code), voice.status_reason, field=VLLM_OMNI_UPLOAD.audio
+                prompts.rejection_error(voice.rejected_code),
+                voice.status_reason,
+                field=VLLM_OMNI_UPLOAD.audio,
             )
         return Response({"success": True, "voice": uploaded_entry(voice)})
 
@@ -143,17 +144,6 @@ class OpenAIVoicesView(TenantAPIView):
         name = str(request.POST.get("name") or "").strip()
         if name:  # before the decode (the insert checks again, under the tenant's lock)
             prompts.check_name_free(self.organization, name)
-
-
-def _analysed(voice: Voice, seconds: float) -> Voice:
-    """The voice once its analysis ended, or as it is after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while voice.status == Voice.Status.PROCESSING and time.monotonic() < deadline:
-        if not connection.in_atomic_block:
-            connection.close()  # back to the pool (ASGI) while it sleeps
-        time.sleep(READY_POLL_SECONDS)
-        voice.refresh_from_db()
-    return voice
 
 
 class OpenAIVoiceDetailView(TenantAPIView):

@@ -7,6 +7,7 @@ form alike). Validation is strict: unknown fields are refused, numbers must be J
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rest_framework import serializers
@@ -156,10 +157,6 @@ SAMPLE_RATE_HELP = (
 # 400 naming it when it asks for something (a null, a false, an empty value asks for nothing).
 # Silently dropped, they would change the audio the client gets and still be charged in full.
 VLLM_OMNI_REFUSED = {
-    "ref_audio": "a one-off reference prompt is not served on this endpoint yet; upload the voice "
-    "(POST /api/v1/voices, with a consent) and name it as the voice",
-    "ref_text": "a one-off reference prompt is not served on this endpoint yet; upload the voice with "
-    "its reference text (POST /api/v1/voices) and name it as the voice",
     "ref_audio_2": "two-speaker dialogue is not served",
     "ambient_sound": "sound effects are not served",
     "duration_seconds": "a target duration is not served",
@@ -173,6 +170,8 @@ VLLM_OMNI_REFUSED = {
     "or from GET /api/v1/speech/{id}/timestamps",
 }
 TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
+# data:[<media type>][;parameters];base64,<data>
+DATA_URL = re.compile(r"data:[\w.+-]*/?[\w.+-]*(;[\w.+-]+=[\w.+-]+)*;base64,", re.ASCII)
 
 
 class OpenAISpeechSerializer(serializers.Serializer):
@@ -240,6 +239,28 @@ class OpenAISpeechSerializer(serializers.Serializer):
         "(text/event-stream), a speech.audio.delta event (base64 audio) per chunk, then speech.audio.done "
         "with usage (input_tokens = total_tokens = the billable characters charged).",
     )
+    ref_audio = StrictCharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="vLLM-Omni's reference audio to clone for this request only, as a data: URL "
+        "(data:audio/wav;base64,...); file: and http(s) URLs are refused. Needs a model that clones and "
+        "consent (a recorded consent of the speaker, cons_...); kept only until the job ends.",
+    )
+    ref_text = StrictCharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        max_length=2000,
+        help_text="What ref_audio says (improves cloning); only with ref_audio.",
+    )
+    consent = StrictCharField(
+        required=False,
+        allow_null=True,
+        max_length=100,
+        help_text="Ours: the recorded consent (cons_...) of ref_audio's speaker (POST /v1/audio/voice_consents).",
+    )
     timestamps = StrictBooleanField(
         required=False,
         default=False,
@@ -253,10 +274,22 @@ class OpenAISpeechSerializer(serializers.Serializer):
         for name, why in VLLM_OMNI_REFUSED.items():
             if raw.get(name) not in (None, False, "", [], {}):
                 raise serializers.ValidationError({name: f"{name}: {why}."})
-        if attrs.get("voice") in (None, "") and not attrs.get("speaker"):
+        ref_audio = attrs.get("ref_audio") or ""
+        if ref_audio and not DATA_URL.match(ref_audio[:200]):
+            raise serializers.ValidationError(
+                {
+                    "ref_audio": "ref_audio must be a data: URL with base64 audio (data:audio/wav;base64,...); "
+                    "file: and http(s) URLs are not fetched."
+                }
+            )
+        if attrs.get("ref_text") and not ref_audio:
+            raise serializers.ValidationError(
+                {"ref_text": "ref_text says what ref_audio says: send ref_audio too."}
+            )
+        if attrs.get("voice") in (None, "") and not attrs.get("speaker") and not ref_audio:
             raise serializers.ValidationError({"voice": "This field is required."})
         if attrs.get("voice") in (None, ""):
-            attrs["voice"] = attrs["speaker"]  # vLLM-Omni's alias, used only without a voice
+            attrs["voice"] = attrs.get("speaker")  # vLLM-Omni's alias, used only without a voice
         if attrs.get("task_type") == "VoiceDesign":
             raise serializers.ValidationError(
                 {"task_type": "VoiceDesign is not served: name a preset or uploaded voice."}

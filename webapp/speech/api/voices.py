@@ -9,12 +9,15 @@ never used: prompts are stored under generated names.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.files.base import ContentFile
 from django.core.files.uploadedfile import UploadedFile
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
@@ -28,6 +31,7 @@ from webapp.speech.api.serializers import VoiceSerializer
 from webapp.speech.api.views import VoiceListView
 from webapp.speech.models import Voice, VoiceConsent
 from webapp.speech.services import consents, prompts
+from webapp.speech.voices import forget_one_off
 from webapp.tenants.models import ApiKey, Organization
 
 # Multipart framing around the file; Nginx allows the same margin (deploy/nginx.py).
@@ -152,3 +156,73 @@ class VoiceCollectionView(VoiceListView):
         voice = upload_voice(request, self.organization, UploadForm())
         location = reverse("api-voice-detail", args=[voice.voice_id])
         return Response(VoiceSerializer(voice).data, status=202, headers={"Location": location})
+
+
+def reference_voice(request: Request, organization: Organization, data: dict[str, Any]) -> Voice:
+    """A request's ``ref_audio`` (a base64 ``data:`` URL) as a one-off voice, ready to clone: the
+    upload's rate, size limit, decode sandbox and consent rules, then the analysis (the consent's
+    speaker must be the prompt's), waited for up to ``TTS_OPENAI_VOICE_READY_SECONDS``."""
+    admitted = prompts.admit_upload(organization)
+    audio = _data_url_audio(str(data["ref_audio"]), prompts.upload_limit(organization))
+    consent_id = str(data.get("consent") or "")
+    if not consent_id.startswith("cons_"):
+        raise DomainError(
+            ErrorCode.CONSENT_REQUIRED,
+            "Cloning ref_audio needs its speaker's recorded consent: record one (POST /v1/audio/voice_consents) "
+            "and name it (consent: cons_...).",
+            field="consent",
+        )
+    try:
+        consent = consents.usable_consent(organization, consent_id)
+    except DomainError as exc:
+        exc.field = exc.field or "consent"
+        raise
+    user, label = who(request)
+    upload = prompts.VoiceUpload(
+        "Reference audio",
+        str(data.get("ref_text") or ""),
+        prompts.ZERO_SHOT,
+        user,
+        label,
+        consent,
+        one_off=True,
+    )
+    try:
+        voice = prompts.create_voice_from_file(
+            organization, ContentFile(audio, name="ref_audio"), upload, admitted
+        )
+    except DomainError as exc:
+        if exc.field in ("audio", "cloning_mode"):
+            exc.field = "ref_audio"
+        raise
+    voice = prompts.decided(voice, settings.TTS_OPENAI_VOICE_READY_SECONDS)
+    if voice.status == Voice.Status.READY:
+        return voice
+    forget_one_off(organization, voice)
+    if voice.status == Voice.Status.REJECTED:
+        raise DomainError(
+            prompts.rejection_error(voice.rejected_code), voice.status_reason, field="ref_audio"
+        )
+    raise DomainError(
+        ErrorCode.VOICE_NOT_READY,
+        f"The analysis of ref_audio did not finish within {settings.TTS_OPENAI_VOICE_READY_SECONDS:g} s; "
+        "nothing was charged. Try again, or upload the voice once (POST /v1/audio/voices) and name it.",
+        field="ref_audio",
+    )
+
+
+def _data_url_audio(url: str, limit: int) -> bytes:
+    """The bytes of a base64 ``data:`` URL (the serializer checked its form), within ``limit``."""
+    encoded = url.partition(",")[2]
+    if len(encoded) > 4 * (limit // 3 + 1):
+        raise DomainError(
+            ErrorCode.REQUEST_TOO_LARGE,
+            f"ref_audio is over the upload limit of {limit:,} bytes.",
+            field="ref_audio",
+        )
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise DomainError(
+            ErrorCode.INVALID_AUDIO, "ref_audio is not valid base64.", field="ref_audio"
+        ) from exc

@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ class VoiceUpload:
     consent: VoiceConsent | None = None  # the recorded consent it names (zero_shot needs one)
     description: str = ""  # free words about the voice (vLLM-Omni's speaker_description)
     unique_name: bool = False  # the name is the tenant's once among its live voices (vLLM-Omni's upload)
+    one_off: bool = False  # a request's own reference audio, gone with its job (Voice.one_off)
 
 
 @functools.cache
@@ -140,7 +142,7 @@ def upload_limit(organization: Organization) -> int:
 
 def _check_room(organization: Organization) -> None:
     plan = organization.plan
-    if Voice.objects.filter(_LIVE, organization=organization).count() >= plan.max_voices:
+    if Voice.objects.filter(_LIVE, organization=organization, one_off=False).count() >= plan.max_voices:
         raise DomainError(
             ErrorCode.QUOTA_EXCEEDED,
             f"The plan allows {plan.max_voices} voices; delete one before adding another.",
@@ -157,6 +159,13 @@ def upload_error(code: str) -> ErrorCode:
     if code == "upload_too_large":
         return ErrorCode.REQUEST_TOO_LARGE
     return ErrorCode(code) if code in UPLOAD_CODES else ErrorCode.INVALID_AUDIO
+
+
+def rejection_error(code: str) -> ErrorCode:
+    """The API error for an analysis's rejection code: itself where it is one (``consent_mismatch``),
+    else as an upload's refusal (``no_speech`` is an ``invalid_audio``)."""
+    codes = {c.value for c in ErrorCode}
+    return ErrorCode(code) if code in codes and code != "upload_too_large" else upload_error(code)
 
 
 @dataclass(frozen=True)
@@ -220,6 +229,13 @@ def create_voice(
             "and name it (consent=cons_...).",
             field="consent",
         )
+    if upload.one_off and mode != ZERO_SHOT:
+        raise DomainError(
+            ErrorCode.CLONING_UNAVAILABLE,
+            "Reference audio is cloned zero-shot, which needs a model that clones and a recorded consent "
+            "(consent=cons_...).",
+            field="ref_audio",
+        )
     if mode == ZERO_SHOT and upload.consent is None:
         raise DomainError(
             ErrorCode.CONSENT_REQUIRED,
@@ -227,7 +243,8 @@ def create_voice(
             "and name it (consent=cons_...).",
             field="consent",
         )
-    _check_room(organization)
+    if not upload.one_off:
+        _check_room(organization)
     if not connection.in_atomic_block:
         # Back to the pool (ASGI) while the upload waits for a decoder and decodes: a connection
         # held that long by each upload would be taken from every other request of the process.
@@ -281,7 +298,8 @@ def _insert(
         if upload.consent is not None:
             _consent_active(upload.consent)  # before the tenant: a revocation locks it before jobs and tenant
         org = locks.lock_tenant(organization.pk)
-        _check_room(org)
+        if not upload.one_off:  # a request's prompt takes no voice slot: its job's end removes it
+            _check_room(org)
         if upload.unique_name:
             check_name_free(org, upload.name)  # under the tenant's lock: two uploads cannot both take it
         voice = Voice.objects.create(
@@ -299,6 +317,7 @@ def _insert(
             original_path=original,
             transcript=upload.transcript,
             description=upload.description,
+            one_off=upload.one_off,
             consent_by=upload.consent_by,
             consent_by_label=upload.consent_label[:300],
             consent_at=now,
@@ -314,7 +333,7 @@ def _insert(
 
 def check_name_free(organization: Organization, name: str) -> None:
     if organization.voices.filter(
-        name__iexact=name, status__in=[Voice.Status.PROCESSING, Voice.Status.READY]
+        name__iexact=name, status__in=[Voice.Status.PROCESSING, Voice.Status.READY], one_off=False
     ).exists():
         raise DomainError(
             ErrorCode.VOICE_NAME_TAKEN,
@@ -539,6 +558,18 @@ def remove_voice_files(voice: Voice) -> None:
     paths = [p for p in (voice.prompt_path, voice.original_path) if p]
     if paths:
         transaction.on_commit(lambda: [files.remove_file(p) for p in paths])
+
+
+def decided(voice: Voice, seconds: float, poll: float = 0.25) -> Voice:
+    """The voice once its analysis ended (ready or rejected), or as it is after ``seconds``: for a
+    request that answers only with a usable voice (vLLM-Omni's upload, a request's ref_audio)."""
+    deadline = time.monotonic() + seconds
+    while voice.status == Voice.Status.PROCESSING and time.monotonic() < deadline:
+        if not connection.in_atomic_block:
+            connection.close()  # back to the pool (ASGI) while it sleeps
+        time.sleep(poll)
+        voice.refresh_from_db()
+    return voice
 
 
 def unused_voices(now: dt.datetime | None = None) -> Any:

@@ -16,7 +16,7 @@ Status = SynthesisJob.Status
 def visible_voices(organization: Organization) -> Any:
     """Voices a tenant may use: the built-in ones and its own, ready ones only."""
     return Voice.objects.filter(
-        Q(organization__isnull=True) | Q(organization=organization), status=Voice.Status.READY
+        Q(organization__isnull=True) | Q(organization=organization), status=Voice.Status.READY, one_off=False
     )
 
 
@@ -30,6 +30,7 @@ def voice_id_named(organization: Organization, value: str) -> str:
             organization=organization,
             name__iexact=value,
             status__in=[Voice.Status.READY, Voice.Status.PROCESSING],
+            one_off=False,
         ).values_list("voice_id", flat=True)[:2]
     )
     return named[0] if len(named) == 1 else value
