@@ -328,3 +328,31 @@ def test_a_recycled_child_is_replaced_at_once(stack: TestStack, builtin_voices: 
     finally:
         stop.set()
         stack.stop_service(worker)
+
+
+def test_wake_ups_that_claim_nothing_do_not_count_toward_a_childs_task_limit(
+    stack: TestStack, builtin_voices: list[str]
+) -> None:
+    """A backlog's spent wake-ups (its batch share full, or its job taken already) run no job: they
+    must not recycle the child kept free for interactive work (a unit arriving during the
+    replacement's load would wait for it)."""
+    import uuid
+
+    from webapp.speech.tasks import synthesize_job
+
+    flush_queues(stack, "synth.espeak")
+    worker = start_worker(stack, "w-spent", TTS_WORKER_MAX_TASKS_PER_CHILD="3")
+    try:
+        (child,) = pids(worker)
+        for _ in range(10):  # wake-ups for jobs that no longer exist: each claims nothing
+            synthesize_job.apply_async(args=(str(uuid.uuid4()),), queue="synth.espeak")
+        wait_until(lambda: stack.redis_client().llen("synth.espeak") == 0, 30, "the wake-ups to be taken")
+        org = make_org("spent")
+        jobs = [submit(org, f"Job {i}. {SHORT}") for i in range(2)]
+        assert [r.status for r in wait_status([j.id for j in jobs], timeout=60)] == ["succeeded"] * 2
+        assert pids(worker) == {child}  # 12 messages, 2 of them jobs: under its limit of 3
+        third = submit(org, f"Job 3. {SHORT}")
+        assert wait_status([third.id], timeout=60)[0].status == "succeeded"
+        wait_until(lambda: pids(worker) and pids(worker) != {child}, 30, "the child replaced after 3 jobs")
+    finally:
+        stack.stop_service(worker)

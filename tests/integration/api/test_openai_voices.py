@@ -1,28 +1,28 @@
-"""/v1/audio/voices as vLLM-Omni's clients use it (issue 56, item 1): list (``voices``,
-``uploaded_voices`` beside our ``data``), upload (multipart ``audio_sample``, ``consent``, ``name``,
-``ref_text``, ``speaker_description``), speak by the uploaded name, delete by name; tenant-scoped,
-on our upload path (limits, decode sandbox, consent rules)."""
+"""/v1/audio/voices as vLLM-Omni's clients use it (issue 56, item 1): the refusals, tenant scope and
+scopes of its upload and deletion, on our upload path (limits, decode sandbox, consent rules).
+
+The whole round trip (upload through Nginx, waited for the analysis, listed, cloned by its name,
+deleted by name) runs with the VoxCPM worker that clones it: tests/integration/voxcpm/
+test_consented_cloning.py."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from tests import prompt_files as pf
-from tests.integration.api.conftest import Tenant, base_url
+from tests.integration.api.conftest import Tenant
 
 URL = "/v1/audio/voices"
 
 
 @pytest.fixture(autouse=True)
 def no_analysis_wait(settings: Any) -> None:
-    """In this process (no analysis runs for the test client's uploads) the upload answers at once;
-    the web the live test talks to waits as configured."""
+    """No analysis worker runs for these uploads (their transaction never commits): the upload
+    answers at once, its voice ``processing``."""
     settings.TTS_OPENAI_VOICE_READY_SECONDS = 0
 
 
@@ -36,73 +36,6 @@ def upload(tenant: Tenant, path: Path, **fields: str) -> Any:
     with open(path, "rb") as fh:
         data["audio_sample"] = fh
         return tenant.client.client.post(URL, data, HTTP_AUTHORIZATION=f"Bearer {tenant.raw_key}")
-
-
-@pytest.fixture
-def analysis_worker(stack: Any, django_db_setup: None) -> Iterator[Any]:
-    service = stack.start_worker(
-        "analysis", queues="analysis", env={"TTS_WORKER_ROLE": "analysis"}, wait_ready=False
-    )
-    yield service
-    stack.stop_service(service)
-
-
-def test_a_voice_uploaded_as_vllm_omni_does_is_listed_spoken_by_name_and_deleted_by_name(
-    live_tenant: Callable[..., Tenant], web: Any, analysis_worker: Any, sample: Path
-) -> None:
-    from webapp.speech.models import SynthesisJob, Voice
-
-    tenant = live_tenant()
-    url = base_url(web)
-    auth = {"Authorization": f"Bearer {tenant.raw_key}"}
-    t = time.monotonic()
-    with open(sample, "rb") as fh:
-        r = requests.post(
-            f"{url}{URL}",
-            files={"audio_sample": ("slt.wav", fh, "audio/wav")},
-            data={
-                "consent": "true",
-                "name": "Stella",
-                "ref_text": pf.PROMPT_SENTENCE,
-                "speaker_description": "a clear, calm narrator",
-            },
-            headers=auth,
-            verify=False,
-            timeout=120,
-        )
-    assert r.status_code == 200, r.text[:500]
-    answer = r.json()
-    assert answer["success"] is True
-    voice = answer["voice"]
-    # vLLM-Omni answers once the voice is usable: the request waited for the analysis.
-    assert voice["status"] == "ready", (voice, time.monotonic() - t)
-    assert voice["name"] == "Stella" and voice["ref_text"] == pf.PROMPT_SENTENCE
-    assert voice["speaker_description"] == "a clear, calm narrator"
-    assert voice["file_size"] > 0 and voice["mime_type"] == "audio/wav" and voice["created_at"] > 0
-
-    listed = requests.get(f"{url}{URL}", headers=auth, verify=False, timeout=30).json()
-    assert "Stella" in listed["voices"] and "alloy" in listed["voices"]
-    assert [v["name"] for v in listed["uploaded_voices"]] == ["Stella"]
-    assert any(v["id"] == voice["id"] for v in listed["data"])  # ours, beside vLLM-Omni's lists
-
-    # The uploaded name is the voice on /v1/audio/speech, in any case, as on vLLM-Omni.
-    spoken = requests.post(
-        f"{url}/v1/audio/speech",
-        json={"input": "Said by the uploaded voice.", "voice": "stella", "response_format": "wav"},
-        headers=auth,
-        verify=False,
-        timeout=120,
-    )
-    assert spoken.status_code == 200 and spoken.content[:4] == b"RIFF", spoken.text[:300]
-    (job,) = SynthesisJob.objects.filter(organization_id=tenant.org.pk)
-    assert job.voice_id == Voice.objects.get(voice_id=voice["id"]).pk
-
-    deleted = requests.delete(f"{url}{URL}/Stella", headers=auth, verify=False, timeout=30)
-    assert deleted.status_code == 200, deleted.text
-    assert deleted.json() == {"success": True, "message": "Voice 'Stella' deleted successfully"}
-    assert not Voice.objects.filter(voice_id=voice["id"]).exists()
-    again = requests.delete(f"{url}{URL}/Stella", headers=auth, verify=False, timeout=30)
-    assert again.status_code == 404 and again.json()["error"]["code"] == "not_found"
 
 
 def test_a_name_is_the_tenants_once_and_another_tenant_may_take_it(

@@ -50,8 +50,11 @@ REQUIRED = {
     ("GET", "/api/v1/sessions"): READ,
     ("GET", "/api/v1/sessions/{session_id}"): READ,
     ("POST", "/v1/audio/speech"): WRITE,
+    ("POST", "/v1/audio/speech/batch"): WRITE,
     ("GET", "/v1/models"): READ,
     ("GET", "/v1/audio/voices"): READ,
+    ("POST", "/v1/audio/voices"): VOICES,
+    ("DELETE", "/v1/audio/voices/{name}"): VOICES,
     ("GET", "/api/v1/keys"): KEYS,
     ("POST", "/api/v1/keys"): KEYS,
     ("DELETE", "/api/v1/keys/{key_id}"): KEYS,
@@ -108,7 +111,11 @@ def _call(client: ApiClient, method: str, template: str) -> Any:
         "{delivery_id}", str(uuid.uuid4())
     )
     path = template.format(
-        voice_id="no-such-voice", job_id=uuid.uuid4(), key_id=uuid.uuid4(), session_id=uuid.uuid4()
+        voice_id="no-such-voice",
+        name="no-such-voice",
+        job_id=uuid.uuid4(),
+        key_id=uuid.uuid4(),
+        session_id=uuid.uuid4(),
     )
     if method == "POST":
         return client.post(path, {})

@@ -208,3 +208,69 @@ def test_ref_audio_clones_for_one_request_under_its_consent_and_is_gone_when_the
     assert error["code"] == "consent_mismatch" and error["param"] == "ref_audio", error
     assert not Voice.objects.filter(organization=org).exists()
     assert SynthesisJob.objects.filter(organization=org).count() == 1  # no job for the refused one
+
+
+def test_a_voice_uploaded_as_vllm_omni_does_is_cloned_by_its_name_and_deleted_by_it(
+    stack: TestStack, workers: None, voxcpm_voices: None, web: Any, tmp_path: Path
+) -> None:
+    """vLLM-Omni's voice surface (issue 56, item 1) through Nginx: multipart upload with a consent id
+    and reference text, answered once the analysis made it usable; listed; spoken by its name (in
+    any case) on /v1/audio/speech; deleted by its name."""
+    import requests
+
+    from tests.integration.api.conftest import base_url
+    from webapp.speech.models import SynthesisJob, Voice
+
+    org, raw, client = make_client()
+    cons = consent(client, tmp_path, "slt")
+    url, auth = base_url(web), {"Authorization": f"Bearer {raw}"}
+    with open(pf.flite("slt", tmp_path / "upload-slt.wav"), "rb") as fh:
+        r = requests.post(
+            f"{url}/v1/audio/voices",
+            files={"audio_sample": ("slt.wav", fh, "audio/wav")},
+            data={
+                "consent": cons,
+                "name": "Stella",
+                "ref_text": pf.PROMPT_SENTENCE,
+                "speaker_description": "a clear, calm narrator",
+            },
+            headers=auth,
+            verify=False,
+            timeout=120,
+        )
+    assert r.status_code == 200, r.text[:500]
+    assert r.json()["success"] is True
+    voice = r.json()["voice"]
+    # vLLM-Omni's voice is usable when its upload answers: the request waited for the analysis.
+    assert voice["status"] == "ready", voice
+    assert voice["name"] == "Stella" and voice["consent"] == cons and voice["ref_text"] == pf.PROMPT_SENTENCE
+    assert voice["speaker_description"] == "a clear, calm narrator"
+    assert voice["file_size"] > 0 and voice["mime_type"] == "audio/wav" and voice["created_at"] > 0
+
+    listed = requests.get(f"{url}/v1/audio/voices", headers=auth, verify=False, timeout=30).json()
+    assert {"Stella", "voxcpm:default"} <= set(listed["voices"])
+    assert [v["name"] for v in listed["uploaded_voices"]] == ["Stella"]
+    assert any(v["id"] == voice["id"] for v in listed["data"])  # ours, beside vLLM-Omni's lists
+
+    spoken = requests.post(
+        f"{url}/v1/audio/speech",
+        json={
+            "model": "voxcpm",
+            "input": "Said by the uploaded voice.",
+            "voice": "stella",
+            "response_format": "wav",
+        },
+        headers=auth,
+        verify=False,
+        timeout=120,
+    )
+    assert spoken.status_code == 200 and spoken.content[:4] == b"RIFF", spoken.text[:300]
+    (job,) = SynthesisJob.objects.filter(organization=org)
+    assert job.voice_id == Voice.objects.get(voice_id=voice["id"]).pk and job.cloning_mode == "zero_shot"
+
+    deleted = requests.delete(f"{url}/v1/audio/voices/Stella", headers=auth, verify=False, timeout=30)
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json() == {"success": True, "message": "Voice 'Stella' deleted successfully"}
+    assert not Voice.objects.filter(voice_id=voice["id"]).exists()
+    again = requests.delete(f"{url}/v1/audio/voices/Stella", headers=auth, verify=False, timeout=30)
+    assert again.status_code == 404 and again.json()["error"]["code"] == "not_found"

@@ -46,7 +46,7 @@ def run_group(state: worker.WorkerState, job_id: str, limits: list[float] | None
         log.error("job %s: %s; message handed back", job_id, exc)
         raise Reject(str(exc), requeue=True) from exc
     if first is None:
-        worker.after_task(state, None, None, 0)
+        worker.after_task(state, None, None, 0, ran=False)
         return SKIPPED.name
     group = _Group(state, first[0].engine)
     try:

@@ -29,6 +29,7 @@ def deliver(job_id: str, limits: list[float] | None) -> str:
     if mode.batching_enabled():  # a GPU child on torch: several jobs at once (runtime/batching.py)
         return batching.run_group(state, job_id, limits)
     outcome = SKIPPED
+    claimed = None
     try:
         claimed = claims.claim_for_message(state, job_id, limits)
         if claimed is not None:
@@ -41,6 +42,11 @@ def deliver(job_id: str, limits: list[float] | None) -> str:
         state.current_job = None
         state.attempts.clear()  # a job claimed and never run (the database went away) is not watched
         worker.after_task(
-            state, outcome.engine, outcome.cpu_seconds, outcome.characters, oom=outcome.out_of_memory
+            state,
+            outcome.engine,
+            outcome.cpu_seconds,
+            outcome.characters,
+            oom=outcome.out_of_memory,
+            ran=claimed is not None,
         )
     return outcome.name

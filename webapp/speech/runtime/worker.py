@@ -544,14 +544,19 @@ def after_task(
     cpu_seconds: float | None,
     characters: int,
     oom: bool = False,
+    ran: bool = True,
 ) -> str | None:
     """Count the task, feed the health check, and ask to leave when the child should be replaced.
 
     ``cpu_seconds`` and ``characters`` (of a succeeded synthesis; None/0
     otherwise) feed the drift check, which compares CPU seconds per character:
-    a busy host slows a child without degrading it.
+    a busy host slows a child without degrading it. ``ran``: the message claimed a job. One that
+    claimed nothing (a wake-up spent while the batch share was full, or for a job taken already)
+    is not a task toward the child's limit: a backlog's spent wake-ups recycled the child kept free
+    for interactive work every two hundred of them, and a unit arriving during its reload waited.
     """
-    state.tasks_done += 1
+    if ran:
+        state.tasks_done += 1
     state.current_job = None
     if engine and cpu_seconds and characters > 0:
         state.health.rtf.add(engine, cpu_seconds / characters, characters)
