@@ -68,6 +68,14 @@ class Cancelled(SynthError, code="canceled"):
         super().__init__(message)
 
 
+class UpstreamFailed(SynthError, code="upstream_failed"):
+    """A remote model's upstream refused a sentence, answered no PCM, or no replica was reachable."""
+
+
+class UpstreamTimeout(SynthError, code="upstream_timeout"):
+    """A remote model's upstream sent nothing for longer than the model's read timeout."""
+
+
 class AudioRejected(SynthError, code="audio_rejected"):
     """An uploaded voice prompt that breaks one of the upload limits."""
 

@@ -51,6 +51,9 @@ ENGINES = tuple(BUILTIN_ENGINES)  # the shipped ones; installed() lists what thi
 HISTORIC_IDS = ("piper", "espeak")
 NAMESPACE_SEPARATOR = ":"
 ESPEAK_PREFIX = "espeak-"
+# Models served upstream (synth/engines/remote.py): each is an engine of the one remote plugin.
+REMOTE_MODELS_ENV = "TTS_REMOTE_MODELS_FILE"
+REMOTE_PLUGIN = "synth.engines.remote:plugin"
 
 # The one list of output formats: synth's encoders, the API's choices and the workers' capabilities
 # all read it. ``ulaw`` and ``alaw`` are raw G.711 (synth.g711) for telephony: 8 kHz only.
@@ -112,6 +115,8 @@ class EngineOptions:
     model_dir: str | None = None
     # TTS_MODELS_DIR itself: a plugin may read its directory's config to list voices (not verified).
     models_dir: str | None = None
+    # The name the engine is installed under: a plugin serving several (the remote one) reads it.
+    engine: str | None = None
 
 
 @dataclass(frozen=True)
@@ -174,9 +179,24 @@ _PLUGINS: dict[tuple[str, ...], dict[str, metadata.EntryPoint]] = {}
 _LOADED: dict[tuple[str, str], Any] = {}
 
 
+def remote_models() -> tuple[str, ...]:
+    """The names of the models in the remote models file (``TTS_REMOTE_MODELS_FILE``), if any."""
+    path = os.environ.get(REMOTE_MODELS_ENV, "")
+    if not path:
+        return ()
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        log.error("%s=%s cannot be read: %s", REMOTE_MODELS_ENV, path, exc)
+        return ()
+    models = data.get("models") if isinstance(data, dict) else None
+    return tuple(str(name) for name in models) if isinstance(models, dict) else ()
+
+
 def _entry_points() -> dict[str, metadata.EntryPoint]:
-    """The group's entry points on this ``sys.path`` (read once per path), the shipped ones first."""
-    key = tuple(sys.path)
+    """The group's entry points on this ``sys.path`` (read once per path and remote models file), the
+    shipped ones first, the remote models last."""
+    key = (*sys.path, os.environ.get(REMOTE_MODELS_ENV, ""))
     with _CACHE_LOCK:
         if key in _PLUGINS:
             return _PLUGINS[key]
@@ -193,6 +213,11 @@ def _entry_points() -> dict[str, metadata.EntryPoint]:
             log.warning("engine entry point %r ignored: a name cannot hold %r", ep.name, NAMESPACE_SEPARATOR)
             continue
         found.setdefault(ep.name, ep)
+    for name in remote_models():
+        if name in found or NAMESPACE_SEPARATOR in name or not name:
+            log.warning("remote model %r ignored: the name is an installed engine's, or invalid", name)
+            continue
+        found[name] = metadata.EntryPoint(name, REMOTE_PLUGIN, ENTRY_POINT_GROUP)
     with _CACHE_LOCK:
         _PLUGINS[key] = found
     return found
@@ -237,7 +262,7 @@ def namespaced(engine: str, voice_id: str) -> str:
 def _engine_voices(name: str, voices_dir: str | None) -> list[VoiceInfo]:
     """The voices of engine ``name``, their ids namespaced and capabilities complete."""
     out = []
-    for v in plugin(name).voices(EngineOptions(voices_dir=voices_dir)):
+    for v in plugin(name).voices(EngineOptions(voices_dir=voices_dir, engine=name)):
         if name in HISTORIC_IDS:
             vid, local = v.id, v.id.removeprefix(ESPEAK_PREFIX) if name == "espeak" else v.id
         else:

@@ -131,7 +131,9 @@ class Synthesizer:
 
     # -- engines ---------------------------------------------------------------------------
     def _new_engine(self, name: str) -> Engine:
-        return registry.plugin(name).create(replace(self.options, model_dir=self._model_dir(name)))
+        return registry.plugin(name).create(
+            replace(self.options, model_dir=self._model_dir(name), engine=name)
+        )
 
     def _model_dir(self, name: str) -> str | None:
         """``models_dir/<name>`` when it exists, only if verified and unchanged since (raises
@@ -154,7 +156,7 @@ class Synthesizer:
 
     def capabilities(self, name: str) -> dict[str, Any]:
         """What engine ``name`` can do (synth.engines.base.CAPABILITY_DEFAULTS), as its plugin declares."""
-        return registry.with_defaults(registry.plugin(name).capabilities(self.options))
+        return registry.with_defaults(registry.plugin(name).capabilities(replace(self.options, engine=name)))
 
     def _engine_device(self, name: str) -> str:
         """The worker's device where the engine runs there, else the CPU (eSpeak on a GPU worker)."""

@@ -150,6 +150,8 @@ class JobFailureCode(StrEnum):
     UNSUPPORTED_FORMAT = "unsupported_format"  # the encoder does not offer the format (also ErrorCode)
     UNSUPPORTED_SAMPLE_RATE = "unsupported_sample_rate"  # the format cannot carry the rate (also ErrorCode)
     UNSUPPORTED_CONTROL = "unsupported_control"  # a control the voice does not take (also ErrorCode)
+    UPSTREAM_FAILED = "upstream_failed"  # a remote model's upstream refused a sentence or answered no PCM
+    UPSTREAM_TIMEOUT = "upstream_timeout"  # a remote model's upstream went silent past its read timeout
 
     @classmethod
     def of_synth(cls, code: str) -> JobFailureCode:

@@ -310,6 +310,41 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
                 sentence_cache.count_written(job.organization_id, cache.written)
 
 
+CANCEL_WATCH_SECONDS = 0.5  # how often a remote model's job reads its cancel flag mid-sentence
+
+
+@contextlib.contextmanager
+def _cancel_watch(job: SynthesisJob, remote: bool) -> Iterator[Callable[[], bool]]:
+    """Whether the job's cancel was asked, known mid-sentence for a remote model.
+
+    A job reads its cancel flag when it reports a sentence done (``report_progress``). A remote
+    model's sentence is a request to its upstream, which a cancel should close at once rather
+    than let run: for those, a thread reads the flag every ``CANCEL_WATCH_SECONDS`` meanwhile."""
+    if not remote:
+        yield lambda: False
+        return
+    asked = threading.Event()
+    done = threading.Event()
+
+    def watch() -> None:
+        try:
+            while not done.wait(CANCEL_WATCH_SECONDS):
+                with contextlib.suppress(InterfaceError, OperationalError):
+                    if SynthesisJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+                        asked.set()
+                        return
+        finally:
+            connections.close_all()  # this thread's own connection
+
+    watcher = threading.Thread(target=watch, name=f"cancel-watch-{job.pk}", daemon=True)
+    watcher.start()
+    try:
+        yield asked.is_set
+    finally:
+        done.set()
+        watcher.join(timeout=2)
+
+
 def _run_synthesis(
     state: worker.WorkerState,
     job: SynthesisJob,
@@ -319,12 +354,13 @@ def _run_synthesis(
     cancel: dict[str, bool],
     cache: sentence_cache.DiskStore | None,
 ) -> Any:
-    with state.host_jobs.running():  # counted, so a lone job may use every core (synth.hostjobs)
+    remote = bool(getattr(state.synthesizer.engine(job.engine), "remote", False))
+    with state.host_jobs.running(), _cancel_watch(job, remote) as canceled:  # (host_jobs: synth.hostjobs)
         return state.synthesizer.synthesize(
             request,
             attempt.out_path,
             progress=progress,
-            should_cancel=lambda: cancel["requested"] or worker.handing_back(),
+            should_cancel=lambda: cancel["requested"] or worker.handing_back() or canceled(),
             # The audio as it is made, for clients streaming the job (webapp/speech/api/streaming.py).
             stream=StreamWriter(stream_path(attempt.out_path), on_grew=lambda: notify.stream_grew(job.id)),
             cache=cache,

@@ -1,0 +1,443 @@
+"""Remote engines: models served by upstream servers that speak vLLM-Omni's HTTP surface.
+
+A team that serves CosyVoice3, VoxCPM2 or Qwen3-TTS with a GPU serving engine (vLLM-Omni) puts
+it behind this service: each model named in the remote models file (``TTS_REMOTE_MODELS_FILE``,
+JSON; docs/engines.md, "Remote engines") is an engine here, with its queue ``synth.<name>``, its
+voices and capabilities as declared, and everything else ours (jobs, quotas, the cache, billing).
+One plugin serves them all: it reads which model it is from ``EngineOptions.engine``.
+
+Each sentence chunk is one ``POST /v1/audio/speech`` upstream (``response_format: pcm``, streamed),
+on the replica of the model with the fewest of this process's requests in flight, below its
+``streams_per_upstream``. What comes back is relayed sentence by sentence as every engine's audio
+is, so progress, streaming, time limits, cancel, the cache and billing stay the service's:
+
+- a cancel closes the upstream request (its connection is shut down) within ``CANCEL_POLL`` s;
+- an upstream lost before it sent any audio of the chunk (refused, reset) is marked down for
+  ``DOWN_SECONDS`` and the chunk goes to another replica; once audio of the chunk came, the
+  chunk fails (never spliced from two replicas);
+- a full upstream (429, 503) is waited for, as a queue: the chunk is sent again after a pause,
+  until the job's own time limit ends it;
+- other answers end the job with a code: ``upstream_failed`` (a 4xx or 5xx, another content type
+  than ``audio/pcm``), ``upstream_timeout`` (no byte for ``read_timeout_seconds``).
+
+A cloned voice's prompt is sent with each chunk as ``ref_audio`` (a base64 ``data:`` URL of the
+canonical prompt) and ``ref_text``: upstreams keep nothing of ours.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from synth.engines.base import Engine, VoiceParams, check_cancel
+from synth.errors import Cancelled, EngineUnavailable, UnknownVoice, UpstreamFailed, UpstreamTimeout
+from synth.registry import (
+    FORMATS,
+    RATES_BY_FORMAT,
+    REMOTE_MODELS_ENV,
+    STANDARD_RATES,
+    VOLUME_RANGE,
+    EngineOptions,
+    VoiceInfo,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import requests
+
+    from synth.engines.base import CancelFn, ProgressFn
+
+log = logging.getLogger(__name__)
+
+CANCEL_POLL = 0.2  # seconds between looks at the job's cancel flag while a chunk streams in
+DOWN_SECONDS = 10.0  # a replica that refused a connection is skipped this long
+BUSY_PAUSE = 0.5  # seconds before a chunk refused by a full upstream is sent again
+PCM_TYPES = ("audio/pcm", "audio/l16", "application/octet-stream")
+
+
+@dataclass(frozen=True)
+class RemoteModel:
+    """One model of the remote models file."""
+
+    name: str  # the engine's name here: the model a request names, the queue synth.<name>
+    upstreams: tuple[str, ...]  # base URLs of its replicas (http(s)://host:port)
+    upstream_model: str  # the model id sent upstream (default: ``name``)
+    voices: tuple[tuple[str, str, str], ...]  # (upstream voice, language, display name)
+    sample_rate: int = 24000  # of the upstream's PCM
+    streams_per_upstream: int = 4  # requests in flight at once from one process, per replica
+    cloning: bool = False  # the upstream clones from ref_audio + ref_text
+    api_key_env: str = ""  # the environment variable holding the upstreams' key, if any
+    connect_timeout_seconds: float = 5.0
+    read_timeout_seconds: float = 30.0
+    languages: tuple[str, ...] = field(default=())
+
+    @property
+    def api_key(self) -> str:
+        return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+
+
+def _model(name: str, raw: dict[str, Any]) -> RemoteModel:
+    upstreams = tuple(str(u).rstrip("/") for u in raw.get("upstreams") or ())
+    if not upstreams or not all(u.startswith(("http://", "https://")) for u in upstreams):
+        raise ValueError(f"remote model {name}: upstreams must be a list of http(s) URLs")
+    voices = tuple(
+        (str(v["id"]), str(v.get("language") or "en"), str(v.get("name") or v["id"]))
+        for v in raw.get("voices") or ()
+    )
+    if not voices and not raw.get("cloning"):
+        raise ValueError(f"remote model {name}: a model with no preset voices must clone (cloning: true)")
+    return RemoteModel(
+        name=name,
+        upstreams=upstreams,
+        upstream_model=str(raw.get("upstream_model") or name),
+        voices=voices,
+        sample_rate=int(raw.get("sample_rate") or 24000),
+        streams_per_upstream=max(1, int(raw.get("streams_per_upstream") or 4)),
+        cloning=bool(raw.get("cloning")),
+        api_key_env=str(raw.get("api_key_env") or ""),
+        connect_timeout_seconds=float(raw.get("connect_timeout_seconds") or 5.0),
+        read_timeout_seconds=float(raw.get("read_timeout_seconds") or 30.0),
+        languages=tuple(sorted({lang for _, lang, _ in voices} | set(raw.get("languages") or ()))),
+    )
+
+
+@cache
+def _read(path: str) -> dict[str, RemoteModel]:
+    data = json.loads(Path(path).read_text())
+    models = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(models, dict):
+        raise ValueError(f'{path}: expected {{"models": {{name: {{...}}}}}}')
+    return {str(name): _model(str(name), raw) for name, raw in models.items()}
+
+
+def models(path: str | None = None) -> dict[str, RemoteModel]:
+    """The remote models of ``path`` (default: ``TTS_REMOTE_MODELS_FILE``); none without a file."""
+    path = path if path is not None else os.environ.get(REMOTE_MODELS_ENV, "")
+    return _read(path) if path else {}
+
+
+def model(name: str | None) -> RemoteModel:
+    found = models().get(name or "")
+    if found is None:
+        raise EngineUnavailable(
+            f"{name!r} is not a remote model of {os.environ.get(REMOTE_MODELS_ENV) or 'no file'}"
+        )
+    return found
+
+
+def _caps(m: RemoteModel) -> dict[str, Any]:
+    return {
+        "languages": list(m.languages),
+        "formats": list(FORMATS),
+        "sample_rates": list(STANDARD_RATES),
+        "sample_rates_by_format": {k: list(v) for k, v in RATES_BY_FORMAT.items()},
+        "controls": ["speed", "volume", "sentence_silence", "loudness"],
+        "volume_range": list(VOLUME_RANGE),
+        "streaming": True,
+        "cloning": m.cloning,
+        "instructions": False,
+        "timestamps": False,
+        "devices": ["cpu"],  # the GPU is the upstream's; this side only relays
+        "memory_mb": 0,
+        "concurrent_jobs": 1,
+        "seed": False,
+        "remote": True,
+    }
+
+
+def _voice_infos(m: RemoteModel) -> list[VoiceInfo]:
+    caps = _caps(m)
+    return [
+        VoiceInfo(vid, name, lang, m.name, m.sample_rate, {**caps, "languages": [lang]})
+        for vid, lang, name in m.voices
+    ] or [VoiceInfo("cloned", f"{m.name} (uploaded voices clone)", "en", m.name, m.sample_rate, caps)]
+
+
+class Replicas:
+    """A model's upstream replicas as this process uses them: in flight, capped, and down for a while."""
+
+    def __init__(self, urls: tuple[str, ...], cap: int) -> None:
+        self.cap = cap
+        self.in_flight = dict.fromkeys(urls, 0)
+        self.down_until = dict.fromkeys(urls, 0.0)
+        self._changed = threading.Condition()
+
+    def take(self, tried: set[str], should_cancel: CancelFn | None) -> str:
+        """The least loaded replica not tried yet nor down, once one is below its cap (waits)."""
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                usable = [u for u in self.in_flight if u not in tried and self.down_until[u] <= now]
+                if not usable:
+                    raise UpstreamFailed(f"no replica of {len(self.in_flight)} answered: all refused or down")
+                free = [u for u in usable if self.in_flight[u] < self.cap]
+                if free:
+                    url = min(free, key=lambda u: self.in_flight[u])
+                    self.in_flight[url] += 1
+                    return url
+                check_cancel(should_cancel)
+                self._changed.wait(CANCEL_POLL)
+
+    def give_back(self, url: str) -> None:
+        with self._changed:
+            self.in_flight[url] -= 1
+            self._changed.notify()
+
+    def mark_down(self, url: str) -> None:
+        with self._changed:
+            self.down_until[url] = time.monotonic() + DOWN_SECONDS
+
+
+_REPLICAS: dict[str, Replicas] = {}
+_REPLICAS_LOCK = threading.Lock()
+
+
+def replicas_of(m: RemoteModel) -> Replicas:
+    with _REPLICAS_LOCK:
+        found = _REPLICAS.get(m.name)
+        if found is None:
+            found = _REPLICAS[m.name] = Replicas(m.upstreams, m.streams_per_upstream)
+        return found
+
+
+class _Lost(Exception):
+    """The replica could not be reached, or dropped the request before any audio came."""
+
+
+class _Busy(Exception):
+    """The replica is full (429, 503): the chunk waits and is sent again."""
+
+
+class RemoteEngine:
+    """An :class:`Engine` whose model runs upstream."""
+
+    remote = True  # the worker then watches a job's cancel mid-sentence (its request is closed)
+
+    def __init__(self, m: RemoteModel) -> None:
+        self.model = m
+        self.name = m.name
+        self.device = "cpu"
+        self._session: requests.Session | None = None
+
+    def load(self, device: str = "cpu", voice_ids: list[str] | None = None) -> None:
+        import requests
+
+        self._session = requests.Session()
+        self._session.trust_env = False  # the machine's proxy variables are not the upstream's route
+        reachable = [u for u in self.model.upstreams if self._healthy(u)]
+        if not reachable:
+            raise EngineUnavailable(
+                f"no upstream of {self.name} answered /health: {', '.join(self.model.upstreams)}"
+            )
+
+    def _healthy(self, url: str) -> bool:
+        import requests
+
+        assert self._session is not None
+        try:
+            return self._session.get(f"{url}/health", timeout=self.model.connect_timeout_seconds).ok
+        except requests.RequestException:
+            return False
+
+    def voices(self) -> list[VoiceInfo]:
+        return _voice_infos(self.model)
+
+    def capabilities(self) -> dict[str, Any]:
+        return _caps(self.model)
+
+    def sample_rate(self, voice: str) -> int:
+        return self.model.sample_rate
+
+    def phonemes(self, text: str, params: VoiceParams) -> list[str]:
+        return []
+
+    def notes(self, params: VoiceParams) -> list[str]:
+        return ["pitch: the upstream model speaks at its own pitch"] if params.pitch else []
+
+    def synthesize(
+        self,
+        chunks: Iterable[str],
+        params: VoiceParams,
+        progress: ProgressFn | None = None,
+        should_cancel: CancelFn | None = None,
+        total: int | None = None,
+    ) -> Iterator[np.ndarray]:
+        import numpy as np
+
+        from synth.engines.base import apply_gain_db
+
+        body = self._body(params)
+        done = 0
+        for chunk in chunks:
+            check_cancel(should_cancel)
+            pcm = self._speak({**body, "input": chunk}, should_cancel)
+            audio = np.frombuffer(pcm[: len(pcm) // 2 * 2], dtype="<i2").astype(np.float32) / 32768.0
+            yield apply_gain_db(audio, params.volume)
+            done += 1
+            if progress is not None:
+                progress(done, total if total is not None else done)
+
+    def _body(self, params: VoiceParams) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model.upstream_model,
+            "response_format": "pcm",
+            "sample_rate": self.model.sample_rate,
+        }
+        if params.prompt is not None:
+            if not self.model.cloning:
+                raise UnknownVoice(f"remote model {self.name} does not clone")
+            audio = Path(params.prompt.audio_path).read_bytes()
+            body["ref_audio"] = "data:audio/wav;base64," + base64.b64encode(audio).decode("ascii")
+            if params.prompt.transcript:
+                body["ref_text"] = params.prompt.transcript
+            body["task_type"] = "Base"
+        else:
+            known = {vid for vid, _, _ in self.model.voices}
+            local = (
+                params.voice.split(":", 1)[1] if params.voice.startswith(self.name + ":") else params.voice
+            )
+            if local not in known:
+                raise UnknownVoice(f"remote model {self.name} has no voice {params.voice!r}")
+            body["voice"] = local
+        if abs(params.speed - 1.0) > 1e-9:
+            body["speed"] = params.speed  # vLLM-Omni refuses speed on a stream: this chunk comes whole
+        else:
+            body["stream"] = True
+            body["stream_format"] = "audio"
+        return body
+
+    def _speak(self, body: dict[str, Any], should_cancel: CancelFn | None) -> bytes:
+        """One chunk's PCM, from the least loaded replica that answers."""
+        replicas = replicas_of(self.model)
+        tried: set[str] = set()
+        while True:
+            url = replicas.take(tried, should_cancel)
+            try:
+                return self._request(url, body, should_cancel)
+            except _Lost as exc:
+                log.warning(
+                    "remote %s: replica %s lost the chunk (%s); another takes it", self.name, url, exc
+                )
+                replicas.mark_down(url)
+                tried.add(url)
+            except _Busy:
+                check_cancel(should_cancel)
+                time.sleep(BUSY_PAUSE)
+            finally:
+                replicas.give_back(url)
+
+    def _request(self, url: str, body: dict[str, Any], should_cancel: CancelFn | None) -> bytes:
+        """The chunk from one replica. The request runs in a thread of its own so that a cancel is
+        seen while the upstream is silent: the connection is then shut down under it."""
+        received: queue.Queue[tuple[str, Any]] = queue.Queue()
+        pump = threading.Thread(target=self._pump, args=(url, body, received), daemon=True)
+        pump.start()
+        response: Any = None
+        pcm = bytearray()
+        while True:
+            try:
+                kind, value = received.get(timeout=CANCEL_POLL)
+            except queue.Empty:
+                if should_cancel is not None and should_cancel():
+                    _shut(response)
+                    raise Cancelled() from None
+                continue
+            if kind == "response":
+                response = value
+            elif kind == "audio":
+                pcm += value
+            elif kind == "end":
+                return bytes(pcm)
+            elif kind == "lost" and not pcm:
+                raise _Lost(str(value))
+            elif kind == "busy":
+                raise _Busy()
+            elif kind == "timeout":
+                raise UpstreamTimeout(
+                    f"remote {self.name}: {url} sent nothing for {self.model.read_timeout_seconds:g} s"
+                )
+            else:
+                raise UpstreamFailed(f"remote {self.name}: {url}: {value}")
+
+    def _pump(self, url: str, body: dict[str, Any], out: queue.Queue[tuple[str, Any]]) -> None:
+        import requests
+
+        assert self._session is not None
+        headers = {"Authorization": f"Bearer {self.model.api_key}"} if self.model.api_key else {}
+        timeout = (self.model.connect_timeout_seconds, self.model.read_timeout_seconds)
+        try:
+            with self._session.post(
+                f"{url}/v1/audio/speech", json=body, headers=headers, stream=True, timeout=timeout
+            ) as response:
+                out.put(("response", response))
+                if response.status_code in (429, 503):
+                    out.put(("busy", response.status_code))
+                    return
+                if response.status_code >= 400:
+                    out.put(("failed", f"answered {response.status_code}: {_message(response)}"))
+                    return
+                ctype = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+                if ctype not in PCM_TYPES:
+                    out.put(("failed", f"answered {ctype or 'no content type'}, not audio/pcm"))
+                    return
+                for block in response.iter_content(chunk_size=16384):
+                    out.put(("audio", block))
+                out.put(("end", None))
+        except (requests.ConnectTimeout, requests.ConnectionError) as exc:
+            timed_out = isinstance(exc, requests.ConnectionError) and "Read timed out" in str(exc)
+            out.put(("timeout", exc) if timed_out else ("lost", exc))
+        except requests.Timeout as exc:
+            out.put(("timeout", exc))
+        except requests.RequestException as exc:
+            out.put(("lost", exc))
+        except Exception as exc:  # whatever else ends the read, the waiting job must hear of it
+            out.put(("failed", f"{type(exc).__name__}: {exc}"))
+
+
+def _message(response: Any) -> str:
+    try:
+        error = response.json().get("error")
+        return str(error.get("message") if isinstance(error, dict) else error)[:300]
+    except ValueError:
+        return response.text[:300]
+
+
+def _shut(response: Any) -> None:
+    """End a streaming request under its reader: the upstream sees its client go."""
+    if response is None:
+        return
+    connection = getattr(response.raw, "connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    response.close()
+
+
+class RemotePlugin:
+    """The plugin of every remote model; ``options.engine`` names which."""
+
+    def voices(self, options: EngineOptions) -> list[VoiceInfo]:
+        return _voice_infos(model(options.engine))
+
+    def capabilities(self, options: EngineOptions) -> dict[str, Any]:
+        return _caps(model(options.engine))
+
+    def create(self, options: EngineOptions) -> Engine:
+        return RemoteEngine(model(options.engine))
+
+
+plugin = RemotePlugin()
