@@ -27,6 +27,7 @@ canonical prompt) and ``ref_text``: upstreams keep nothing of ours.
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from synth.engines.base import Engine, VoiceParams, check_cancel
 from synth.errors import Cancelled, EngineUnavailable, UnknownVoice, UpstreamFailed, UpstreamTimeout
@@ -87,10 +89,40 @@ class RemoteModel:
         return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
 
 
+ALLOW_PRIVATE_ENV = "TTS_REMOTE_ALLOW_PRIVATE"  # addresses or CIDRs an upstream may be at without a warning
+
+
+def _check_address(name: str, url: str) -> None:
+    """Warn of an upstream at an internal address (loopback, private, link-local) not allowed by
+    ``TTS_REMOTE_ALLOW_PRIVATE``: the file then sends tenants' text and voices' prompts there. A
+    GPU server on the cluster's own network is usual; allowing it silences the warning."""
+    host = urlsplit(url).hostname or ""
+    try:
+        address = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host)
+    except ValueError:
+        return  # a host name: where it resolves is the network's business, not the file's
+    allowed = [
+        ipaddress.ip_network(item.strip(), strict=False)
+        for item in os.environ.get(ALLOW_PRIVATE_ENV, "").split(",")
+        if item.strip()
+    ]
+    internal = address.is_private or address.is_loopback or address.is_link_local
+    if internal and not any(address in network for network in allowed):
+        log.warning(
+            "remote model %s: upstream %s is at an internal address (%s); list it in %s if that is meant",
+            name,
+            url,
+            address,
+            ALLOW_PRIVATE_ENV,
+        )
+
+
 def _model(name: str, raw: dict[str, Any]) -> RemoteModel:
     upstreams = tuple(str(u).rstrip("/") for u in raw.get("upstreams") or ())
     if not upstreams or not all(u.startswith(("http://", "https://")) for u in upstreams):
         raise ValueError(f"remote model {name}: upstreams must be a list of http(s) URLs")
+    for url in upstreams:
+        _check_address(name, url)
     voices = tuple(
         (str(v["id"]), str(v.get("language") or "en"), str(v.get("name") or v["id"]))
         for v in raw.get("voices") or ()
@@ -238,15 +270,20 @@ class RemoteEngine:
         reachable = [u for u in self.model.upstreams if self._healthy(u)]
         if not reachable:
             raise EngineUnavailable(
-                f"no upstream of {self.name} answered /health: {', '.join(self.model.upstreams)}"
+                f"no upstream of {self.name} answered /v1/models: {', '.join(self.model.upstreams)}"
             )
 
     def _healthy(self, url: str) -> bool:
         import requests
 
         assert self._session is not None
+        # /v1/models, not /health: every OpenAI-compatible server has it (this service's health
+        # page is /healthz), and it checks the key too.
+        headers = {"Authorization": f"Bearer {self.model.api_key}"} if self.model.api_key else {}
         try:
-            return self._session.get(f"{url}/health", timeout=self.model.connect_timeout_seconds).ok
+            return self._session.get(
+                f"{url}/v1/models", headers=headers, timeout=self.model.connect_timeout_seconds
+            ).ok
         except requests.RequestException:
             return False
 

@@ -66,3 +66,20 @@ def test_a_remote_model_cannot_take_a_shipped_engines_name(
     path = write(tmp_path, {"piper": {"upstreams": ["http://127.0.0.1:1"], "cloning": True}})
     monkeypatch.setenv(registry.REMOTE_MODELS_ENV, str(path))
     assert registry.plugin("piper") is not remote.plugin  # the shipped Piper stays Piper
+
+
+def test_an_upstream_at_an_internal_address_is_warned_of_unless_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = {"upstreams": ["http://10.1.2.3:8091", "https://gpu.example:8000"], "cloning": True}
+    with caplog.at_level("WARNING", logger="synth.engines.remote"):
+        remote.models(str(write(tmp_path, {"cosyvoice3": model})))
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "10.1.2.3" in warned[0] and remote.ALLOW_PRIVATE_ENV in warned[0]
+    caplog.clear()
+    monkeypatch.setenv(remote.ALLOW_PRIVATE_ENV, "10.0.0.0/8")
+    other = tmp_path / "allowed"
+    other.mkdir()
+    with caplog.at_level("WARNING", logger="synth.engines.remote"):
+        remote.models(str(write(other, {"cosyvoice3": model})))
+    assert not caplog.records
