@@ -203,6 +203,10 @@ class Replicas:
         self.cap = cap
         self.in_flight = dict.fromkeys(urls, 0)
         self.down_until = dict.fromkeys(urls, 0.0)
+        # What the operations page shows per replica (this process's share; the page adds them up).
+        self.requests = dict.fromkeys(urls, 0)
+        self.failures = dict.fromkeys(urls, 0)
+        self.first_audio_ms: dict[str, float | None] = dict.fromkeys(urls, None)  # the latest request's
         self._changed = threading.Condition()
 
     def take(self, tried: set[str], should_cancel: CancelFn | None) -> str:
@@ -230,9 +234,38 @@ class Replicas:
         with self._changed:
             self.down_until[url] = time.monotonic() + DOWN_SECONDS
 
+    def record(self, url: str, first_audio_ms: float | None = None, failed: bool = False) -> None:
+        with self._changed:
+            self.requests[url] += 1
+            self.failures[url] += int(failed)
+            if first_audio_ms is not None:
+                self.first_audio_ms[url] = round(first_audio_ms, 1)
+
+    def figures(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        with self._changed:
+            return [
+                {
+                    "url": url,
+                    "in_flight": self.in_flight[url],
+                    "down": self.down_until[url] > now,
+                    "requests": self.requests[url],
+                    "failures": self.failures[url],
+                    "first_audio_ms": self.first_audio_ms[url],
+                }
+                for url in self.in_flight
+            ]
+
 
 _REPLICAS: dict[str, Replicas] = {}
 _REPLICAS_LOCK = threading.Lock()
+
+
+def upstream_figures() -> dict[str, list[dict[str, Any]]]:
+    """Per remote model this process used: each replica's figures (a worker's heartbeat carries them)."""
+    with _REPLICAS_LOCK:
+        models = dict(_REPLICAS)
+    return {name: replicas.figures() for name, replicas in sorted(models.items())}
 
 
 def replicas_of(m: RemoteModel) -> Replicas:
@@ -361,27 +394,38 @@ class RemoteEngine:
         while True:
             url = replicas.take(tried, should_cancel)
             try:
-                return self._request(url, body, should_cancel)
+                pcm, first_audio_ms = self._request(url, body, should_cancel)
+                replicas.record(url, first_audio_ms)
+                return pcm
             except _Lost as exc:
                 log.warning(
                     "remote %s: replica %s lost the chunk (%s); another takes it", self.name, url, exc
                 )
+                replicas.record(url, failed=True)
                 replicas.mark_down(url)
                 tried.add(url)
             except _Busy:
+                replicas.record(url)
                 check_cancel(should_cancel)
                 time.sleep(BUSY_PAUSE)
+            except (UpstreamFailed, UpstreamTimeout):
+                replicas.record(url, failed=True)
+                raise
             finally:
                 replicas.give_back(url)
 
-    def _request(self, url: str, body: dict[str, Any], should_cancel: CancelFn | None) -> bytes:
-        """The chunk from one replica. The request runs in a thread of its own so that a cancel is
-        seen while the upstream is silent: the connection is then shut down under it."""
+    def _request(
+        self, url: str, body: dict[str, Any], should_cancel: CancelFn | None
+    ) -> tuple[bytes, float | None]:
+        """The chunk from one replica, and its milliseconds to the first audio. The request runs in a
+        thread of its own so that a cancel is seen while the upstream is silent: the connection is
+        then shut down under it."""
         received: queue.Queue[tuple[str, Any]] = queue.Queue()
         pump = threading.Thread(target=self._pump, args=(url, body, received), daemon=True)
         pump.start()
         response: Any = None
         pcm = bytearray()
+        started, first_at = time.monotonic(), 0.0  # for the replica's time to first audio
         while True:
             try:
                 kind, value = received.get(timeout=CANCEL_POLL)
@@ -393,9 +437,10 @@ class RemoteEngine:
             if kind == "response":
                 response = value
             elif kind == "audio":
+                first_at = first_at or time.monotonic()
                 pcm += value
             elif kind == "end":
-                return bytes(pcm)
+                return bytes(pcm), (first_at - started) * 1000 if first_at else None
             elif kind == "lost" and not pcm:
                 raise _Lost(str(value))
             elif kind == "busy":

@@ -121,6 +121,8 @@ def page_data(now: float | None = None) -> dict[str, Any]:
         # An engine a live child is meant to serve but could not load (its package, its model
         # directory, its memory): the child serves the rest and backs off none (docs/engines.md).
         "unavailable_engines": sorted(operations.unavailable_engines(beats).items()),
+        # Remote models' upstream replicas (docs/engines.md, "Remote engines").
+        "upstreams": operations.upstreams(beats),
     }
 
 
@@ -153,7 +155,7 @@ def operations_data(request: HttpRequest) -> JsonResponse:
         raise PermissionDenied
     context = _context(request)
     body = render_to_string("admin/speech/_operations_body.html", context, request=request)
-    keys = ("workers", "queues", "queued_jobs", "jobs", "recycles", "plan", "redis_error")
+    keys = ("workers", "queues", "queued_jobs", "jobs", "recycles", "plan", "upstreams", "redis_error")
     data = {k: context.get(k) for k in keys}
     return JsonResponse({"at": time.time(), **data, "html": body}, json_dumps_params={"default": str})
 

@@ -56,6 +56,28 @@ def unavailable_engines(beats: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
+def upstreams(beats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each remote model's replicas, over every live child that used them: requests in flight and
+    made, failures, the latest time to first audio, and down when every child using it says so."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for beat in beats:
+        models = beat.get("upstreams")
+        if not isinstance(models, dict):
+            continue
+        for model, replicas in models.items():
+            for figures in replicas if isinstance(replicas, list) else []:
+                row = merged.setdefault(
+                    (str(model), str(figures.get("url"))),
+                    {"in_flight": 0, "requests": 0, "failures": 0, "first_audio_ms": None, "down": True},
+                )
+                for key in ("in_flight", "requests", "failures"):
+                    row[key] += int(figures.get(key) or 0)
+                if figures.get("first_audio_ms") is not None:
+                    row["first_audio_ms"] = figures["first_audio_ms"]
+                row["down"] = row["down"] and bool(figures.get("down"))
+    return [{"model": model, "url": url, **row} for (model, url), row in sorted(merged.items())]
+
+
 def queue_depths(client: Any, queues: list[str]) -> dict[str, int]:
     """Messages waiting in the broker, per queue (all priority lists added up)."""
     pipe = client.pipeline()

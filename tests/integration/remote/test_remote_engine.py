@@ -118,6 +118,26 @@ def test_a_job_on_a_remote_model_is_spoken_upstream_sentence_by_sentence(
     assert SynthesisJob.objects.get(pk=job.id).engine == MODEL
 
 
+def test_the_operations_page_shows_each_upstream_as_the_worker_used_it(
+    remote_voices: None, upstreams: list[Upstream], admin_client: Any
+) -> None:
+    job = submit(make_org("remote-ops"), TEXT, voice=VOICE)
+    assert wait_status([job.id], timeout=60)[0].status == "succeeded"
+
+    def shown() -> list[dict[str, Any]] | None:
+        rows = admin_client.get("/admin/speech/operations/data.json").json()["upstreams"]
+        used = [r for r in rows if r["model"] == MODEL and r["requests"] >= 3]
+        return rows if used else None
+
+    rows = wait_until(shown, 10, "the worker's heartbeat with the upstreams it used")
+    assert {r["url"] for r in rows} == {u.url for u in upstreams}
+    used = next(r for r in rows if r["requests"] >= 3)
+    assert used["down"] is False and used["failures"] == 0 and used["in_flight"] == 0
+    assert 0 < used["first_audio_ms"] < 5000
+    page = admin_client.get("/admin/speech/operations/").content.decode()
+    assert 'id="ops-upstreams"' in page and upstreams[0].url in page
+
+
 @pytest.mark.parametrize(
     ("switch", "code"),
     [

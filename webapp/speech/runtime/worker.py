@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import connection, connections
 
 from synth import Synthesizer, registry
+from synth.engines import remote
 from synth.hostjobs import HostJobs
 from webapp import redis_clients
 from webapp.speech import heartbeat, lifecycle, owners, voices
@@ -100,6 +101,8 @@ class WorkerState:
             # Jobs of each engine this child runs at once: what the lanes' reservation counts.
             "job_slots": {engine: mode.jobs_at_once(engine, self.models) for engine in self.engines},
             "models": self.models,
+            # Each remote model's replicas as this child uses them (the operations page adds them up).
+            "upstreams": remote.upstream_figures(),
             "unavailable": self.unavailable,
             "installed": self.installed,
             "voices": self.voices,
