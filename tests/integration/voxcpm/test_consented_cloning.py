@@ -189,9 +189,10 @@ def test_ref_audio_clones_for_one_request_under_its_consent_and_is_gone_when_the
         "consent": cons,
         "response_format": "wav",
     }
-    r = client.post("/v1/audio/speech", body)
+    r = client.post("/v1/audio/speech", body, HTTP_IDEMPOTENCY_KEY="ref-audio-once")
     assert r.status_code == 200, r.content[:300]
-    assert b"".join(r.streaming_content)[:4] == b"RIFF"
+    audio = b"".join(r.streaming_content)
+    assert audio[:4] == b"RIFF"
     (job,) = SynthesisJob.objects.filter(organization=org)
     assert job.cloning_mode == "zero_shot" and job.status == SynthesisJob.Status.SUCCEEDED
     # Never stored past the job: the one-off voice and its prompt go as the job ends.
@@ -199,6 +200,11 @@ def test_ref_audio_clones_for_one_request_under_its_consent_and_is_gone_when_the
     assert not list((Path(settings.MEDIA_ROOT) / "voices" / str(org.pk)).glob("*"))
     # Its consent keeps its recording: the next request naming it is checked against it again.
     assert VoiceConsent.objects.get(pk=cons.removeprefix("cons_")).recording_path
+    # A retry under the same Idempotency-Key gets the same job, and makes no second voice of the audio.
+    again = client.post("/v1/audio/speech", body, HTTP_IDEMPOTENCY_KEY="ref-audio-once")
+    assert again.status_code == 200 and b"".join(again.streaming_content) == audio
+    assert SynthesisJob.objects.filter(organization=org).count() == 1
+    assert not Voice.objects.filter(organization=org).exists()
 
     # Another speaker's audio under slt's consent is refused by the analysis, and nothing is kept.
     other = {**body, "ref_audio": data_url(pf.flite("awb", tmp_path / "ref-awb.wav"))}

@@ -24,6 +24,7 @@ clients send more over time.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ from webapp.speech.api.streaming import (
     server_wait_sent,
     wants_stream,
 )
-from webapp.speech.api.views import TenantAPIView, submit
+from webapp.speech.api.views import TenantAPIView, replayed, request_key, submit
 from webapp.speech.api.voices import reference_voice
 from webapp.speech.api.waiting import WaitingAPIView
 from webapp.speech.models import SynthesisJob, Voice
@@ -225,22 +226,36 @@ def submit_speech(
     client asked for a stream, which a full interactive lane refuses at once (a whole file waits).
     ``item``: the body is that item of a batch (POST /v1/audio/speech/batch). ``ref_audio``: the
     job clones it, as a one-off voice deleted once the job ends (``voices.one_off_job_ended``)."""
-    reference = reference_voice(request, organization, data) if data.get("ref_audio") else None
-    if reference is not None:
-        data = {**data, "voice": reference.voice_id}
+    if not data.get("ref_audio"):
+        return _submitted(request, organization, data, streams, item)
+    # The reference audio becomes a voice of its own each time: a retry's Idempotency-Key is matched
+    # on the audio it names, and finds its job before a second voice is made of it.
+    digest = hashlib.sha256(
+        "\0".join(str(data.get(k) or "") for k in ("ref_audio", "ref_text", "consent")).encode()
+    ).hexdigest()
+    key_body = job_body({**data, "voice": f"ref_audio:{digest}"})
+    replay = replayed(organization, request_key(request, "openai", item), key_body)
+    if replay is not None:
+        return replay, False
+    reference = reference_voice(request, organization, data)
+    data = {**data, "voice": reference.voice_id}
     try:
-        job, created = _submitted(request, organization, data, streams, item)
+        job, created = _submitted(request, organization, data, streams, item, key_body)
     except BaseException:
-        if reference is not None:
-            forget_one_off(organization, reference)  # no job will use it
+        forget_one_off(organization, reference)  # no job will use it
         raise
-    if reference is not None and not created:
-        forget_one_off(organization, reference)  # an Idempotency-Key replay's job has its own
+    if not created:
+        forget_one_off(organization, reference)  # a concurrent retry's job has its own
     return job, created
 
 
 def _submitted(
-    request: Request, organization: Organization, data: dict[str, Any], streams: bool, item: int | None
+    request: Request,
+    organization: Organization,
+    data: dict[str, Any],
+    streams: bool,
+    item: int | None,
+    key_body: dict[str, Any] | None = None,
 ) -> tuple[SynthesisJob, bool]:
     try:
         return submit(
@@ -251,6 +266,7 @@ def _submitted(
             bool(data.get("timestamps")),
             admit=streams,
             item=item,
+            key_body=key_body,
         )
     except DomainError as error:
         if error.field == "text":

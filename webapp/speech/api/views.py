@@ -145,6 +145,18 @@ def _item_key(key: str | None, item: int | None) -> str | None:
     return f"batch:{hashlib.sha256(key.encode()).hexdigest()[:40]}:{item}"
 
 
+def request_key(request: Request, source: str, item: int | None = None) -> str | None:
+    """The Idempotency-Key a submit of ``source`` honours (an item's own in a batch); None without one."""
+    return _item_key(_idempotency_key(request), item) if source in ("api", "openai") else None
+
+
+def replayed(organization: Organization, key: str | None, key_body: dict[str, Any]) -> SynthesisJob | None:
+    """The job an earlier request under this key and body made (None: none, or no key)."""
+    if key is None:
+        return None
+    return lifecycle.idempotent_replay(organization, key, lifecycle.request_fingerprint(key_body))
+
+
 def submit(
     request: Request,
     organization: Organization,
@@ -153,10 +165,13 @@ def submit(
     word_timestamps: bool = False,
     admit: bool = False,
     item: int | None = None,
+    key_body: dict[str, Any] | None = None,
 ) -> tuple[SynthesisJob, bool]:
     """Shared by /api/v1/speech and /v1/audio/speech: parse the body, then the one submit service.
 
-    ``item``: the body is that item of a batch, whose Idempotency-Key names each item apart."""
+    ``item``: the body is that item of a batch, whose Idempotency-Key names each item apart.
+    ``key_body``: what the Idempotency-Key's fingerprint is taken of, when not ``data`` (a request's
+    reference audio makes a voice of its own each time: its retry names the same audio instead)."""
     if not isinstance(data, dict):
         raise DomainError(
             ErrorCode.INVALID_REQUEST, 'The body must be a JSON object, e.g. {"text": "Hello"}.'
@@ -168,11 +183,11 @@ def submit(
     submitted = submission.submit(
         organization,
         serializer.validated_data["job"],
-        body=data,
+        body=data if key_body is None else key_body,
         api_key=auth,
         user=auth.user if auth else None,
         # Both APIs honour the client's key; none is derived when it sends none.
-        idempotency_key=_item_key(_idempotency_key(request), item) if source in ("api", "openai") else None,
+        idempotency_key=request_key(request, source, item),
         admit=admit,
     )
     # The answer carries them (TenantAPIView.finalize_response), the job just submitted counted.
