@@ -154,7 +154,7 @@ ROLES: tuple[Role, ...] = (
         systemd_unit="tts-worker@.service",
         images=("worker", "worker-gpu"),
         image_commands=("worker", "worker-gpu"),
-        k8s_components=("worker-cpu", "worker-gpu", "worker-voxcpm"),
+        k8s_components=("worker-cpu", "worker-gpu", "worker-voxcpm", "worker-remote"),
     ),
     Role(
         name="housekeeping",

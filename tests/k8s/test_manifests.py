@@ -193,9 +193,12 @@ def test_worker_rules(rendered: dict[str, Docs]) -> None:
         del container(docs, "tts-worker-gpu", "worker")["resources"]["limits"]["nvidia.com/gpu"]
 
     def zero_undeclared(docs: Docs) -> None:
-        find(docs, "ConfigMap", next(d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"))[
-            "data"
-        ].pop("TTS_SCALE_TO_ZERO_QUEUES")
+        settings = next(
+            d["metadata"]["name"]
+            for d in docs
+            if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("tts-settings")
+        )
+        find(docs, "ConfigMap", settings)["data"].pop("TTS_SCALE_TO_ZERO_QUEUES")
 
     cases: list[tuple[Callable[[Docs], None], str]] = [
         (short_grace, "terminationGracePeriodSeconds 60 must exceed TTS_WORKER_STOP_GRACE 60 + 15"),
@@ -230,6 +233,28 @@ def test_the_voxcpm_pool_reads_its_model_from_a_read_only_volume_and_scales_on_i
     assert validate.query_engines(query) == {"voxcpm"}
 
 
+def test_the_remote_pool_relays_cosyvoice3_from_its_models_file(rendered: dict[str, Docs]) -> None:
+    """The gpu overlay's relay for CosyVoice3 served by vLLM-Omni (docs/scaling.md): its engine, its
+    queue and its KEDA query agree, its models file is mounted from the generated ConfigMap, and its
+    models file names only http(s) upstreams a worker can read."""
+    import json
+
+    docs = rendered["gpu"]
+    worker = container(docs, "tts-worker-remote", "worker")
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["TTS_WORKER_ENGINES"] == "cosyvoice3" and "synth.cosyvoice3" in worker["command"]
+    assert "nvidia.com/gpu" not in worker["resources"]["limits"]  # the GPU is the upstream's
+    mount = next(m for m in worker["volumeMounts"] if m["name"] == "remote-models")
+    assert env["TTS_REMOTE_MODELS_FILE"].startswith(mount["mountPath"] + "/") and mount["readOnly"]
+    pod = find(docs, "Deployment", "tts-worker-remote")["spec"]["template"]["spec"]
+    config = next(v for v in pod["volumes"] if v["name"] == "remote-models")["configMap"]["name"]
+    models = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == config)["data"]
+    parsed = json.loads(models["remote-models.json"])["models"]["cosyvoice3"]
+    assert all(u.startswith("http") for u in parsed["upstreams"]) and parsed["cloning"] is True
+    query = find(docs, "ScaledObject", "tts-worker-remote")["spec"]["triggers"][0]["metadata"]["query"]
+    assert validate.query_engines(query) == {"cosyvoice3"}
+
+
 def test_exactly_the_data_clients_reach_postgresql_and_redis(rendered: dict[str, Docs]) -> None:
     for overlay, docs in rendered.items():
         labelled = {
@@ -237,7 +262,11 @@ def test_exactly_the_data_clients_reach_postgresql_and_redis(rendered: dict[str,
             for w, _ in validate.pod_specs(docs)
             if validate.pod_labels(w).get(validate.DATA_CLIENT_LABEL) == "true"
         }
-        workers = {"worker-cpu", "worker-gpu", "worker-voxcpm"} if overlay == "gpu" else {"worker-cpu"}
+        workers = (
+            {"worker-cpu", "worker-gpu", "worker-voxcpm", "worker-remote"}
+            if overlay == "gpu"
+            else {"worker-cpu"}
+        )
         assert labelled == validate.DATA_CLIENTS | workers, overlay
 
     def edge_too(docs: Docs) -> None:
