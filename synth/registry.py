@@ -296,7 +296,7 @@ def piper_voice_files(voices_dir: str | None) -> dict[str, tuple[str, str]]:
     return found
 
 
-_CACHE: dict[tuple[str | None, tuple[str, ...], tuple[str, ...]], list[VoiceInfo]] = {}
+_CACHE: dict[tuple[str | None, tuple[str, ...], tuple[str, ...], str], list[VoiceInfo]] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -351,7 +351,7 @@ def list_voices(voices_dir: str | None = None, engines: list[str] | None = None)
             raise ValueError(
                 f"unknown engine {e!r}; installed: {', '.join(installed())} (entry points {ENTRY_POINT_GROUP})"
             )
-    key = (voices_dir_from_env(voices_dir), wanted, tuple(sys.path))
+    key = (voices_dir_from_env(voices_dir), wanted, tuple(sys.path), os.environ.get(REMOTE_MODELS_ENV, ""))
     with _CACHE_LOCK:
         if key in _CACHE:
             return list(_CACHE[key])

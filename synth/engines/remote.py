@@ -239,7 +239,7 @@ class Replicas:
             self.requests[url] += 1
             self.failures[url] += int(failed)
             if first_audio_ms is not None:
-                self.first_audio_ms[url] = round(first_audio_ms, 1)
+                self.first_audio_ms[url] = round(first_audio_ms, 3)
 
     def figures(self) -> list[dict[str, Any]]:
         now = time.monotonic()
@@ -422,10 +422,10 @@ class RemoteEngine:
         then shut down under it."""
         received: queue.Queue[tuple[str, Any]] = queue.Queue()
         pump = threading.Thread(target=self._pump, args=(url, body, received), daemon=True)
+        started, first_at = time.monotonic(), 0.0  # for the replica's time to first audio
         pump.start()
         response: Any = None
         pcm = bytearray()
-        started, first_at = time.monotonic(), 0.0  # for the replica's time to first audio
         while True:
             try:
                 kind, value = received.get(timeout=CANCEL_POLL)

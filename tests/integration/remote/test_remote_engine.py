@@ -133,7 +133,8 @@ def test_the_operations_page_shows_each_upstream_as_the_worker_used_it(
     assert {r["url"] for r in rows} == {u.url for u in upstreams}
     used = next(r for r in rows if r["requests"] >= 3)
     assert used["down"] is False and used["failures"] == 0 and used["in_flight"] == 0
-    assert 0 < used["first_audio_ms"] < 5000
+    # Measured from the request's start: a local fake may answer within a millisecond.
+    assert used["first_audio_ms"] is not None and 0 <= used["first_audio_ms"] < 5000
     page = admin_client.get("/admin/speech/operations/").content.decode()
     assert 'id="ops-upstreams"' in page and upstreams[0].url in page
 
