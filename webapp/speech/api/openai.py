@@ -373,10 +373,10 @@ def deliver(
         for name, value in reports.speech_usage_headers(reports.job_reserved(job_id)).items():
             response[name] = value  # vLLM-Omni's usage, before the body: what the whole answer is charged
         return response
-    raise _not_delivered(SynthesisJob.objects.get(pk=job_id))
+    raise not_delivered(SynthesisJob.objects.get(pk=job_id))
 
 
-def _not_delivered(job: SynthesisJob) -> DomainError:
+def not_delivered(job: SynthesisJob) -> DomainError:
     if not job.is_finished:
         lifecycle.report_handed(job.id, handing=lifecycle.Handing.LEFT)
         return DomainError(

@@ -37,7 +37,7 @@ from synth.audio import content_type
 from webapp.errors import DomainError, ErrorCode
 from webapp.problems import render
 from webapp.speech import lifecycle
-from webapp.speech.api.openai import IgnoreAccept, leave, submit_speech
+from webapp.speech.api.openai import IgnoreAccept, leave, not_delivered, submit_speech
 from webapp.speech.api.serializers import OpenAISpeechSerializer
 from webapp.speech.api.views import TenantAPIView
 from webapp.speech.api.waiting import WaitingAPIView
@@ -200,17 +200,9 @@ def batch_answer(plan: Plan, results: dict[int, dict[str, Any]] | None = None) -
 
 
 def _error_of(job_id: Any) -> str:
-    """Why a job has no audio for the answer (a job still going is canceled here, not charged)."""
-    job = SynthesisJob.objects.get(pk=job_id)
-    if not job.is_finished:
-        lifecycle.report_handed(job.id, handing=lifecycle.Handing.LEFT)
-        return (
-            f"Synthesis did not finish within {settings.TTS_OPENAI_WAIT_SECONDS} s; the job was canceled "
-            "and nothing was charged."
-        )
-    if job.status == SynthesisJob.Status.FAILED:
-        return job.error_message or "The job failed."
-    return f"The job ended {job.status}."
+    """Why a job has no audio for the answer, as /v1/audio/speech says it (a job still going is
+    canceled there, not charged)."""
+    return not_delivered(SynthesisJob.objects.get(pk=job_id)).message
 
 
 def answer_after_wait(request: HttpRequest, wait: Wait) -> HttpResponseBase:
