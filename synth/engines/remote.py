@@ -77,7 +77,10 @@ class RemoteModel:
     upstream_model: str  # the model id sent upstream (default: ``name``)
     voices: tuple[tuple[str, str, str], ...]  # (upstream voice, language, display name)
     sample_rate: int = 24000  # of the upstream's PCM
-    streams_per_upstream: int = 4  # requests in flight at once from one process, per replica
+    streams_per_upstream: int = 32  # requests in flight at once from one process, per replica
+    # Jobs one worker process relays at once, each in a thread of its own: a relay waits on its
+    # upstream, so one process holds many (webapp/speech/runtime/batching.py runs them).
+    jobs_per_process: int = 64
     cloning: bool = False  # the upstream clones from ref_audio + ref_text
     api_key_env: str = ""  # the environment variable holding the upstreams' key, if any
     connect_timeout_seconds: float = 5.0
@@ -135,7 +138,8 @@ def _model(name: str, raw: dict[str, Any]) -> RemoteModel:
         upstream_model=str(raw.get("upstream_model") or name),
         voices=voices,
         sample_rate=int(raw.get("sample_rate") or 24000),
-        streams_per_upstream=max(1, int(raw.get("streams_per_upstream") or 4)),
+        streams_per_upstream=max(1, int(raw.get("streams_per_upstream") or 32)),
+        jobs_per_process=max(1, int(raw.get("jobs_per_process") or 64)),
         cloning=bool(raw.get("cloning")),
         api_key_env=str(raw.get("api_key_env") or ""),
         connect_timeout_seconds=float(raw.get("connect_timeout_seconds") or 5.0),
@@ -182,7 +186,7 @@ def _caps(m: RemoteModel) -> dict[str, Any]:
         "timestamps": False,
         "devices": ["cpu"],  # the GPU is the upstream's; this side only relays
         "memory_mb": 0,
-        "concurrent_jobs": 1,
+        "concurrent_jobs": m.jobs_per_process,
         "seed": False,
         "remote": True,
     }
@@ -300,6 +304,13 @@ class RemoteEngine:
 
         self._session = requests.Session()
         self._session.trust_env = False  # the machine's proxy variables are not the upstream's route
+        # A connection kept per stream in flight: urllib3's default keeps 10 per host and opens
+        # (then drops, with a warning each) any more that this process's threads need at once.
+        adapter = requests.adapters.HTTPAdapter(
+            pool_connections=len(self.model.upstreams), pool_maxsize=self.model.streams_per_upstream
+        )
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
         reachable = [u for u in self.model.upstreams if self._healthy(u)]
         if not reachable:
             raise EngineUnavailable(

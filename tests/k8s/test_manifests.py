@@ -251,8 +251,11 @@ def test_the_remote_pool_relays_cosyvoice3_from_its_models_file(rendered: dict[s
     models = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == config)["data"]
     parsed = json.loads(models["remote-models.json"])["models"]["cosyvoice3"]
     assert all(u.startswith("http") for u in parsed["upstreams"]) and parsed["cloning"] is True
-    query = find(docs, "ScaledObject", "tts-worker-remote")["spec"]["triggers"][0]["metadata"]["query"]
-    assert validate.query_engines(query) == {"cosyvoice3"}
+    backlog = find(docs, "ScaledObject", "tts-worker-remote")["spec"]["triggers"][0]["metadata"]
+    assert validate.query_engines(backlog["query"]) == {"cosyvoice3"}
+    # A pod relays its children x jobs_per_process jobs at once: KEDA adds a pod per that many.
+    capacity = int(env["TTS_WORKER_CONCURRENCY"]) * parsed["jobs_per_process"]
+    assert int(backlog["targetQueryValue"]) == capacity
 
 
 def test_exactly_the_data_clients_reach_postgresql_and_redis(rendered: dict[str, Docs]) -> None:

@@ -125,14 +125,15 @@ def test_the_operations_page_shows_each_upstream_as_the_worker_used_it(
     assert wait_status([job.id], timeout=60)[0].status == "succeeded"
 
     def shown() -> list[dict[str, Any]] | None:
+        # A heartbeat from after the job: one sent while it ran shows its request in flight.
         rows = admin_client.get("/admin/speech/operations/data.json").json()["upstreams"]
-        used = [r for r in rows if r["model"] == MODEL and r["requests"] >= 3]
+        used = [r for r in rows if r["model"] == MODEL and r["requests"] >= 3 and r["in_flight"] == 0]
         return rows if used else None
 
-    rows = wait_until(shown, 10, "the worker's heartbeat with the upstreams it used")
+    rows = wait_until(shown, 10, "the worker's heartbeat with the upstreams it used, none in flight")
     assert {r["url"] for r in rows} == {u.url for u in upstreams}
     used = next(r for r in rows if r["requests"] >= 3)
-    assert used["down"] is False and used["failures"] == 0 and used["in_flight"] == 0
+    assert used["down"] is False and used["failures"] == 0
     # Measured from the request's start: a local fake may answer within a millisecond.
     assert used["first_audio_ms"] is not None and 0 <= used["first_audio_ms"] < 5000
     page = admin_client.get("/admin/speech/operations/").content.decode()

@@ -173,7 +173,14 @@ def run_claimed(state: worker.WorkerState, job: SynthesisJob, limits: tuple[floa
     relative = attempt_path(job)
     started, now = time.monotonic(), timezone.now()
     attempt = Attempt(
-        job, relative, media_path(relative), soft, hard, started, now, cpu_clock=mode.cpu_clock()
+        job,
+        relative,
+        media_path(relative),
+        soft,
+        hard,
+        started,
+        now,
+        cpu_clock=mode.cpu_clock(job.engine, state.models),
     )
     state.current_job = str(job.id)
     rss_before = round(state.health.last_rss_mb or recycling.read_rss_mb(), 1)
@@ -183,7 +190,7 @@ def run_claimed(state: worker.WorkerState, job: SynthesisJob, limits: tuple[floa
 
 def _run(state: worker.WorkerState, attempt: Attempt, rss_before: float) -> Outcome:
     """The attempt itself: synthesise under the hard limit, publish through the lifecycle, clean up."""
-    job, relative, hard = attempt.job, attempt.relative, attempt.hard
+    job, relative = attempt.job, attempt.relative
     try:
         with _hard_limit(attempt):
             hooks.before_synthesis(job)
@@ -214,11 +221,7 @@ def _run(state: worker.WorkerState, attempt: Attempt, rss_before: float) -> Outc
     except HardLimitReached:
         discard_output(job.id, attempt.token, relative)
         _drop_connections()  # the alarm may have cut a query short
-        return _failed(
-            attempt,
-            JobFailureCode.TIMEOUT,
-            f"The job ran past its hard time limit of {hard:g} s and was stopped.",
-        )
+        return _hard_limit_failure(attempt)
     except Exception as exc:
         discard_output(job.id, attempt.token, relative)
         return _settle_failure(attempt, exc)
@@ -228,6 +231,23 @@ def _run(state: worker.WorkerState, attempt: Attempt, rss_before: float) -> Outc
         return Outcome("lost", result.engine, cpu_seconds, job.text_chars)
     remove_partials(attempt.out_path)  # the stream file: readers still streaming keep it open
     return Outcome("succeeded", result.engine, cpu_seconds, job.text_chars)
+
+
+def _hard_limit_failure(attempt: Attempt) -> Outcome:
+    return _failed(
+        attempt,
+        JobFailureCode.TIMEOUT,
+        f"The job ran past its hard time limit of {attempt.hard:g} s and was stopped.",
+    )
+
+
+def _past_hard_limit_in_a_thread(attempt: Attempt) -> bool:
+    """A job in a thread of its own (a batching or relaying child) has no alarm: the engine's cancel
+    check stops it once its hard limit has passed, and the failure is settled as the alarm's."""
+    return (
+        threading.current_thread() is not threading.main_thread()
+        and time.monotonic() - attempt.started >= attempt.hard
+    )
 
 
 @contextlib.contextmanager
@@ -242,7 +262,9 @@ def _hard_limit(attempt: Attempt) -> Iterator[None]:
         raise HardLimitReached()
 
     if threading.current_thread() is not threading.main_thread():
-        yield  # signals reach only the main thread: the row's deadline and the reaper remain
+        # Signals reach only the main thread: the engine's cancel check stops a job in a thread
+        # (_past_hard_limit_in_a_thread), and the row's deadline and the reaper remain.
+        yield
         return
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, max(0.01, attempt.hard - (time.monotonic() - attempt.started)))
@@ -313,36 +335,54 @@ def _synthesize(state: worker.WorkerState, attempt: Attempt) -> Any:
 CANCEL_WATCH_SECONDS = 0.5  # how often a remote model's job reads its cancel flag mid-sentence
 
 
-@contextlib.contextmanager
-def _cancel_watch(job: SynthesisJob, remote: bool) -> Iterator[Callable[[], bool]]:
-    """Whether the job's cancel was asked, known mid-sentence for a remote model.
+class _CancelWatch:
+    """The cancel flags of the remote models' jobs running in this process, read mid-sentence.
 
     A job reads its cancel flag when it reports a sentence done (``report_progress``). A remote
     model's sentence is a request to its upstream, which a cancel should close at once rather
-    than let run: for those, a thread reads the flag every ``CANCEL_WATCH_SECONDS`` meanwhile."""
-    if not remote:
-        yield lambda: False
-        return
-    asked = threading.Event()
-    done = threading.Event()
+    than let run: for those, one thread of the process reads every such job's flag in one query
+    each ``CANCEL_WATCH_SECONDS`` (a relaying child runs dozens at once: a thread and a database
+    connection each would double what they hold). It runs while a job is watched.
+    """
 
-    def watch() -> None:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asked: dict[Any, threading.Event] = {}  # job id -> set once its cancel is asked
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def watching(self, job_id: Any) -> Iterator[Callable[[], bool]]:
+        asked = threading.Event()
+        with self._lock:
+            self._asked[job_id] = asked
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="cancel-watch", daemon=True)
+                self._thread.start()
         try:
-            while not done.wait(CANCEL_WATCH_SECONDS):
-                with contextlib.suppress(InterfaceError, OperationalError):
-                    if SynthesisJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
-                        asked.set()
+            yield asked.is_set
+        finally:
+            with self._lock:
+                self._asked.pop(job_id, None)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                time.sleep(CANCEL_WATCH_SECONDS)
+                with self._lock:
+                    if not self._asked:
+                        self._thread = None  # the next watched job starts another
                         return
+                    watched = dict(self._asked)
+                with contextlib.suppress(InterfaceError, OperationalError):
+                    for pk in SynthesisJob.objects.filter(
+                        pk__in=list(watched), cancel_requested=True
+                    ).values_list("pk", flat=True):
+                        watched[pk].set()
         finally:
             connections.close_all()  # this thread's own connection
 
-    watcher = threading.Thread(target=watch, name=f"cancel-watch-{job.pk}", daemon=True)
-    watcher.start()
-    try:
-        yield asked.is_set
-    finally:
-        done.set()
-        watcher.join(timeout=2)
+
+_cancel_watch = _CancelWatch()
 
 
 def _run_synthesis(
@@ -355,12 +395,18 @@ def _run_synthesis(
     cache: sentence_cache.DiskStore | None,
 ) -> Any:
     remote = bool(getattr(state.synthesizer.engine(job.engine), "remote", False))
-    with state.host_jobs.running(), _cancel_watch(job, remote) as canceled:  # (host_jobs: synth.hostjobs)
+    watch = _cancel_watch.watching(job.pk) if remote else contextlib.nullcontext(lambda: False)
+    with state.host_jobs.running(), watch as canceled:  # (host_jobs: synth.hostjobs)
         return state.synthesizer.synthesize(
             request,
             attempt.out_path,
             progress=progress,
-            should_cancel=lambda: cancel["requested"] or worker.handing_back() or canceled(),
+            should_cancel=lambda: (
+                cancel["requested"]
+                or worker.handing_back()
+                or canceled()
+                or _past_hard_limit_in_a_thread(attempt)
+            ),
             # The audio as it is made, for clients streaming the job (webapp/speech/api/streaming.py).
             stream=StreamWriter(stream_path(attempt.out_path), on_grew=lambda: notify.stream_grew(job.id)),
             cache=cache,
@@ -411,6 +457,8 @@ def _settle_failure(attempt: Attempt, exc: Exception) -> Outcome:
     if isinstance(exc, AttemptLost):
         log.warning("job %s: the attempt with token %s lost its claim; stopped", job.id, attempt.token)
         return Outcome("lost")
+    if isinstance(exc, Cancelled) and _past_hard_limit_in_a_thread(attempt):
+        return _hard_limit_failure(attempt)
     if isinstance(exc, Cancelled) and worker.handing_back():
         # The worker is stopping and its grace ran out: the job waits for another worker.
         handed_back = db_retry(

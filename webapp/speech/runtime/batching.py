@@ -1,4 +1,4 @@
-"""A batching child: several jobs at once in one worker child (GPU workers on the torch runtime).
+"""Several jobs at once in one worker child: a batching GPU child, and a remote model's relay.
 
 On a worker with ``TTS_WORKER_PIPER_RUNTIME=torch`` and ``TTS_WORKER_BATCH_JOBS``
 over 1, a message does not run one job. It claims its job as any message does
@@ -14,6 +14,11 @@ message's Celery time limit; jobs queued meanwhile join within half a
 second while there is room. The message returns once all its jobs are
 settled; each of them counts as a task for the child's recycle check.
 docs/gpu.md, "Execution model for GPU batching".
+
+A remote model's jobs (synth/engines/remote.py) run the same way on any worker, up to
+the model's ``jobs_per_process``: each job's thread spends its time waiting on its
+upstream's stream, so one child relays dozens where a child per job would hold a
+process's memory each (docs/engines.md, "Remote engines").
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from django.db import connections
 
 from webapp.speech.models import SynthesisJob
 from webapp.speech.runtime import claims, mode, recycling, worker
-from webapp.speech.runtime.attempt import SKIPPED, JobLost, Outcome, run_claimed
+from webapp.speech.runtime.attempt import JobLost, Outcome, run_claimed
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +42,8 @@ REFILL_POLL_SECONDS = 0.5
 Claimed = tuple[SynthesisJob, tuple[float, float]]
 
 
-def run_group(state: worker.WorkerState, job_id: str, limits: list[float] | None) -> str:
-    """One message on a batching child: its job and the jobs claimed beside it, each in a thread."""
-    try:
-        first = claims.claim_for_message(state, job_id, limits)
-    except JobLost as exc:
-        state.attempts.clear()
-        log.error("job %s: %s; message handed back", job_id, exc)
-        raise Reject(str(exc), requeue=True) from exc
-    if first is None:
-        worker.after_task(state, None, None, 0, ran=False)
-        return SKIPPED.name
+def run_group(state: worker.WorkerState, first: Claimed) -> str:
+    """One message's claimed job and the jobs claimed beside it, each in a thread."""
     group = _Group(state, first[0].engine)
     try:
         names = group.run(first)
