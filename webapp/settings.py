@@ -380,6 +380,9 @@ TTS_WORKER_CONCURRENCY = env_int("TTS_WORKER_CONCURRENCY", WORKER_CONCURRENCY_DE
 # for interactive work (session units, /v1/audio/speech): batch holds at most slots - this, never
 # fewer than one (services/lanes.py). 0 reserves nothing.
 TTS_WORKER_INTERACTIVE_RESERVED = max(0, env_int("TTS_WORKER_INTERACTIVE_RESERVED", 1))
+# Seconds between a relay child's rounds of the deletions owed to remote models' replicas (voices
+# registered there whose voice was deleted; services/upstream_voices.py).
+TTS_REMOTE_VOICE_DELETE_SECONDS = env_float("TTS_REMOTE_VOICE_DELETE_SECONDS", 30.0)
 # New interactive work (sessions, contexts, /v1/audio/speech) is refused with 429 while this many
 # interactive jobs per child serving the engine wait to start (services/lanes.py, admit).
 TTS_INTERACTIVE_QUEUE_PER_CHILD = max(1, env_int("TTS_INTERACTIVE_QUEUE_PER_CHILD", 8))

@@ -33,6 +33,10 @@ class VoicePrompt:
     sample_rate: int
     transcript: str = ""
     embedding: tuple[float, ...] = ()
+    # The voice's stable id, for an engine that keeps the voice on its upstream (a remote model
+    # that registers voices); "": never kept there (a request's one-off reference audio).
+    key: str = ""
+    consent: str = ""  # the id of the consent the voice is cloned under
 
 
 @dataclass

@@ -21,7 +21,14 @@ is, so progress, streaming, time limits, cancel, the cache and billing stay the 
   than ``audio/pcm``), ``upstream_timeout`` (no byte for ``read_timeout_seconds``).
 
 A cloned voice's prompt is sent with each chunk as ``ref_audio`` (a base64 ``data:`` URL of the
-canonical prompt) and ``ref_text``: upstreams keep nothing of ours.
+canonical prompt) and ``ref_text``: by default upstreams keep nothing of ours. A model with
+``register_voices`` uploads a voice to each replica the first time that replica speaks it
+(``POST /v1/audio/voices``, in the background: meanwhile its chunks carry ``ref_audio``) and
+then names it; the :class:`VoiceRegistry` the worker gives (its database) records each
+registration before the upload starts, so that a deleted voice is deleted on every replica it
+may have reached, retried until each confirms (:func:`forget_voice`). A replica that answers a
+named voice with 400 or 404 (restarted, it lost it) gets the chunk with ``ref_audio`` again and
+the voice anew.
 """
 
 from __future__ import annotations
@@ -35,14 +42,14 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from synth.engines.base import Engine, VoiceParams, check_cancel
+from synth.engines.base import Engine, VoiceParams, VoicePrompt, check_cancel
 from synth.errors import Cancelled, EngineUnavailable, UnknownVoice, UpstreamFailed, UpstreamTimeout
 from synth.registry import (
     FORMATS,
@@ -83,6 +90,7 @@ class RemoteModel:
     jobs_per_process: int = 64
     cloning: bool = False  # the upstream clones from ref_audio + ref_text
     api_key_env: str = ""  # the environment variable holding the upstreams' key, if any
+    register_voices: bool = False  # keep cloned voices on each replica (POST /v1/audio/voices)
     connect_timeout_seconds: float = 5.0
     read_timeout_seconds: float = 30.0
     languages: tuple[str, ...] = field(default=())
@@ -142,6 +150,7 @@ def _model(name: str, raw: dict[str, Any]) -> RemoteModel:
         jobs_per_process=max(1, int(raw.get("jobs_per_process") or 64)),
         cloning=bool(raw.get("cloning")),
         api_key_env=str(raw.get("api_key_env") or ""),
+        register_voices=bool(raw.get("register_voices")),
         connect_timeout_seconds=float(raw.get("connect_timeout_seconds") or 5.0),
         read_timeout_seconds=float(raw.get("read_timeout_seconds") or 30.0),
         languages=tuple(sorted({lang for _, lang, _ in voices} | set(raw.get("languages") or ()))),
@@ -280,8 +289,110 @@ def replicas_of(m: RemoteModel) -> Replicas:
         return found
 
 
+class VoiceRegistry(Protocol):
+    """Where a worker keeps which cloned voices it registered on which replica (its database).
+
+    A registration is recorded by :meth:`begin` before its upload starts, so a voice deleted
+    meanwhile is still deleted upstream: the worker retries :func:`forget_voice` on each replica a
+    deleted voice's registrations name until each confirms."""
+
+    def registered_name(self, model: str, url: str, key: str) -> str | None:
+        """The name voice ``key`` has on replica ``url`` once its upload was confirmed."""
+
+    def begin(self, model: str, url: str, key: str, name: str) -> bool:
+        """Record that ``key`` is being registered on ``url`` as ``name``; False: another upload
+        of it is in progress (or recently failed), so the caller sends ``ref_audio``."""
+
+    def ended(self, model: str, url: str, key: str, ok: bool) -> None:
+        """The upload of ``key`` to ``url`` ended: confirmed (``ok``), or failed (tried again later)."""
+
+    def lost(self, model: str, url: str, key: str) -> None:
+        """Replica ``url`` no longer knows ``key``'s voice: register it again before naming it."""
+
+    def in_background(self, work: Callable[[], None]) -> None:
+        """Run ``work`` (an upload, then :meth:`ended`) beside the job, as the worker runs threads."""
+
+
+_registry: VoiceRegistry | None = None
+
+
+def use_voice_registry(registry: VoiceRegistry | None) -> None:
+    """Set by the worker that serves remote models: without one, voices are never registered."""
+    global _registry
+    _registry = registry
+
+
+def upstream_voice_name(key: str) -> str:
+    """The name a voice is registered under upstream: ours, never the tenant's words."""
+    return f"tts-{key}"
+
+
+def _headers(m: RemoteModel) -> dict[str, str]:
+    return {"Authorization": f"Bearer {m.api_key}"} if m.api_key else {}
+
+
+def register_voice(session: Any, m: RemoteModel, url: str, name: str, prompt: VoicePrompt) -> bool:
+    """Upload ``prompt`` to replica ``url`` as ``name`` (vLLM-Omni's multipart upload); True: confirmed."""
+    import requests
+
+    form = {"name": name, "consent": prompt.consent or "recorded"}
+    if prompt.transcript:
+        form["ref_text"] = prompt.transcript
+    try:
+        with open(prompt.audio_path, "rb") as audio:
+            response = session.post(
+                f"{url}/v1/audio/voices",
+                data=form,
+                files={"audio_sample": (f"{name}.wav", audio, "audio/wav")},
+                headers=_headers(m),
+                timeout=(m.connect_timeout_seconds, m.read_timeout_seconds),
+            )
+    except (OSError, requests.RequestException) as exc:
+        log.warning("remote %s: registering %s on %s failed: %s", m.name, name, url, exc)
+        return False
+    if not response.ok:
+        log.warning("remote %s: %s refused voice %s: %s", m.name, url, name, _message(response))
+    return bool(response.ok)
+
+
+def forget_voice(model: str, url: str, name: str) -> tuple[bool, str]:
+    """Delete voice ``name`` on replica ``url`` of remote model ``model``: (confirmed, what was said).
+
+    Confirmed: the replica answered 2xx, or 404 (it does not have it, or no longer: also deleted).
+    """
+    import requests
+
+    m = models().get(model)
+    if m is None:
+        return False, f"{model} is not a remote model of this worker's models file"
+    try:
+        with requests.Session() as session:
+            session.trust_env = False  # the machine's proxy variables are not the upstream's route
+            response = session.delete(
+                f"{url}/v1/audio/voices/{name}", headers=_headers(m), timeout=m.connect_timeout_seconds
+            )
+    except requests.RequestException as exc:
+        return False, f"{type(exc).__name__}: {exc}"[:300]
+    if response.ok or response.status_code == 404:
+        return True, str(response.status_code)
+    return False, f"{response.status_code}: {_message(response)}"
+
+
 class _Lost(Exception):
     """The replica could not be reached, or dropped the request before any audio came."""
+
+
+class _Refused(Exception):
+    """The replica refused the chunk's request (400, 404)."""
+
+
+def _naming(body: dict[str, Any], name: str | None) -> dict[str, Any]:
+    """``body`` naming the voice registered upstream as ``name`` instead of carrying its prompt."""
+    if name is None:
+        return body
+    named = {k: v for k, v in body.items() if k not in ("ref_audio", "ref_text")}
+    named["voice"] = name
+    return named
 
 
 class _Busy(Exception):
@@ -362,7 +473,7 @@ class RemoteEngine:
         done = 0
         for chunk in chunks:
             check_cancel(should_cancel)
-            pcm = self._speak({**body, "input": chunk}, should_cancel)
+            pcm = self._speak({**body, "input": chunk}, should_cancel, params.prompt)
             audio = np.frombuffer(pcm[: len(pcm) // 2 * 2], dtype="<i2").astype(np.float32) / 32768.0
             yield apply_gain_db(audio, params.volume)
             done += 1
@@ -398,16 +509,31 @@ class RemoteEngine:
             body["stream_format"] = "audio"
         return body
 
-    def _speak(self, body: dict[str, Any], should_cancel: CancelFn | None) -> bytes:
+    def _speak(
+        self, body: dict[str, Any], should_cancel: CancelFn | None, prompt: VoicePrompt | None
+    ) -> bytes:
         """One chunk's PCM, from the least loaded replica that answers."""
         replicas = replicas_of(self.model)
         tried: set[str] = set()
+        names = True  # a registered voice may be named (until a replica refused the name)
         while True:
             url = replicas.take(tried, should_cancel)
+            named = self._registered_on(url, prompt) if names else None
             try:
-                pcm, first_audio_ms = self._request(url, body, should_cancel)
+                pcm, first_audio_ms = self._request(url, _naming(body, named), should_cancel)
                 replicas.record(url, first_audio_ms)
                 return pcm
+            except _Refused as exc:
+                if named is None or prompt is None or _registry is None:
+                    replicas.record(url, failed=True)
+                    raise UpstreamFailed(f"remote {self.name}: {url}: {exc}") from None
+                # Restarted, the replica lost the voice: this chunk carries ref_audio, and the
+                # voice is registered there anew.
+                log.warning(
+                    "remote %s: %s refused voice %s (%s); sent with ref_audio", self.name, url, named, exc
+                )
+                _registry.lost(self.name, url, prompt.key)
+                names = False
             except _Lost as exc:
                 log.warning(
                     "remote %s: replica %s lost the chunk (%s); another takes it", self.name, url, exc
@@ -424,6 +550,22 @@ class RemoteEngine:
                 raise
             finally:
                 replicas.give_back(url)
+
+    def _registered_on(self, url: str, prompt: VoicePrompt | None) -> str | None:
+        """The name ``prompt``'s voice has on ``url``, or None: send ``ref_audio`` (and, if no upload
+        of it to ``url`` is under way, start one for the next chunks)."""
+        registry = _registry
+        if prompt is None or not prompt.key or not self.model.register_voices or registry is None:
+            return None
+        name = registry.registered_name(self.name, url, prompt.key)
+        if name is None and registry.begin(self.name, url, prompt.key, upstream_voice_name(prompt.key)):
+
+            def upload() -> None:
+                ok = register_voice(self._session, self.model, url, upstream_voice_name(prompt.key), prompt)
+                registry.ended(self.name, url, prompt.key, ok)
+
+            registry.in_background(upload)
+        return name
 
     def _request(
         self, url: str, body: dict[str, Any], should_cancel: CancelFn | None
@@ -456,6 +598,8 @@ class RemoteEngine:
                 raise _Lost(str(value))
             elif kind == "busy":
                 raise _Busy()
+            elif kind == "refused":
+                raise _Refused(str(value))
             elif kind == "timeout":
                 raise UpstreamTimeout(
                     f"remote {self.name}: {url} sent nothing for {self.model.read_timeout_seconds:g} s"
@@ -476,6 +620,9 @@ class RemoteEngine:
                 out.put(("response", response))
                 if response.status_code in (429, 503):
                     out.put(("busy", response.status_code))
+                    return
+                if response.status_code in (400, 404):  # what a voice it does not know gets
+                    out.put(("refused", f"answered {response.status_code}: {_message(response)}"))
                     return
                 if response.status_code >= 400:
                     out.put(("failed", f"answered {response.status_code}: {_message(response)}"))

@@ -33,7 +33,8 @@ For the tests, never behind ``--api-key``:
   ``hang`` (headers or nothing, then no audio until the client leaves), ``wrong_content_type``,
   ``capacity`` (speech requests in flight before 503s), ``chunk_delay_ms`` (before each streamed
   chunk), ``reject_unknown_fields``, ``registration_policy`` (vLLM-Omni's
-  VLLM_OMNI_SPEAKER_REGISTRATION_POLICY: ``overwrite`` or ``immutable``).
+  VLLM_OMNI_SPEAKER_REGISTRATION_POLICY: ``overwrite`` or ``immutable``), ``fail_voice_deletes``
+  (``DELETE /v1/audio/voices/{name}`` answers 500 and deletes nothing).
 - ``GET /_stats``: ``requests_total``, ``in_flight`` and the last 200 speech requests, each with the
   id its ``X-Request-Id`` header carried (the client's own, if it sent one).
 
@@ -111,6 +112,7 @@ class Switches(BaseModel):
     chunk_delay_ms: int = Field(default=0, ge=0)
     reject_unknown_fields: bool = True
     registration_policy: Literal["overwrite", "immutable"] = "overwrite"
+    fail_voice_deletes: bool = False
 
 
 @dataclasses.dataclass
@@ -723,6 +725,8 @@ class FakeVllmOmni:
 
     async def delete_voice(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
+        if self.switches.fail_voice_deletes:
+            return error_response(500, "Voice deletion failed: injected failure", "InternalServerError")
         if self.uploaded.pop(name.lower(), None) is None:
             return error_response(404, f"Voice '{name}' not found", "NotFoundError")
         return web.json_response({"success": True, "message": f"Voice '{name}' deleted successfully"})

@@ -163,6 +163,47 @@ class Voice(models.Model):
         return self.voice_id
 
 
+class UpstreamVoice(models.Model):
+    """A cloned voice registered on one replica of a remote model (synth/engines/remote.py).
+
+    Recorded before its upload starts. While ``voice`` is set, the replica may be sent the voice's
+    name once ``registered_at`` is. When the voice is deleted (any path: its owner, its consent's
+    revocation, a one-off voice's job ending, a tenant's deletion), ``voice`` becomes NULL and the
+    row is a deletion owed to the replica: a relay worker retries it until the replica confirms
+    (services/upstream_voices.py), then deletes the row. It is biometric data on another server.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    voice = models.ForeignKey(
+        Voice, null=True, blank=True, on_delete=models.SET_NULL, related_name="upstream_copies"
+    )
+    engine = models.CharField(max_length=50)  # the remote model's name
+    upstream = models.CharField(max_length=500)  # the replica's base URL
+    name = models.CharField(max_length=200)  # the voice's name there (remote.upstream_voice_name)
+    created_at = models.DateTimeField(auto_now_add=True)
+    upload_started_at = models.DateTimeField()
+    registered_at = models.DateTimeField(null=True, blank=True)
+    # The deletion owed (voice NULL): its tries, when the next may run, what the replica last said.
+    delete_attempts = models.PositiveIntegerField(default=0)
+    next_delete_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["engine", "upstream", "name"], name="speech_upstream_voice_once"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["engine", "next_delete_at"],
+                condition=models.Q(voice__isnull=True),
+                name="speech_upstream_voice_owed",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} on {self.upstream}"
+
+
 class JobStatus(models.TextChoices):
     """A job's state; only webapp/speech/lifecycle/ changes it."""
 

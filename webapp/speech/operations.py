@@ -22,6 +22,7 @@ from webapp import redis_clients
 from webapp.speech import heartbeat
 from webapp.speech.models import SynthesisJob
 from webapp.speech.runtime import recycling
+from webapp.speech.services import upstream_voices
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -58,7 +59,10 @@ def unavailable_engines(beats: list[dict[str, Any]]) -> dict[str, str]:
 
 def upstreams(beats: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each remote model's replicas, over every live child that used them: requests in flight and
-    made, failures, the latest time to first audio, and down when every child using it says so."""
+    made, failures, the latest time to first audio, and down when every child using it says so;
+    with the cloned voices kept there and the deletions owed to it (services/upstream_voices.py),
+    also for a replica no child uses any more."""
+    empty = {"in_flight": 0, "requests": 0, "failures": 0, "first_audio_ms": None, "down": True}
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for beat in beats:
         models = beat.get("upstreams")
@@ -66,16 +70,19 @@ def upstreams(beats: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         for model, replicas in models.items():
             for figures in replicas if isinstance(replicas, list) else []:
-                row = merged.setdefault(
-                    (str(model), str(figures.get("url"))),
-                    {"in_flight": 0, "requests": 0, "failures": 0, "first_audio_ms": None, "down": True},
-                )
+                row = merged.setdefault((str(model), str(figures.get("url"))), dict(empty))
                 for key in ("in_flight", "requests", "failures"):
                     row[key] += int(figures.get(key) or 0)
                 if figures.get("first_audio_ms") is not None:
                     row["first_audio_ms"] = figures["first_audio_ms"]
                 row["down"] = row["down"] and bool(figures.get("down"))
-    return [{"model": model, "url": url, **row} for (model, url), row in sorted(merged.items())]
+    voices = upstream_voices.counts()
+    for pair in voices:
+        merged.setdefault(pair, {**empty, "down": False})
+    return [
+        {"model": model, "url": url, **row, **voices.get((model, url), {"kept": 0, "owed": 0})}
+        for (model, url), row in sorted(merged.items())
+    ]
 
 
 def queue_depths(client: Any, queues: list[str]) -> dict[str, int]:

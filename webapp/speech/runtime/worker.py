@@ -36,7 +36,7 @@ from synth.hostjobs import HostJobs
 from webapp import redis_clients
 from webapp.speech import heartbeat, lifecycle, owners, voices
 from webapp.speech.models import SynthesisJob, Voice
-from webapp.speech.runtime import hooks, mode, probe, recycling, rolling
+from webapp.speech.runtime import hooks, mode, probe, recycling, relay, rolling
 
 log = logging.getLogger(__name__)
 
@@ -491,6 +491,7 @@ def _on_process_init(**_: Any) -> None:
         _publish_quietly(state)
         # Celery swallows exceptions from signal handlers: leave explicitly, before taking work.
         os._exit(3)
+    relay.start(state.engines, state.models)  # the voices a remote model keeps on its replicas
     state.state = "ready"
     state.touch_probe()  # ready now, not at the next beat
     _publish_quietly(state)

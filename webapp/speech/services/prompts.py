@@ -550,7 +550,14 @@ def voice_prompt(voice: Voice | None) -> VoicePrompt | None:
     if voice is None or not voice.prompt_path:
         return None
     embedding = tuple(float(x) for x in voice.embedding or ())
-    return VoicePrompt(files.media_path(voice.prompt_path), CANONICAL_RATE, voice.transcript, embedding)
+    return VoicePrompt(
+        files.media_path(voice.prompt_path),
+        CANONICAL_RATE,
+        voice.transcript,
+        embedding,
+        key="" if voice.one_off else str(voice.pk),  # a one-off voice is never kept upstream
+        consent=str(voice.consent_id or ""),
+    )
 
 
 def remove_voice_files(voice: Voice) -> None:
