@@ -118,6 +118,39 @@ def test_a_job_on_a_remote_model_is_spoken_upstream_sentence_by_sentence(
     assert SynthesisJob.objects.get(pk=job.id).engine == MODEL
 
 
+def test_a_client_streams_a_remote_job_through_nginx_as_its_upstream_speaks(
+    remote_voices: None, upstreams: list[Upstream], web: Any
+) -> None:
+    import requests
+
+    from webapp.speech.models import SynthesisJob
+    from webapp.tenants.services import OPERATOR, create_api_key
+
+    org = make_org("remote-stream")
+    _, key = create_api_key(org, "stream", created_by=OPERATOR, scopes=["speech:read", "speech:write"])
+    for upstream in upstreams:
+        upstream.control(chunk_delay_ms=800)  # each sentence takes 0.8 s upstream
+    body = {"model": MODEL, "voice": VOICE, "input": TEXT, "response_format": "pcm", "stream": True}
+    started, first, audio = time.monotonic(), 0.0, bytearray()
+    with requests.post(
+        f"https://127.0.0.1:{web.cfg.https_port}/v1/audio/speech",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        stream=True,
+        verify=False,
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200, response.text
+        for chunk in response.iter_content(chunk_size=None):
+            first = first or time.monotonic() - started
+            audio += chunk
+    whole = time.monotonic() - started
+    assert first < whole - 1.2  # the first sentence's audio came while the others were spoken upstream
+    assert len(audio) / 2 / 24000 > 2.0  # three sentences of speech at the model's 24 kHz
+    (job,) = SynthesisJob.objects.filter(organization=org)
+    assert (job.status, job.engine) == ("succeeded", MODEL)
+
+
 def test_the_operations_page_shows_each_upstream_as_the_worker_used_it(
     remote_voices: None, upstreams: list[Upstream], admin_client: Any
 ) -> None:
