@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol
 
-from synth.engines.base import CancelFn, ProgressFn, check_cancel
+from synth.engines.base import CancelFn, Pieces, ProgressFn, check_cancel
 
 if TYPE_CHECKING:
     import numpy as np
@@ -222,7 +222,7 @@ class CacheStats:
     meta: dict[int, Any] = field(default_factory=dict)
 
 
-Render = Callable[[Iterable[str], int], Iterator["np.ndarray"]]
+Render = Callable[[Iterable[str], int], Iterator["np.ndarray | Pieces"]]
 
 
 def cached_sentences(
@@ -235,7 +235,7 @@ def cached_sentences(
     progress: ProgressFn | None = None,
     should_cancel: CancelFn | None = None,
     meta_of: Callable[[int], Any] | None = None,
-) -> Iterator[np.ndarray]:
+) -> Iterator[np.ndarray | Pieces]:
     """Each chunk's audio in order: a stored one where the store has it, the engine's otherwise.
 
     ``render(chunks, total)`` is the engine's ``synthesize`` over the misses; it is
@@ -258,13 +258,29 @@ def cached_sentences(
         while pending:
             yield pending.popleft()
 
-    engine: Iterator[np.ndarray] | None = None
+    engine: Iterator[np.ndarray | Pieces] | None = None
     total = len(chunks)
     started = reported = time.monotonic()
     stored_here: set[str] = set()
+
+    def keep(i: int, audio: np.ndarray) -> None:
+        if not stats.store_failed:
+            meta = meta_of(i) if meta_of else None
+            _put(store, keys[i], SentenceEntry(audio, native_rate, meta), stats)
+            stored_here.add(keys[i])
+
+    def kept_once_whole(i: int, parts: Pieces) -> Iterator[np.ndarray]:
+        """The parts as they come; the sentence is stored once its last came (not if it broke off)."""
+        got = []
+        for part in parts:
+            got.append(np.asarray(part, dtype=np.float32))
+            yield got[-1]
+        keep(i, np.concatenate(got) if got else np.zeros(0, dtype=np.float32))
+
     try:
         for i, chunk in enumerate(chunks):
             check_cancel(should_cancel)
+            audio: np.ndarray | Pieces
             # Read as needed: a long job holds one entry at a time.
             entry = None if keys[i] in stored_here else store_get(store, keys[i])
             if entry is not None and entry.sample_rate == native_rate:
@@ -276,12 +292,13 @@ def cached_sentences(
                 if engine is None:
                     engine = render(feed(), total - i)
                 pending.append(chunk)
-                audio = np.asarray(next(engine), dtype=np.float32)
+                rendered = next(engine)
                 stats.misses += 1
-                if not stats.store_failed:
-                    meta = meta_of(i) if meta_of else None
-                    _put(store, keys[i], SentenceEntry(audio, native_rate, meta), stats)
-                    stored_here.add(keys[i])
+                if isinstance(rendered, Pieces):
+                    audio = Pieces(kept_once_whole(i, rendered))
+                else:
+                    audio = np.asarray(rendered, dtype=np.float32)
+                    keep(i, audio)
             yield audio
             now = time.monotonic()
             # A job that ends on hits within HIT_PROGRESS_SECONDS says nothing at its end: its

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -34,17 +35,28 @@ class StreamWriter:
 
     ``on_grew`` is called once the header, each sentence and the end are on disk:
     the worker tells streaming readers there, so they wait for it instead of
-    looking at the file on a timer.
+    looking at the file on a timer. A sentence that arrives in parts (a remote
+    model's stream) also tells them after a part (:meth:`part_written`), at most
+    every ``PART_NOTICE_SECONDS``.
     """
+
+    PART_NOTICE_SECONDS = 0.1
 
     def __init__(self, path: str, on_grew: Callable[[], None] | None = None) -> None:
         self.path = path
         self.on_grew = on_grew
         self._file: BinaryIO | None = None
+        self._told = 0.0  # time.monotonic() of the last notice
 
     def _grew(self) -> None:
+        self._told = time.monotonic()
         if self.on_grew is not None:
             self.on_grew()
+
+    def part_written(self) -> None:
+        """A part of a sentence is on disk: readers may send it before the sentence ends."""
+        if time.monotonic() - self._told >= self.PART_NOTICE_SECONDS:
+            self._grew()
 
     def _record(self, kind: bytes, payload: bytes) -> None:
         if self._file is None:

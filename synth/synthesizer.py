@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from synth import registry
 from synth.cache import CacheStats, SentenceStore, cached_sentences, key_basis, sentence_key
-from synth.engines.base import CancelFn, Engine, ProgressFn
+from synth.engines.base import CancelFn, Engine, Pieces, ProgressFn
 from synth.errors import EngineUnavailable, InvalidText, SynthError, UnknownVoice
 from synth.lexicon import Rewrite, apply_lexicons
 from synth.normalize import detect_language, is_chinese_language, split_sentences
@@ -226,12 +226,15 @@ class Synthesizer:
         return registry.engine_of(voice_id, self.voices_dir, [engine]) == engine
 
     def warm_up(self) -> None:
-        """One short synthesis per loaded engine, so the first request is not the slow one."""
+        """One short synthesis per loaded engine, so the first request is not the slow one.
+
+        Not a remote model's: its model runs upstream, warm already, and a sentence sent at every
+        child's start would spend the upstream's GPU on nobody (its load checked each replica)."""
         from synth.engines.base import VoiceParams
 
         for name, eng in list(self._engines.items()):
             ids = [v.id for v in eng.voices()]
-            if not ids:
+            if not ids or getattr(eng, "remote", False):
                 continue
             preferred = getattr(registry.plugin(name), "warm_up_voice", None)
             vid = preferred if preferred in ids else ids[0]
@@ -350,14 +353,23 @@ class Synthesizer:
             if i and gap.size:
                 yield gap
                 job.timeline.gap(gap.size)
-            yield sentence
+            if isinstance(sentence, Pieces):  # written part by part as the engine receives it
+                length = 0
+                for part in sentence:
+                    length += len(part)
+                    yield part
+                    if stream is not None:  # encoded by now: streaming readers may send it
+                        stream.part_written()
+            else:
+                length = len(sentence)
+                yield sentence
             if i in job.cache_stats.meta:  # a cache hit: the timings stored with it
                 meta = job.cache_stats.meta[i]
                 words = meta.get("words") if isinstance(meta, dict) else None
             else:
                 words = timings[rendered] if timings is not None and rendered < len(timings) else None
                 rendered += 1
-            event = job.timeline.sentence(chunks[i], len(sentence), words)
+            event = job.timeline.sentence(chunks[i], length, words)
             if stream is not None:  # its audio is written by now: what a partial charge counts
                 stream.timestamps(event)
                 stream.sentence_done(len(chunks[i]))

@@ -54,13 +54,37 @@ class VoiceParams:
     prompt: VoicePrompt | None = None  # zero-shot cloning, for engines that can
 
 
+class Pieces:
+    """One chunk's audio as it comes, in parts (float32 mono arrays): what an engine that receives
+    a sentence's audio over time (a remote model's stream) yields for the chunk instead of one
+    array, so that the first part reaches listeners before the chunk's last. The synthesizer
+    writes each part as it comes and counts the chunk done after its last."""
+
+    def __init__(self, parts: Iterator[np.ndarray]) -> None:
+        self._parts = parts
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self._parts
+
+
+def whole(audio: np.ndarray | Pieces) -> np.ndarray:
+    """A chunk's audio as one array (its parts joined, read to the end)."""
+    import numpy as np
+
+    if isinstance(audio, Pieces):
+        parts = list(audio)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+    return audio
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A loaded synthesis backend.
 
     ``synthesize`` takes sentence chunks (raw request text, annotations
     included) and yields one float32 mono array per chunk at
-    ``sample_rate(voice)``. Between chunks it calls ``should_cancel`` and raises
+    ``sample_rate(voice)``, or a :class:`Pieces` of the chunk's parts as they
+    come. Between chunks it calls ``should_cancel`` and raises
     :class:`synth.errors.Cancelled` when it returns True, and reports
     ``progress(done, total)``.
     """
@@ -89,7 +113,7 @@ class Engine(Protocol):
         progress: ProgressFn | None = None,
         should_cancel: CancelFn | None = None,
         total: int | None = None,
-    ) -> Iterator[np.ndarray]: ...
+    ) -> Iterator[np.ndarray | Pieces]: ...
 
 
 @runtime_checkable

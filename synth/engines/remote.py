@@ -8,8 +8,9 @@ One plugin serves them all: it reads which model it is from ``EngineOptions.engi
 
 Each sentence chunk is one ``POST /v1/audio/speech`` upstream (``response_format: pcm``, streamed),
 on the replica of the model with the fewest of this process's requests in flight, below its
-``streams_per_upstream``. What comes back is relayed sentence by sentence as every engine's audio
-is, so progress, streaming, time limits, cancel, the cache and billing stay the service's:
+``streams_per_upstream``. What comes back is relayed as it comes (the chunk's audio is a
+:class:`~synth.engines.base.Pieces`, each streamed block a part), and progress, streaming, time
+limits, cancel, the cache and billing stay the service's:
 
 - a cancel closes the upstream request (its connection is shut down) within ``CANCEL_POLL`` s;
 - an upstream lost before it sent any audio of the chunk (refused, reset) is marked down for
@@ -49,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from synth.engines.base import Engine, VoiceParams, VoicePrompt, check_cancel
+from synth.engines.base import Engine, Pieces, VoiceParams, VoicePrompt, check_cancel
 from synth.errors import Cancelled, EngineUnavailable, UnknownVoice, UpstreamFailed, UpstreamTimeout
 from synth.registry import (
     FORMATS,
@@ -382,6 +383,23 @@ class _Lost(Exception):
     """The replica could not be reached, or dropped the request before any audio came."""
 
 
+def _samples(blocks: Iterator[bytes], volume_db: float) -> Iterator[np.ndarray]:
+    """16-bit PCM blocks as float32 samples, with the request's volume; a sample split between two
+    blocks is joined (an HTTP read ends wherever the network put it)."""
+    import numpy as np
+
+    from synth.engines.base import apply_gain_db
+
+    carry = b""
+    for block in blocks:
+        data = carry + block
+        whole = len(data) // 2 * 2
+        carry = data[whole:]
+        if whole:
+            audio = np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
+            yield apply_gain_db(audio, volume_db)
+
+
 class _Refused(Exception):
     """The replica refused the chunk's request (400, 404)."""
 
@@ -464,18 +482,15 @@ class RemoteEngine:
         progress: ProgressFn | None = None,
         should_cancel: CancelFn | None = None,
         total: int | None = None,
-    ) -> Iterator[np.ndarray]:
-        import numpy as np
-
-        from synth.engines.base import apply_gain_db
-
+    ) -> Iterator[np.ndarray | Pieces]:
         body = self._body(params)
         done = 0
         for chunk in chunks:
             check_cancel(should_cancel)
-            pcm = self._speak({**body, "input": chunk}, should_cancel, params.prompt)
-            audio = np.frombuffer(pcm[: len(pcm) // 2 * 2], dtype="<i2").astype(np.float32) / 32768.0
-            yield apply_gain_db(audio, params.volume)
+            # The chunk's audio as the upstream streams it: the synthesizer writes each part as it
+            # comes, and asks for the next chunk once this one's last part came.
+            blocks = self._speak({**body, "input": chunk}, should_cancel, params.prompt)
+            yield Pieces(_samples(blocks, params.volume))
             done += 1
             if progress is not None:
                 progress(done, total if total is not None else done)
@@ -511,18 +526,22 @@ class RemoteEngine:
 
     def _speak(
         self, body: dict[str, Any], should_cancel: CancelFn | None, prompt: VoicePrompt | None
-    ) -> bytes:
-        """One chunk's PCM, from the least loaded replica that answers."""
+    ) -> Iterator[bytes]:
+        """One chunk's PCM as it comes, from the least loaded replica that answers."""
         replicas = replicas_of(self.model)
         tried: set[str] = set()
         names = True  # a registered voice may be named (until a replica refused the name)
         while True:
             url = replicas.take(tried, should_cancel)
             named = self._registered_on(url, prompt) if names else None
+            started, first_audio_ms = time.monotonic(), None  # the replica's time to first audio
             try:
-                pcm, first_audio_ms = self._request(url, _naming(body, named), should_cancel)
+                for block in self._request(url, _naming(body, named), should_cancel):
+                    if first_audio_ms is None:
+                        first_audio_ms = (time.monotonic() - started) * 1000
+                    yield block
                 replicas.record(url, first_audio_ms)
-                return pcm
+                return
             except _Refused as exc:
                 if named is None or prompt is None or _registry is None:
                     replicas.record(url, failed=True)
@@ -567,45 +586,46 @@ class RemoteEngine:
             registry.in_background(upload)
         return name
 
-    def _request(
-        self, url: str, body: dict[str, Any], should_cancel: CancelFn | None
-    ) -> tuple[bytes, float | None]:
-        """The chunk from one replica, and its milliseconds to the first audio. The request runs in a
-        thread of its own so that a cancel is seen while the upstream is silent: the connection is
-        then shut down under it."""
+    def _request(self, url: str, body: dict[str, Any], should_cancel: CancelFn | None) -> Iterator[bytes]:
+        """The chunk's PCM from one replica, as it comes. The request runs in a thread of its own so
+        that a cancel is seen while the upstream is silent: the connection is then shut down under
+        it, as it is when the reader stops reading (a client gone, a limit reached)."""
         received: queue.Queue[tuple[str, Any]] = queue.Queue()
         pump = threading.Thread(target=self._pump, args=(url, body, received), daemon=True)
-        started, first_at = time.monotonic(), 0.0  # for the replica's time to first audio
         pump.start()
         response: Any = None
-        pcm = bytearray()
-        while True:
-            try:
-                kind, value = received.get(timeout=CANCEL_POLL)
-            except queue.Empty:
-                if should_cancel is not None and should_cancel():
-                    _shut(response)
-                    raise Cancelled() from None
-                continue
-            if kind == "response":
-                response = value
-            elif kind == "audio":
-                first_at = first_at or time.monotonic()
-                pcm += value
-            elif kind == "end":
-                return bytes(pcm), (first_at - started) * 1000 if first_at else None
-            elif kind == "lost" and not pcm:
-                raise _Lost(str(value))
-            elif kind == "busy":
-                raise _Busy()
-            elif kind == "refused":
-                raise _Refused(str(value))
-            elif kind == "timeout":
-                raise UpstreamTimeout(
-                    f"remote {self.name}: {url} sent nothing for {self.model.read_timeout_seconds:g} s"
-                )
-            else:
-                raise UpstreamFailed(f"remote {self.name}: {url}: {value}")
+        got_audio, ended = False, False
+        try:
+            while True:
+                try:
+                    kind, value = received.get(timeout=CANCEL_POLL)
+                except queue.Empty:
+                    if should_cancel is not None and should_cancel():
+                        raise Cancelled() from None
+                    continue
+                if kind == "response":
+                    response = value
+                elif kind == "audio":
+                    got_audio = True
+                    yield value
+                elif kind == "end":
+                    ended = True
+                    return
+                elif kind == "lost" and not got_audio:
+                    raise _Lost(str(value))
+                elif kind == "busy":
+                    raise _Busy()
+                elif kind == "refused":
+                    raise _Refused(str(value))
+                elif kind == "timeout":
+                    raise UpstreamTimeout(
+                        f"remote {self.name}: {url} sent nothing for {self.model.read_timeout_seconds:g} s"
+                    )
+                else:
+                    raise UpstreamFailed(f"remote {self.name}: {url}: {value}")
+        finally:
+            if not ended:
+                _shut(response)  # the upstream sees its client go
 
     def _pump(self, url: str, body: dict[str, Any], out: queue.Queue[tuple[str, Any]]) -> None:
         import requests

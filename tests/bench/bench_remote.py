@@ -49,12 +49,13 @@ def _timed(response: requests.Response, started: float) -> tuple[float, float, i
 
 def _direct(session: requests.Session, upstream: str, text: str) -> tuple[float, float, int]:
     body = {"model": MODEL, "voice": "alloy", "input": text, "response_format": "pcm", "stream": True}
+    body["stream_format"] = "audio"  # raw PCM as it comes (vLLM-Omni's default for a stream is SSE)
     started = time.monotonic()
     return _timed(session.post(f"{upstream}/v1/audio/speech", json=body, stream=True, timeout=60), started)
 
 
 def _ours(session: requests.Session, base: str, text: str) -> tuple[float, float, int]:
-    body = {"model": MODEL, "voice": VOICE, "input": text, "response_format": "pcm", "stream": True}
+    body = {"model": MODEL, "voice": VOICE, "input": text, "response_format": "pcm", "stream_format": "audio"}
     started = time.monotonic()
     return _timed(session.post(f"{base}/v1/audio/speech", json=body, stream=True, timeout=60), started)
 

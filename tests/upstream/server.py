@@ -34,7 +34,8 @@ For the tests, never behind ``--api-key``:
   ``capacity`` (speech requests in flight before 503s), ``chunk_delay_ms`` (before each streamed
   chunk), ``reject_unknown_fields``, ``registration_policy`` (vLLM-Omni's
   VLLM_OMNI_SPEAKER_REGISTRATION_POLICY: ``overwrite`` or ``immutable``), ``fail_voice_deletes``
-  (``DELETE /v1/audio/voices/{name}`` answers 500 and deletes nothing).
+  (``DELETE /v1/audio/voices/{name}`` answers 500 and deletes nothing), ``parts_per_sentence`` (a
+  sentence's audio written in that many parts, ``chunk_delay_ms`` before each).
 - ``GET /_stats``: ``requests_total``, ``in_flight`` and the last 200 speech requests, each with the
   id its ``X-Request-Id`` header carried (the client's own, if it sent one).
 
@@ -113,6 +114,9 @@ class Switches(BaseModel):
     reject_unknown_fields: bool = True
     registration_policy: Literal["overwrite", "immutable"] = "overwrite"
     fail_voice_deletes: bool = False
+    # Each sentence's audio written in this many parts, ``chunk_delay_ms`` before each: a model that
+    # streams a sentence as it generates it. The parts split samples (an odd byte count) on purpose.
+    parts_per_sentence: int = Field(default=1, ge=1, le=50)
 
 
 @dataclasses.dataclass
@@ -549,11 +553,14 @@ class FakeVllmOmni:
         audio_bytes = 0
         for number, sentence in enumerate(sentences(speech.input)):
             pcm = await asyncio.to_thread(speak, sentence, espeak_voice, 1.0, rate)
-            if self.switches.chunk_delay_ms:
-                await asyncio.sleep(self.switches.chunk_delay_ms / 1000)
+            parts = self.switches.parts_per_sentence
+            step = -(-len(pcm) // parts) | 1  # odd: the parts' edges fall inside samples
+            pieces = [pcm[i : i + step] for i in range(0, len(pcm), step)] or [pcm]
             # vLLM-Omni sends a WAV stream's header as a chunk of its own, before the first audio.
-            chunks = [streaming_wav_header(rate), pcm] if number == 0 and response_format == "wav" else [pcm]
-            for chunk in chunks:
+            header = [streaming_wav_header(rate)] if number == 0 and response_format == "wav" else []
+            for index, chunk in enumerate(header + pieces):
+                if self.switches.chunk_delay_ms and index >= len(header):
+                    await asyncio.sleep(self.switches.chunk_delay_ms / 1000)
                 if sse:
                     audio = base64.b64encode(chunk).decode("ascii")
                     delta = {"type": "speech.audio.delta", "audio": audio, "response_format": response_format}

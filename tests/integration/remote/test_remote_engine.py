@@ -26,6 +26,7 @@ VOICE = f"{MODEL}:alloy"
 TEXT = "The first sentence is here. Then a second one follows. And this is the third."
 LONG = " ".join(f"Sentence number {i} of the long remote job." for i in range(1, 13))
 DEFAULTS = {
+    "parts_per_sentence": 1,
     "fail_5xx": False,
     "hang": False,
     "wrong_content_type": False,
@@ -130,7 +131,7 @@ def test_a_client_streams_a_remote_job_through_nginx_as_its_upstream_speaks(
     _, key = create_api_key(org, "stream", created_by=OPERATOR, scopes=["speech:read", "speech:write"])
     for upstream in upstreams:
         upstream.control(chunk_delay_ms=800)  # each sentence takes 0.8 s upstream
-    body = {"model": MODEL, "voice": VOICE, "input": TEXT, "response_format": "pcm", "stream": True}
+    body = {"model": MODEL, "voice": VOICE, "input": TEXT, "response_format": "pcm", "stream_format": "audio"}
     started, first, audio = time.monotonic(), 0.0, bytearray()
     with requests.post(
         f"https://127.0.0.1:{web.cfg.https_port}/v1/audio/speech",
@@ -149,6 +150,46 @@ def test_a_client_streams_a_remote_job_through_nginx_as_its_upstream_speaks(
     assert len(audio) / 2 / 24000 > 2.0  # three sentences of speech at the model's 24 kHz
     (job,) = SynthesisJob.objects.filter(organization=org)
     assert (job.status, job.engine) == ("succeeded", MODEL)
+
+
+def test_a_sentence_is_relayed_part_by_part_as_its_upstream_streams_it(
+    remote_voices: None, upstreams: list[Upstream], web: Any
+) -> None:
+    """A model that streams a sentence as it generates it: its first part reaches the client long
+    before the sentence's last, and parts cut inside samples are joined without losing one."""
+    import requests
+
+    from webapp.tenants.services import OPERATOR, create_api_key
+
+    org = make_org("remote-parts")
+    _, key = create_api_key(org, "parts", created_by=OPERATOR, scopes=["speech:read", "speech:write"])
+    for upstream in upstreams:
+        upstream.control(parts_per_sentence=5, chunk_delay_ms=400)  # 2 s for the one sentence
+    sentence = "One sentence only, which its upstream streams in five parts as it makes them."
+    body = {
+        "model": MODEL,
+        "voice": VOICE,
+        "input": sentence,
+        "response_format": "pcm",
+        "stream_format": "audio",
+    }
+    started, first, audio = time.monotonic(), 0.0, bytearray()
+    with requests.post(
+        f"https://127.0.0.1:{web.cfg.https_port}/v1/audio/speech",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        stream=True,
+        verify=False,
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200, response.text
+        for chunk in response.iter_content(chunk_size=None):
+            first = first or time.monotonic() - started
+            audio += chunk
+    whole = time.monotonic() - started
+    assert first < whole - 1.2  # heard after its first part, not its fifth
+    (sent,) = [r for u in upstreams for r in speech_requests(u) if r["body"]["input"] == sentence]
+    assert sent["chunks_sent"] == 5 and len(audio) == sent["bytes_sent"]  # every sample, once
 
 
 def test_the_operations_page_shows_each_upstream_as_the_worker_used_it(

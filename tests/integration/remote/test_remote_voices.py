@@ -249,4 +249,5 @@ def test_a_replica_that_lost_a_kept_voice_gets_ref_audio_and_the_voice_again(
     assert "ref_audio" in sent[1]  # the same chunk again, with the prompt
     wait_until(lambda: uploaded(replica) == {name}, 20, "the voice registered there again")
     kept.refresh_from_db()
-    assert kept.registered_at is not None and kept.registered_at > first_registered
+    assert first_registered is not None and kept.registered_at is not None
+    assert kept.registered_at > first_registered

@@ -229,3 +229,55 @@ def test_progress_follows_each_render_and_the_end_and_cancel_every_sentence(
             should_cancel=cancel_at_the_second_check,
             cache=store,
         )
+
+
+def _parts_engine(fail_at: int | None = None) -> Any:
+    """An engine's render that yields each sentence as Pieces (a remote model's stream): three parts
+    of a tone each; ``fail_at``: the sentence whose stream breaks off after its first part."""
+    from synth.engines.base import Pieces
+    from synth.errors import UpstreamFailed
+
+    def render(chunks: Any, total: int) -> Any:
+        for i, chunk in enumerate(chunks):
+            tone = (np.sin(np.arange(3 * 2205) * (0.01 + len(chunk) / 1e4)) * 0.3).astype(np.float32)
+
+            def parts(tone: np.ndarray = tone, broken: bool = i == fail_at) -> Any:
+                for n, part in enumerate(np.array_split(tone, 3)):
+                    if broken and n == 1:
+                        raise UpstreamFailed("the upstream went away mid-sentence")
+                    yield part
+
+            yield Pieces(parts())
+
+    return render
+
+
+def test_a_sentence_that_comes_in_parts_is_passed_on_part_by_part_and_stored_once_whole() -> None:
+    from synth.cache import CacheStats, cached_sentences
+    from synth.engines.base import Pieces
+
+    store, stats = MemoryStore(), CacheStats()
+    keys = [f"key-{i}" for i in range(len(SENTENCES))]
+    got = []
+    for audio in cached_sentences(SENTENCES, keys, store, _parts_engine(), 22050, stats):
+        assert isinstance(audio, Pieces)
+        parts = list(audio)
+        assert len(parts) == 3  # passed on as they came, not joined first
+        got.append(np.concatenate(parts))
+    for key, audio in zip(keys, got, strict=True):
+        entry = store.get(key)
+        assert entry is not None and np.array_equal(entry.audio, audio)
+    assert (stats.misses, stats.hits) == (3, 0)
+
+
+def test_a_sentence_whose_parts_broke_off_is_not_stored() -> None:
+    from synth.cache import CacheStats, cached_sentences
+    from synth.errors import UpstreamFailed
+
+    store = MemoryStore()
+    keys = [f"key-{i}" for i in range(len(SENTENCES))]
+    with pytest.raises(UpstreamFailed):
+        for audio in cached_sentences(SENTENCES, keys, store, _parts_engine(fail_at=1), 22050, CacheStats()):
+            list(audio)
+    assert store.get(keys[0]) is not None
+    assert store.get(keys[1]) is None  # half a sentence is never served as the whole one
