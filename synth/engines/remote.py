@@ -207,7 +207,17 @@ def _voice_infos(m: RemoteModel) -> list[VoiceInfo]:
     return [
         VoiceInfo(vid, name, lang, m.name, m.sample_rate, {**caps, "languages": [lang]})
         for vid, lang, name in m.voices
-    ] or [VoiceInfo("cloned", f"{m.name} (uploaded voices clone)", "en", m.name, m.sample_rate, caps)]
+    ] or [
+        # No preset voice: this stands for the uploaded voices the model clones, never speaks alone.
+        VoiceInfo(
+            "cloned",
+            f"{m.name} (uploaded voices clone)",
+            "en",
+            m.name,
+            m.sample_rate,
+            {**caps, "prompt_only": True},
+        )
+    ]
 
 
 class Replicas:

@@ -99,6 +99,13 @@ def _resolve_voice(organization: Organization, data: dict[str, Any]) -> tuple[Vo
             if data.get("voice_fallback") != "closest":
                 raise
             return voice, _closest_fallback(voice, engine, refusal), True
+    if voice.organization_id is None and voice.capabilities.get("prompt_only"):
+        raise _bad(
+            "unknown_voice",
+            "voice",
+            f"Voice {voice.voice_id} stands for the uploaded voices model {voice.engine} clones, and "
+            "speaks none of its own: name an uploaded zero_shot voice.",
+        )
     if engine and prompts.speaking_voice(voice)[1] != engine:
         raise _bad(
             "unknown_voice",

@@ -23,6 +23,7 @@ from tests.upstream.harness import Upstream, prepare_clients, start_upstream
 pytestmark = pytest.mark.django_db(transaction=True)
 
 STATELESS, KEEPING = "cosyvoice3", "cosyvoice3kept"  # one upstream model, served two ways here
+CLONE_ONLY = "cosyvoice3clone"  # the same again, declared with no preset voice
 TEXT = "The first sentence is here. Then a second one follows. And this is the third."
 
 
@@ -51,14 +52,18 @@ def worker(
         "cloning": True,
         "read_timeout_seconds": 5,
     }
-    models = {STATELESS: base, KEEPING: {**base, "register_voices": True}}
+    models = {
+        STATELESS: base,
+        KEEPING: {**base, "register_voices": True},
+        CLONE_ONLY: {**base, "voices": []},
+    }
     path.write_text(json.dumps({"models": models}))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TTS_REMOTE_MODELS_FILE", str(path))
         service = start_worker(
             stack,
             "remote-voices",
-            engines=f"{STATELESS},{KEEPING}",
+            engines=f"{STATELESS},{KEEPING},{CLONE_ONLY}",
             TTS_REMOTE_MODELS_FILE=str(path),
             TTS_REMOTE_VOICE_DELETE_SECONDS="0.5",
         )
@@ -73,7 +78,7 @@ def voices(db: None, worker: Any, upstreams: list[Upstream]) -> None:
     from synth.registry import list_voices
     from webapp.speech.voices import sync_builtin_voices
 
-    sync_builtin_voices(list_voices(engines=[STATELESS, KEEPING]))
+    sync_builtin_voices(list_voices(engines=[STATELESS, KEEPING, CLONE_ONLY]))
     for upstream in upstreams:
         if upstream.process.poll() is None:
             upstream.control(fail_voice_deletes=False, chunk_delay_ms=0)
@@ -115,7 +120,7 @@ def cloned_voice(org: Any, tmp: Path) -> Any:
     )
 
 
-def speak(org: Any, voice: Any, model: str, jobs: int = 1) -> None:
+def speak(org: Any, voice: Any, model: str, jobs: int = 1, speaker: str = "alloy") -> None:
     """``jobs`` jobs at once of ``voice`` cloned by remote model ``model`` (its cloning voice speaks,
     given the prompt); one job's chunks go to one replica, the least loaded, so two at once reach
     both when the replicas are slow enough to overlap them."""
@@ -130,7 +135,7 @@ def speak(org: Any, voice: Any, model: str, jobs: int = 1) -> None:
         params={},
         billable_chars=len(TEXT),
         use_cache=False,
-        speaker=Voice.objects.get(voice_id=f"{model}:alloy"),
+        speaker=Voice.objects.get(voice_id=f"{model}:{speaker}"),
     )
     ids = [lifecycle.submit_job(org, request)[0].id for _ in range(jobs)]
     for row in wait_status(ids, timeout=60):
@@ -251,3 +256,19 @@ def test_a_replica_that_lost_a_kept_voice_gets_ref_audio_and_the_voice_again(
     kept.refresh_from_db()
     assert first_registered is not None and kept.registered_at is not None
     assert kept.registered_at > first_registered
+
+
+def test_a_model_with_no_preset_voice_speaks_only_uploaded_voices(
+    voices: None, upstreams: list[Upstream], tmp_path: Path
+) -> None:
+    from tests.plugin_builds import make_client
+
+    org, _, client = make_client()
+    r = client.post("/v1/audio/speech", {"model": CLONE_ONLY, "voice": "cloned", "input": "Hello there."})
+    error = r.json()["error"]  # the OpenAI endpoint's own error shape
+    assert r.status_code == 400 and error["code"] == "unknown_voice", r.content
+    assert "uploaded zero_shot voice" in error["message"]
+    since = totals(upstreams)
+    voice = cloned_voice(org, tmp_path)
+    speak(org, voice, CLONE_ONLY, speaker="cloned")  # the placeholder is the cloning voice of a clone
+    assert all("ref_audio" in body for body in bodies(upstreams, since))
