@@ -7,13 +7,17 @@ reader). A job's file is locked under a hidden name first and then renamed
 into place, so a reader never takes a fresh job's file for a dead one.
 
 The Piper engine asks it before each sentence: a job alone on the host may
-use every core for inference, a job with company keeps to its share.
+use every core for inference, a job with company keeps to its share. An
+interactive job (a client waiting for its first audio) also leaves a mark
+whose age says how lately one ran here: the worker keeps a batch job to its
+share while that is recent, so the next interactive job finds a core free.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,6 +54,24 @@ class HostJobs:
             for path in (self.folder / name, hidden):
                 path.unlink(missing_ok=True)
             os.close(fd)
+
+    INTERACTIVE_MARK = ".interactive"  # hidden: never counted as a job
+
+    def note_interactive(self) -> None:
+        """An interactive job runs on this host now (the mark's time is its latest)."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / self.INTERACTIVE_MARK).touch()
+        except OSError:
+            pass  # the mark only tunes threads: a folder that cannot be written costs that
+
+    def interactive_within(self, seconds: float) -> bool:
+        """Whether an interactive job ran on this host in the last ``seconds``."""
+        try:
+            noted = (self.folder / self.INTERACTIVE_MARK).stat().st_mtime
+        except OSError:
+            return False
+        return time.time() - noted < seconds
 
     def others(self) -> int:
         """Jobs running on the host besides this process's own (files of dead ones are removed)."""

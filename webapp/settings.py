@@ -380,6 +380,10 @@ TTS_WORKER_CONCURRENCY = env_int("TTS_WORKER_CONCURRENCY", WORKER_CONCURRENCY_DE
 # for interactive work (session units, /v1/audio/speech): batch holds at most slots - this, never
 # fewer than one (services/lanes.py). 0 reserves nothing.
 TTS_WORKER_INTERACTIVE_RESERVED = max(0, env_int("TTS_WORKER_INTERACTIVE_RESERVED", 1))
+# While interactive work ran on a host this lately (seconds), a batch job there keeps to its share
+# of the cores instead of taking every core when it runs alone (runtime/worker.py,
+# yields_to_interactive). 0: batch jobs always take every core when alone.
+TTS_WORKER_INTERACTIVE_QUIET_SECONDS = env_float("TTS_WORKER_INTERACTIVE_QUIET_SECONDS", 30.0)
 # Seconds between a relay child's rounds of the deletions owed to remote models' replicas (voices
 # registered there whose voice was deleted; services/upstream_voices.py).
 TTS_REMOTE_VOICE_DELETE_SECONDS = env_float("TTS_REMOTE_VOICE_DELETE_SECONDS", 30.0)

@@ -84,3 +84,16 @@ def test_piper_without_a_busy_check_keeps_one_session() -> None:
     engine = PiperEngine(threads=1, solo_threads=2)
     engine.load("cpu", [DEFAULT_VOICE])
     assert [key[1] for key in engine._loaded] == [1]
+
+
+def test_an_interactive_job_leaves_a_mark_that_is_no_job_and_ages(tmp_path: Path) -> None:
+    import time
+
+    here = HostJobs(tmp_path)
+    assert not here.interactive_within(30)
+    here.note_interactive()
+    assert here.interactive_within(30)
+    assert here.others() == 0  # the mark is not a job
+    long_ago = time.time() - 60
+    os.utime(tmp_path / HostJobs.INTERACTIVE_MARK, (long_ago, long_ago))
+    assert not here.interactive_within(30)

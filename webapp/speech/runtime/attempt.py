@@ -182,7 +182,7 @@ def run_claimed(state: worker.WorkerState, job: SynthesisJob, limits: tuple[floa
         now,
         cpu_clock=mode.cpu_clock(job.engine, state.models),
     )
-    state.current_job = str(job.id)
+    state.current_job, state.current_lane = str(job.id), job.lane
     rss_before = round(state.health.last_rss_mb or recycling.read_rss_mb(), 1)
     with state.watching(str(job.id), attempt.token):  # the watchdog ends a child stuck past its job's end
         return _run(state, attempt, rss_before)
@@ -396,6 +396,9 @@ def _run_synthesis(
 ) -> Any:
     remote = bool(getattr(state.synthesizer.engine(job.engine), "remote", False))
     watch = _cancel_watch.watching(job.pk) if remote else contextlib.nullcontext(lambda: False)
+    interactive = job.lane == SynthesisJob.Lane.INTERACTIVE
+    if interactive:
+        state.host_jobs.note_interactive()  # a batch job beside it keeps to its share (worker.py)
     with state.host_jobs.running(), watch as canceled:  # (host_jobs: synth.hostjobs)
         return state.synthesizer.synthesize(
             request,

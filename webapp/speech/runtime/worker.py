@@ -64,6 +64,7 @@ class WorkerState:
         self.load_attempts = 0
         self.next_retry_at: float | None = None
         self.current_job: str | None = None
+        self.current_lane: str | None = None  # the running job's (a one-job child's), for its threads
         self.waiting_since: float | None = None  # since when a recycle waits for the node's turn
         self.sibling_cannot_load = False  # seen while waiting: this child is all its node serves with
         # Jobs running on this host, by every worker of this var/ (synth.hostjobs).
@@ -313,7 +314,7 @@ def load_models(state: WorkerState) -> None:
         batch_jobs=settings.TTS_WORKER_BATCH_JOBS,
         batch_wait_ms=settings.TTS_WORKER_BATCH_WAIT_MS,
         solo_threads=settings.TTS_WORKER_SOLO_THREADS or None,
-        busy=lambda: state.host_jobs.others() > 0,
+        busy=lambda: state.host_jobs.others() > 0 or yields_to_interactive(state),
         # Piper's voices patched to report their durations (word timestamps), kept for the next child.
         model_cache_dir=str(settings.TTS_VAR_LAYOUT.cache_dir),
         # An engine that is not installed or cannot load is reported unavailable (the submits for it
@@ -350,6 +351,22 @@ def load_models(state: WorkerState) -> None:
     state.health.started_at = state.loaded_at
     # Warmed up: what it holds now is what any fresh child holds, the baseline limits count from.
     state.health.set_baseline()
+
+
+def yields_to_interactive(state: WorkerState) -> bool:
+    """Whether this child's batch job keeps to its share of the cores though it runs alone.
+
+    A job alone on the host uses every core (``TTS_WORKER_SOLO_THREADS``), decided before each of
+    its sentences. A batch job's sentence then held both cores of a 2-core host when an agent's
+    unit arrived, and the unit's first audio waited on them. While interactive work ran on this
+    host in the last ``TTS_WORKER_INTERACTIVE_QUIET_SECONDS`` (and the lanes reserve capacity for
+    it), a batch job keeps to its share; a backlog alone still has every core.
+    """
+    return (
+        state.current_lane == SynthesisJob.Lane.BATCH
+        and settings.TTS_WORKER_INTERACTIVE_RESERVED > 0
+        and state.host_jobs.interactive_within(settings.TTS_WORKER_INTERACTIVE_QUIET_SECONDS)
+    )
 
 
 def _sync_builtin_voices(state: WorkerState, found: list[Any]) -> None:
@@ -562,6 +579,7 @@ def after_task(
     if ran:
         state.tasks_done += 1
     state.current_job = None
+    state.current_lane = None
     if engine and cpu_seconds and characters > 0:
         state.health.rtf.add(engine, cpu_seconds / characters, characters)
     if oom:
