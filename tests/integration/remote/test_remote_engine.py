@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
+from tests.integration.remote.conftest import stream_through_nginx
 from tests.reliability.helpers import make_org, start_worker, submit, usage_events, wait_status, wait_until
 from tests.stack import TestStack
-from tests.upstream.harness import Upstream, prepare_clients, start_upstream
+from tests.upstream.harness import Upstream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,19 +34,6 @@ DEFAULTS = {
     "capacity": None,
     "chunk_delay_ms": 0,
 }
-
-
-@pytest.fixture(scope="module")
-def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Upstream]]:
-    prepare_clients()
-    folder = tmp_path_factory.mktemp("upstreams")
-    servers = [start_upstream(folder / f"{name}.log", "--replica", name, "--model", MODEL) for name in "ab"]
-    try:
-        yield servers
-    finally:
-        for server in servers:
-            if server.process.poll() is None:
-                server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +110,6 @@ def test_a_job_on_a_remote_model_is_spoken_upstream_sentence_by_sentence(
 def test_a_client_streams_a_remote_job_through_nginx_as_its_upstream_speaks(
     remote_voices: None, upstreams: list[Upstream], web: Any
 ) -> None:
-    import requests
 
     from webapp.speech.models import SynthesisJob
     from webapp.tenants.services import OPERATOR, create_api_key
@@ -132,20 +119,7 @@ def test_a_client_streams_a_remote_job_through_nginx_as_its_upstream_speaks(
     for upstream in upstreams:
         upstream.control(chunk_delay_ms=800)  # each sentence takes 0.8 s upstream
     body = {"model": MODEL, "voice": VOICE, "input": TEXT, "response_format": "pcm", "stream_format": "audio"}
-    started, first, audio = time.monotonic(), 0.0, bytearray()
-    with requests.post(
-        f"https://127.0.0.1:{web.cfg.https_port}/v1/audio/speech",
-        json=body,
-        headers={"Authorization": f"Bearer {key}"},
-        stream=True,
-        verify=False,
-        timeout=60,
-    ) as response:
-        assert response.status_code == 200, response.text
-        for chunk in response.iter_content(chunk_size=None):
-            first = first or time.monotonic() - started
-            audio += chunk
-    whole = time.monotonic() - started
+    first, whole, audio = stream_through_nginx(web, key, body)
     assert first < whole - 1.2  # the first sentence's audio came while the others were spoken upstream
     assert len(audio) / 2 / 24000 > 2.0  # three sentences of speech at the model's 24 kHz
     (job,) = SynthesisJob.objects.filter(organization=org)
@@ -157,7 +131,6 @@ def test_a_sentence_is_relayed_part_by_part_as_its_upstream_streams_it(
 ) -> None:
     """A model that streams a sentence as it generates it: its first part reaches the client long
     before the sentence's last, and parts cut inside samples are joined without losing one."""
-    import requests
 
     from webapp.tenants.services import OPERATOR, create_api_key
 
@@ -173,20 +146,7 @@ def test_a_sentence_is_relayed_part_by_part_as_its_upstream_streams_it(
         "response_format": "pcm",
         "stream_format": "audio",
     }
-    started, first, audio = time.monotonic(), 0.0, bytearray()
-    with requests.post(
-        f"https://127.0.0.1:{web.cfg.https_port}/v1/audio/speech",
-        json=body,
-        headers={"Authorization": f"Bearer {key}"},
-        stream=True,
-        verify=False,
-        timeout=60,
-    ) as response:
-        assert response.status_code == 200, response.text
-        for chunk in response.iter_content(chunk_size=None):
-            first = first or time.monotonic() - started
-            audio += chunk
-    whole = time.monotonic() - started
+    first, whole, audio = stream_through_nginx(web, key, body)
     assert first < whole - 1.2  # heard after its first part, not its fifth
     (sent,) = [r for u in upstreams for r in speech_requests(u) if r["body"]["input"] == sentence]
     assert sent["chunks_sent"] == 5 and len(audio) == sent["bytes_sent"]  # every sample, once

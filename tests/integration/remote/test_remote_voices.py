@@ -18,26 +18,13 @@ import pytest
 from tests import prompt_files as pf
 from tests.reliability.helpers import make_org, media_root, start_worker, wait_status, wait_until
 from tests.stack import TestStack
-from tests.upstream.harness import Upstream, prepare_clients, start_upstream
+from tests.upstream.harness import Upstream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 STATELESS, KEEPING = "cosyvoice3", "cosyvoice3kept"  # one upstream model, served two ways here
 CLONE_ONLY = "cosyvoice3clone"  # the same again, declared with no preset voice
 TEXT = "The first sentence is here. Then a second one follows. And this is the third."
-
-
-@pytest.fixture(scope="module")
-def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Upstream]]:
-    prepare_clients()
-    folder = tmp_path_factory.mktemp("voice-upstreams")
-    servers = [start_upstream(folder / f"{n}.log", "--replica", n, "--model", STATELESS) for n in "ab"]
-    try:
-        yield servers
-    finally:
-        for server in servers:
-            if server.process.poll() is None:
-                server.stop()
 
 
 @pytest.fixture(scope="module")
