@@ -67,16 +67,6 @@ class Pieces:
         return self._parts
 
 
-def whole(audio: np.ndarray | Pieces) -> np.ndarray:
-    """A chunk's audio as one array (its parts joined, read to the end)."""
-    import numpy as np
-
-    if isinstance(audio, Pieces):
-        parts = list(audio)
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-    return audio
-
-
 @runtime_checkable
 class Engine(Protocol):
     """A loaded synthesis backend.

@@ -7,17 +7,21 @@ Kubernetes edge reaches web); the protocol itself goes through Nginx in test_rea
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from tests.integration.api.conftest import Tenant
+from tests.integration.api.session_client import SESSION_PATH, closed, open_plain, read_until, send
 from tests.integration.api.session_client import Received as Got
-from tests.integration.api.session_client import closed, open_plain, read_until, send
 from tests.stack import TestStack, tcp_gunicorn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -122,6 +126,29 @@ def test_an_idle_session_is_closed(tight: int, tenant: Tenant, voice: str) -> No
     assert 3 <= time.monotonic() - started < 8
 
 
+def test_idle_counts_from_the_last_audio_not_the_last_text(
+    stack: TestStack, tight: int, tenant: Tenant, voice: str
+) -> None:
+    worker = stack.ensure_session_worker()
+    assert worker.process is not None
+    ws = configured(tight, tenant, voice, cache=False)
+    # The worker frozen for 4 s: the unit's audio comes after the 3 s idle timeout, counted from the
+    # text, has passed (an engine that slow, or a queue that long).
+    os.killpg(worker.process.pid, signal.SIGSTOP)
+    try:
+        send(ws, {"type": "input.text", "text": "This answer comes late.", "flush": True})
+        sent = time.monotonic()
+        time.sleep(4)
+    finally:
+        os.killpg(worker.process.pid, signal.SIGCONT)
+    got = read_until(ws, Got(), lambda g: g.of("session.done"), timeout=60)
+    done = time.monotonic()
+    assert done - sent > 3 and got.audio
+    got = read_until(ws, got, closed, timeout=15)
+    assert got.close_code == 1000 and got.close_reason == "idle"
+    assert time.monotonic() - done >= 2  # 3 s after the last audio, less a watch tick
+
+
 def test_a_flood_of_messages_closes_the_session_with_4429(tight: int, tenant: Tenant, voice: str) -> None:
     ws = configured(tight, tenant, voice)
     for _ in range(40):
@@ -162,19 +189,34 @@ def test_an_exhausted_quota_closes_the_session(
 def test_a_client_that_stops_reading_is_disconnected(tight: int, tenant: Tenant, voice: str) -> None:
     from webapp.speech.models import SpeechSession, SynthesisJob
 
-    ws = configured(tight, tenant, voice)
-    # Under the tight buffer (300 characters), yet about 17 s of 24 kHz PCM: far more than the
-    # socket buffers on both sides hold for a client that reads nothing.
+    # A client that reads nothing: a small receive window, and the library's reader thread stops after
+    # one queued frame. The server's own send buffer is the kernel's to size (4 MiB here, more on
+    # some hosts), so the test does not count on one text's audio outgrowing it: it keeps offering
+    # text (slow, 48 kHz: about 1.6 MB of audio per message), which the session takes whenever its
+    # queue has room, until the server's send has waited its 2 s and it drops the connection.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+    sock.connect(("127.0.0.1", tight))
+    ws = connect(
+        f"ws://127.0.0.1:{tight}{SESSION_PATH}",
+        sock=sock,
+        additional_headers={"Authorization": f"Bearer {tenant.raw_key}"},
+        open_timeout=10,
+        max_size=None,
+        max_queue=1,
+    )
+    send(ws, {"type": "session.config", "voice": voice, "sample_rate": 48000, "speed": 0.5})
+    read_until(ws, Got(), lambda g: g.of("session.ready"), timeout=20)
     long = " ".join(f"Sentence number {n} goes on for a while, so its audio is long." for n in range(4))
-    assert len(long) < 300
-    send(ws, {"type": "input.text", "text": long, "flush": True})
-    # Read nothing: the server's send waits, then gives up after its 2 s and drops the connection.
-    deadline = time.monotonic() + 30
+    assert len(long) < 300  # under the tight buffer: each offer fits once the queue has drained
+    deadline, row = time.monotonic() + 40, None
     while time.monotonic() < deadline:
         row = SpeechSession.objects.filter(organization=tenant.org).values("status", "close_code").first()
         if row and row["status"] == "closed":
             break
-        time.sleep(0.2)
+        with contextlib.suppress(ConnectionClosed):
+            send(ws, {"type": "input.text", "text": long, "flush": True})  # input keeps it from idling
+        time.sleep(0.5)
     assert row is not None and row["status"] == "closed"
     reason = SpeechSession.objects.filter(organization=tenant.org).values_list("close_reason", flat=True)
     assert (row["close_code"], reason.get()) == (1006, "client_not_reading")

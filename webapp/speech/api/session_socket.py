@@ -900,6 +900,9 @@ class Session:
             await self._send_unit(item)
             if self.queue and self.queue[0] is item:
                 self.queue.popleft()
+            # Idle counts from the last audio too: a long answer's session is not closed the moment
+            # it ends because its text came in more than TTS_SESSION_IDLE_SECONDS before.
+            self.last_activity = time.monotonic()
             await self._submit_ahead()
 
     charged_so_far = 0
