@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import socket
+import ssl
 from typing import Any
 
 import pytest
@@ -105,3 +107,20 @@ def test_no_page_but_the_api_reference_allows_inline_styles_or_scripts() -> None
     # Redoc (styled-components) writes its styles at run time; still no inline script.
     assert policy["style-src"] == ["'self'", "'unsafe-inline'"]
     assert policy["script-src"] == ["'self'"]
+
+
+def test_no_tls_1_3_session_ticket_follows_the_handshake() -> None:
+    """A ticket arriving while a threaded client writes its request broke Python's sync WebSocket
+    clients (docs/decisions.md); the server sends none."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    with socket.create_connection(("127.0.0.1", CFG.https_port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := tls.recv(4096):  # to the end: any ticket came before the answer's close
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 ")  # an answer (503 while no worker is up)
+            assert tls.version() == "TLSv1.3"
+            assert tls.session is not None and not tls.session.has_ticket
