@@ -557,3 +557,42 @@ def _media(job: Any) -> str:
     from webapp.speech.services.files import media_path
 
     return media_path(job.audio_path)
+
+
+def test_an_answer_closed_once_its_only_block_went_out_is_charged(
+    live_tenant: Any, web: Any, voice: str
+) -> None:
+    """Django closes an answer when its connection closes, and Nginx closes it once the whole body
+    came: for a file of one block, often before the answer was resumed after that block."""
+    import asyncio
+
+    from webapp.speech import lifecycle
+    from webapp.speech.api.openai import AnswerResponse
+    from webapp.speech.models import SynthesisJob, UsageEvent, Voice
+    from webapp.speech.services.files import media_path
+    from webapp.speech.submission import submit
+
+    tenant = live_tenant()
+    text = "A short answer, in one block."
+    request = lifecycle.JobRequest(
+        text=text,
+        voice=Voice.objects.get(voice_id=voice, organization__isnull=True),
+        format="wav",
+        sample_rate=None,
+        params={},
+        billable_chars=len(text),
+        waited=True,
+    )
+    job, _ = submit(tenant.org, request, api_key=tenant.key)
+    _wait_until(lambda: _finished(job), 60, "the job")
+    job.refresh_from_db()
+    assert job.status == SynthesisJob.Status.SUCCEEDED and _settlement(job.id) is None  # its answer is owed
+
+    async def take_the_block_then_close() -> None:
+        blocks = AnswerResponse(media_path(job.audio_path), "audio/wav", job.id).__aiter__()
+        assert len(await blocks.__anext__()) == os.path.getsize(media_path(job.audio_path))
+        await blocks.aclose()  # what Django does to an answer whose connection closed
+
+    asyncio.run(take_the_block_then_close())
+    charge = _settlement(job.id)
+    assert charge is not None and charge.kind == UsageEvent.Kind.CHARGE and charge.characters == len(text)

@@ -24,9 +24,10 @@ clients send more over time.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -317,25 +318,32 @@ class AnswerResponse(StreamingHttpResponse):
                 if taken == 1:
                     _answer_handed(self.job_id)
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+    async def __aiter__(self) -> AsyncGenerator[bytes, None]:  # type: ignore[override]
         handle = await sync_to_async(_open_binary, thread_sensitive=False)(self.path)
         read = sync_to_async(handle.read, thread_sensitive=False)
         # The wait renewed the lease at most one period ago: the next renewal is a period away.
         lease = self.lease
         keeping = keep_lease(lease.renew, self.job_id, lease.every, lease.every) if lease else None
+        handed = sync_to_async(_answer_handed, thread_sensitive=False)
+        given = settled = False
         try:
-            taken = 0
             while block := await read(READ_BLOCK):
+                given = True
                 yield block
-                taken += 1
-                if taken == 1:
-                    await sync_to_async(_answer_handed, thread_sensitive=False)(self.job_id)
+                if not settled:
+                    settled = True
+                    await handed(self.job_id)
                     if keeping is not None:
                         keeping.cancel()  # settled: the job holds no waiter now
         finally:
             if keeping is not None:
                 keeping.cancel()
             handle.close()
+            if given and not settled:
+                # Closed at its first block, which the server's send had taken: Django cancels an
+                # answer once its connection closes, and Nginx closes it as soon as the whole body
+                # came (a file of one block), often before this generator was resumed.
+                await asyncio.shield(handed(self.job_id))
 
 
 def _answer_handed(job_id: Any) -> None:
