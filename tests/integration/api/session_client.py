@@ -7,6 +7,7 @@ each binary frame with the monotonic time it arrived.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -98,11 +99,27 @@ def closed(got: Received) -> bool:
     return got.close_code is not None
 
 
-def open_plain(port: int, raw_key: str | None, *, headers: dict[str, str] | None = None) -> ClientConnection:
-    """Straight to a gunicorn of the test's own over TCP (no Nginx): for limits set in its environment."""
+def open_plain(
+    port: int,
+    raw_key: str | None,
+    *,
+    headers: dict[str, str] | None = None,
+    sock: socket.socket | None = None,
+    max_queue: int = 16,
+) -> ClientConnection:
+    """Straight to a gunicorn of the test's own over TCP (no Nginx): for limits set in its environment.
+
+    ``sock``: a socket already connected to ``port`` (one with socket options of the test's own);
+    ``max_queue``: the frames the library's reader thread takes before it stops reading.
+    """
     extra = dict(headers or {})
     if raw_key is not None and not headers:
         extra["Authorization"] = f"Bearer {raw_key}"
     return connect(
-        f"ws://127.0.0.1:{port}{SESSION_PATH}", additional_headers=extra, open_timeout=10, max_size=None
+        f"ws://127.0.0.1:{port}{SESSION_PATH}",
+        sock=sock,
+        additional_headers=extra,
+        open_timeout=10,
+        max_size=None,
+        max_queue=max_queue,
     )

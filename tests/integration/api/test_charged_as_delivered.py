@@ -563,13 +563,12 @@ def test_an_answer_closed_once_its_only_block_went_out_is_charged(
     live_tenant: Any, web: Any, voice: str
 ) -> None:
     """Django closes an answer when its connection closes, and Nginx closes it once the whole body
-    came: for a file of one block, often before the answer was resumed after that block."""
+    came: for a file of one block, sometimes before the answer was resumed after that block."""
     import asyncio
 
     from webapp.speech import lifecycle
     from webapp.speech.api.openai import AnswerResponse
     from webapp.speech.models import SynthesisJob, UsageEvent, Voice
-    from webapp.speech.services.files import media_path
     from webapp.speech.submission import submit
 
     tenant = live_tenant()
@@ -589,8 +588,8 @@ def test_an_answer_closed_once_its_only_block_went_out_is_charged(
     assert job.status == SynthesisJob.Status.SUCCEEDED and _settlement(job.id) is None  # its answer is owed
 
     async def take_the_block_then_close() -> None:
-        blocks = AnswerResponse(media_path(job.audio_path), "audio/wav", job.id).__aiter__()
-        assert len(await blocks.__anext__()) == os.path.getsize(media_path(job.audio_path))
+        blocks = AnswerResponse(_media(job), "audio/wav", job.id).__aiter__()
+        assert len(await blocks.__anext__()) == os.path.getsize(_media(job))
         await blocks.aclose()  # what Django does to an answer whose connection closed
 
     asyncio.run(take_the_block_then_close())

@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import connect
 
 from tests.integration.api.conftest import Tenant
-from tests.integration.api.session_client import SESSION_PATH, closed, open_plain, read_until, send
 from tests.integration.api.session_client import Received as Got
+from tests.integration.api.session_client import closed, open_plain, read_until, send
 from tests.stack import TestStack, tcp_gunicorn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -197,14 +196,7 @@ def test_a_client_that_stops_reading_is_disconnected(tight: int, tenant: Tenant,
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
     sock.connect(("127.0.0.1", tight))
-    ws = connect(
-        f"ws://127.0.0.1:{tight}{SESSION_PATH}",
-        sock=sock,
-        additional_headers={"Authorization": f"Bearer {tenant.raw_key}"},
-        open_timeout=10,
-        max_size=None,
-        max_queue=1,
-    )
+    ws = open_plain(tight, tenant.raw_key, sock=sock, max_queue=1)
     send(ws, {"type": "session.config", "voice": voice, "sample_rate": 48000, "speed": 0.5})
     read_until(ws, Got(), lambda g: g.of("session.ready"), timeout=20)
     long = " ".join(f"Sentence number {n} goes on for a while, so its audio is long." for n in range(4))

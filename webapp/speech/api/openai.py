@@ -342,7 +342,7 @@ class AnswerResponse(StreamingHttpResponse):
             if given and not settled:
                 # Closed at its first block, which the server's send had taken: Django cancels an
                 # answer once its connection closes, and Nginx closes it as soon as the whole body
-                # came (a file of one block), often before this generator was resumed.
+                # came (a file of one block), sometimes before this generator was resumed.
                 await asyncio.shield(handed(self.job_id))
 
 
